@@ -1,0 +1,115 @@
+"""Building blocks shared by the Gemma stacks: norms, rotary embedding, MLP, attention.
+
+Numerics follow openpi's patched Hugging Face Gemma: norms compute in float32 and cast back,
+attention softmax runs in float32, masked logits are filled with openpi's additive constant.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# openpi fills disallowed attention logits with this additive constant (not -inf), so that fully
+# masked rows (padding queries) still produce finite, ignorable outputs.
+MASK_VALUE = -2.3819763e38
+
+
+def rms_normalize(x: Tensor, eps: float) -> Tensor:
+    """x / rms(x), computed in float32."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """Gemma RMSNorm: the learned weight is applied as ``1 + w`` (zero init = identity)."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        out = rms_normalize(x, self.eps) * (1.0 + self.weight.float())
+        return out.type_as(x), None
+
+
+class AdaRMSNorm(nn.Module):
+    """pi0.5's adaptive RMSNorm: scale, shift and a residual gate are predicted from ``cond``.
+
+    ``dense(cond)`` is split into (scale, shift, gate) in that order; the norm returns
+    ``normed * (1 + scale) + shift`` and the gate that multiplies the sublayer's residual branch.
+    """
+
+    def __init__(self, width: int, cond_width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.dense = nn.Linear(cond_width, 3 * width)
+
+    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        if cond is None:
+            raise ValueError("AdaRMSNorm needs the flow-matching time condition")
+        modulation = self.dense(cond.to(self.dense.weight.dtype))[:, None, :]  # [B, 1, 3W]
+        scale, shift, gate = modulation.chunk(3, dim=-1)
+        out = rms_normalize(x, self.eps) * (1.0 + scale.float()) + shift.float()
+        return out.type_as(x), gate
+
+
+def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
+    """Residual add; adaRMS layers scale the branch by their gate."""
+    return x + y if gate is None else x + y * gate
+
+
+class GeGLU(nn.Module):
+    """Gemma MLP: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(width, hidden, bias=False)
+        self.up_proj = nn.Linear(width, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Rotary tables for integer positions [B, T] -> cos, sin [B, T, head_dim] (half-split layout)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [B, heads, T, D] by the tables [B, T, D] (Hugging Face ``rotate_half`` convention)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+    """Grouped-query attention with float32 softmax.
+
+    q: [B, H, T, D]; k, v: [B, KVH, S, D]; allowed: bool [B, T, S]. Returns [B, T, H*D].
+    """
+    b, h, t, d = q.shape
+    kvh = k.shape[1]
+    q = q.reshape(b, kvh, h // kvh, t, d)
+    scores = torch.einsum("bgqtd,bgsd->bgqts", q, k).float() * scale
+    scores = scores.masked_fill(~allowed[:, None, None], MASK_VALUE)
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    out = torch.einsum("bgqts,bgsd->bgqtd", probs, v)
+    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+
+
+def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
+    """pi0.5 flow-matching time embedding [sin(2πt/p), cos(2πt/p)], computed in float64."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = (2 * math.pi / period)[None, :] * t.to(torch.float64)[:, None]
+    return torch.cat([angle.sin(), angle.cos()], dim=-1).to(torch.float32)

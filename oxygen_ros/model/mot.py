@@ -1,0 +1,147 @@
+"""Mixture-of-Transformers: per-expert Gemma weights, ONE joint attention per layer.
+
+Every token belongs to one expert (the PaliGemma backbone for images and text, the action expert for
+noisy actions). In each layer each expert normalises and projects its own tokens, then all queries
+attend together over the keys and values of every expert plus any cached context, and each expert
+applies its own output projection and MLP. Cached context (the prefix KV of a frame, or a language
+request's own tokens) is simply more keys and values to attend to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .config import GemmaConfig
+from .layers import AdaRMSNorm, GeGLU, RMSNorm, apply_rope, attention, gated_residual, rope_cos_sin
+
+
+class GemmaAttentionProjections(nn.Module):
+    """q/k/v/o projections of one expert (no biases). The attention itself is joint, see below."""
+
+    def __init__(self, cfg: GemmaConfig) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(cfg.width, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.width, bias=False)
+
+
+class GemmaLayer(nn.Module):
+    def __init__(self, cfg: GemmaConfig, adaptive: bool, eps: float) -> None:
+        super().__init__()
+        norm = (lambda: AdaRMSNorm(cfg.width, cfg.width, eps)) if adaptive else (lambda: RMSNorm(cfg.width, eps))
+        self.input_layernorm = norm()
+        self.self_attn = GemmaAttentionProjections(cfg)
+        self.post_attention_layernorm = norm()
+        self.mlp = GeGLU(cfg.width, cfg.mlp_dim)
+
+
+class GemmaStack(nn.Module):
+    """One expert: its layers and final norm (and token embedding for the backbone)."""
+
+    def __init__(self, cfg: GemmaConfig, adaptive: bool, eps: float, vocab_size: Optional[int] = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if vocab_size is not None:
+            self.embed_tokens = nn.Embedding(vocab_size, cfg.width)
+        self.layers = nn.ModuleList(GemmaLayer(cfg, adaptive, eps) for _ in range(cfg.depth))
+        self.norm = AdaRMSNorm(cfg.width, cfg.width, eps) if adaptive else RMSNorm(cfg.width, eps)
+
+
+@dataclasses.dataclass
+class Stream:
+    """The tokens one expert contributes to a joint forward pass."""
+
+    expert: GemmaStack
+    hidden: Tensor  # [B, T, width]
+    cond: Optional[Tensor] = None  # adaRMS condition [B, width] for the action expert
+
+
+@dataclasses.dataclass
+class KVContext:
+    """Cached keys/values that new tokens may attend to: one [B, C, KVH, D] pair per layer.
+
+    Keys are stored after RoPE. ``valid`` [B, C] marks which cached slots are real tokens.
+    """
+
+    keys: List[Tensor]
+    values: List[Tensor]
+    valid: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+
+@dataclasses.dataclass
+class JointOutput:
+    hidden: List[Tensor]  # per stream, final-normed [B, T_i, width_i]
+    keys: List[Tensor]  # per layer, new tokens only [B, T, KVH, D] (all streams, concatenated)
+    values: List[Tensor]
+
+
+def joint_forward(
+    streams: Sequence[Stream],
+    positions: Tensor,
+    allowed: Tensor,
+    context: Optional[KVContext],
+    rope_base: float,
+) -> JointOutput:
+    """Run all layers over the concatenated streams.
+
+    positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in order).
+    allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
+    """
+    first = streams[0].expert.cfg
+    heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+    batch = positions.shape[0]
+    lengths = [s.hidden.shape[1] for s in streams]
+    hidden = [s.hidden for s in streams]
+    new_keys: List[Tensor] = []
+    new_values: List[Tensor] = []
+    cos = sin = None
+
+    for layer_idx in range(first.depth):
+        layers = [s.expert.layers[layer_idx] for s in streams]
+        qs, ks, vs, gates = [], [], [], []
+        for layer, x, stream in zip(layers, hidden, streams):
+            normed, gate = layer.input_layernorm(x, stream.cond)
+            gates.append(gate)
+            t = x.shape[1]
+            qs.append(layer.self_attn.q_proj(normed).view(batch, t, heads, head_dim))
+            ks.append(layer.self_attn.k_proj(normed).view(batch, t, kv_heads, head_dim))
+            vs.append(layer.self_attn.v_proj(normed).view(batch, t, kv_heads, head_dim))
+        q = torch.cat(qs, dim=1).transpose(1, 2)  # [B, H, T, D]
+        k = torch.cat(ks, dim=1).transpose(1, 2)  # [B, KVH, T, D]
+        v = torch.cat(vs, dim=1)  # [B, T, KVH, D]
+        if cos is None:
+            cos, sin = rope_cos_sin(positions, head_dim, rope_base, q.dtype)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        new_keys.append(k.transpose(1, 2))
+        new_values.append(v)
+
+        if context is not None:
+            k_all = torch.cat([context.keys[layer_idx].to(k.dtype).transpose(1, 2), k], dim=2)
+            v_all = torch.cat([context.values[layer_idx].to(v.dtype), v], dim=1)
+        else:
+            k_all, v_all = k, v
+        out = attention(q, k_all, v_all.transpose(1, 2), allowed, head_dim**-0.5)
+
+        start = 0
+        for i, (layer, stream) in enumerate(zip(layers, streams)):
+            end = start + lengths[i]
+            x = hidden[i]
+            o = layer.self_attn.o_proj(out[:, start:end].to(layer.self_attn.o_proj.weight.dtype))
+            x = gated_residual(x, o, gates[i])
+            normed, gate = layer.post_attention_layernorm(x, stream.cond)
+            x = gated_residual(x, layer.mlp(normed.to(layer.mlp.up_proj.weight.dtype)), gate)
+            hidden[i] = x
+            start = end
+
+    final = [s.expert.norm(x, s.cond)[0] for s, x in zip(streams, hidden)]
+    return JointOutput(hidden=final, keys=new_keys, values=new_values)

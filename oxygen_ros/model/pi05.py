@@ -1,0 +1,262 @@
+"""pi0.5 as openpi defines it, split into the three operations the OxyGen engine schedules.
+
+* ``prefill``: SigLIP + PaliGemma backbone over images and prompt, once per frame -> prefix KV.
+* ``sample_actions``: the action expert denoises a chunk by flow matching, reading the prefix KV
+  (never writing it): Euler from t=1 (noise) to t=0.
+* ``forward_text``: language tokens continue causally from any cached context (a frame's prefix
+  plus a request's own tokens) -> hidden states for the tied LM head, and their new K/V.
+
+``sample_actions_uncached`` and ``text_logits_uncached`` recompute everything in one joint pass with
+openpi's mask construction; tests use them as the reference for the cached paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import Pi05Config
+from .layers import sincos_time_embedding
+from .mot import GemmaStack, JointOutput, KVContext, Stream, joint_forward
+from .siglip import MultiModalProjector, SiglipVisionTower
+
+
+class PaliGemmaModel(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.vision_tower = SiglipVisionTower(cfg.vision)
+        self.multi_modal_projector = MultiModalProjector(cfg.vision.width, cfg.backbone.width)
+        self.language_model = GemmaStack(cfg.backbone, adaptive=False, eps=cfg.norm_eps, vocab_size=cfg.vocab_size)
+
+
+class PaliGemma(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.model = PaliGemmaModel(cfg)
+
+
+class GemmaExpert(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.model = GemmaStack(cfg.expert, adaptive=True, eps=cfg.norm_eps)
+
+
+class PaliGemmaWithExpert(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.paligemma = PaliGemma(cfg)
+        self.gemma_expert = GemmaExpert(cfg)
+
+
+@dataclasses.dataclass
+class Prefix:
+    """A frame's encoded observation: the KV every task of that frame reads."""
+
+    context: KVContext  # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
+    num_valid: Tensor  # [B] number of valid prefix tokens = first position after the prefix
+    last_hidden: Tensor  # [B, width] final-normed hidden of the last valid prefix token
+
+
+@dataclasses.dataclass
+class TextOutput:
+    hidden: Tensor  # [B, T, width], final-normed
+    keys: List[Tensor]  # per layer [B, T, KVH, D] (after RoPE)
+    values: List[Tensor]
+
+
+def flow_schedule(num_steps: int) -> List[Tensor]:
+    """The float32 times openpi's Euler loop visits (1.0, 0.9, 0.79999995, ...), and dt."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+    t = torch.tensor(1.0, dtype=torch.float32)
+    times = []
+    while t >= -dt / 2:
+        times.append(t.clone())
+        t = t + dt
+    return times
+
+
+def _causal(t: int, device: torch.device) -> Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
+
+
+class Pi05Model(nn.Module):
+    def __init__(self, config: Pi05Config) -> None:
+        super().__init__()
+        self.config = config
+        self.paligemma_with_expert = PaliGemmaWithExpert(config)
+        width = config.expert.width
+        self.action_in_proj = nn.Linear(config.action_dim, width)
+        self.action_out_proj = nn.Linear(width, config.action_dim)
+        self.time_mlp_in = nn.Linear(width, width)
+        self.time_mlp_out = nn.Linear(width, width)
+
+    # -- parts ---------------------------------------------------------------------------------
+    @property
+    def backbone(self) -> GemmaStack:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def expert(self) -> GemmaStack:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.backbone.layers[0].self_attn.q_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device
+
+    # -- prefix ----------------------------------------------------------------------------------
+    def embed_images(self, images: Tensor, image_masks: Tensor) -> Tensor:
+        """images [B, N, 3, H, W] in [-1, 1] -> [B, N * patches, width].
+
+        Masked slots are not encoded (they are invisible to every token, so skipping them is exact);
+        their rows are left zero.
+        """
+        pg = self.paligemma_with_expert.paligemma.model
+        b, n = images.shape[:2]
+        patches = self.config.image_tokens
+        out = torch.zeros(b, n, patches, self.config.backbone.width, dtype=self.compute_dtype, device=images.device)
+        present = image_masks.nonzero(as_tuple=True)
+        if present[0].numel():
+            feats = pg.multi_modal_projector(pg.vision_tower(images[present]))
+            out[present] = feats.to(out.dtype)
+        return out.reshape(b, n * patches, -1)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """Prompt/text token embeddings, scaled by sqrt(width) as openpi does (images are not)."""
+        emb = self.backbone.embed_tokens(tokens)
+        return (emb * math.sqrt(emb.shape[-1])).to(self.compute_dtype)
+
+    def embed_prefix(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> Tuple[Tensor, Tensor]:
+        """-> prefix embeddings [B, S, width] and validity [B, S] (images first, then prompt)."""
+        image_emb = self.embed_images(images, image_masks)
+        image_valid = image_masks.bool().repeat_interleave(self.config.image_tokens, dim=1)
+        embs = torch.cat([image_emb, self.embed_tokens(tokens)], dim=1)
+        return embs, torch.cat([image_valid, token_masks.bool()], dim=1)
+
+    @torch.no_grad()
+    def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> Prefix:
+        """Encode one observation per batch row; the only pass that writes prefix KV."""
+        embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        keep = valid.any(dim=0)  # columns invalid in every row are never attended: drop them (exact)
+        embs, valid = embs[:, keep], valid[:, keep]
+        positions = valid.long().cumsum(dim=1) - 1  # positions skip padding and masked cameras
+        allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)  # bidirectional among valid tokens
+        out = joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base)
+        num_valid = valid.sum(dim=1)
+        last = valid.shape[1] - 1 - valid.flip(1).float().argmax(dim=1)
+        last_hidden = out.hidden[0][torch.arange(valid.shape[0], device=valid.device), last]
+        return Prefix(KVContext(out.keys, out.values, valid), num_valid, last_hidden)
+
+    # -- actions ---------------------------------------------------------------------------------
+    def time_condition(self, t: Tensor) -> Tensor:
+        """Flow time [B] -> adaRMS condition [B, expert width]."""
+        emb = sincos_time_embedding(t, self.config.expert.width).to(self.time_mlp_in.weight.dtype)
+        return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
+
+    def embed_actions(self, x_t: Tensor) -> Tensor:
+        return self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.compute_dtype)
+
+    def velocity(self, expert_hidden: Tensor) -> Tensor:
+        horizon = self.config.action_horizon
+        out = expert_hidden[:, -horizon:]
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
+
+    def denoise_step(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
+        """Velocity v(x_t, t) of the action chunk; attends to the prefix KV, never writes it."""
+        b, horizon = x_t.shape[:2]
+        ctx = prefix.context
+        positions = prefix.num_valid[:, None] + torch.arange(horizon, device=x_t.device)
+        allowed = torch.cat(
+            [ctx.valid[:, None, :].expand(b, horizon, -1), torch.ones(b, horizon, horizon, dtype=torch.bool, device=x_t.device)],
+            dim=2,
+        )
+        stream = Stream(self.expert, self.embed_actions(x_t), self.time_condition(t.expand(b)))
+        out = joint_forward([stream], positions, allowed, ctx, self.config.rope_base)
+        return self.velocity(out.hidden[0])
+
+    @torch.no_grad()
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10) -> Tensor:
+        """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim]."""
+        times = flow_schedule(num_steps)
+        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+        x_t = noise.float()
+        for t in times:
+            x_t = x_t + dt * self.denoise_step(prefix, x_t, t.to(x_t.device))
+        return x_t
+
+    # -- language --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_text(self, context: KVContext, tokens: Tensor, positions: Tensor, valid: Optional[Tensor] = None) -> TextOutput:
+        """Run text tokens [B, T] that attend to ``context`` and causally to each other.
+
+        positions: [B, T] RoPE positions; valid: [B, T] which new tokens are real (ragged batches).
+        """
+        b, t = tokens.shape
+        if valid is None:
+            valid = torch.ones(b, t, dtype=torch.bool, device=tokens.device)
+        own = _causal(t, tokens.device)[None] & valid[:, None, :]
+        allowed = torch.cat([context.valid[:, None, :].expand(b, t, -1), own], dim=2)
+        out = joint_forward([Stream(self.backbone, self.embed_tokens(tokens))], positions, allowed, context, self.config.rope_base)
+        return TextOutput(out.hidden[0], out.keys, out.values)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Tied LM head: final-normed hidden [..., width] -> float32 logits [..., vocab]."""
+        return (hidden.to(self.backbone.embed_tokens.weight.dtype) @ self.backbone.embed_tokens.weight.T).float()
+
+    # -- uncached references (openpi's one-pass formulation) ---------------------------------------
+    @staticmethod
+    def _openpi_masks(pad: Tensor, ar: Tensor) -> Tuple[Tensor, Tensor]:
+        """openpi's make_att_2d_masks: token i sees valid token j iff cumsum(ar)[j] <= cumsum(ar)[i]."""
+        cum = ar.long().cumsum(dim=1)
+        allowed = (cum[:, None, :] <= cum[:, :, None]) & pad[:, None, :] & pad[:, :, None]
+        return allowed, pad.long().cumsum(dim=1) - 1
+
+    @torch.no_grad()
+    def sample_actions_uncached(self, images, image_masks, tokens, token_masks, noise: Tensor, num_steps: int = 10) -> Tensor:
+        """Reference: every denoising step re-runs prefix and suffix jointly, nothing cached."""
+        prefix_embs, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        b, s = prefix_valid.shape
+        horizon = noise.shape[1]
+        pad = torch.cat([prefix_valid, torch.ones(b, horizon, dtype=torch.bool, device=noise.device)], dim=1)
+        ar = torch.zeros_like(pad)
+        ar[:, s] = True  # actions start a new block: the prefix cannot see them
+        allowed, positions = self._openpi_masks(pad, ar)
+        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+        x_t = noise.float()
+        for t in flow_schedule(num_steps):
+            streams = [
+                Stream(self.backbone, prefix_embs),
+                Stream(self.expert, self.embed_actions(x_t), self.time_condition(t.to(noise.device).expand(b))),
+            ]
+            out: JointOutput = joint_forward(streams, positions, allowed, None, self.config.rope_base)
+            x_t = x_t + dt * self.velocity(out.hidden[1])
+        return x_t
+
+    @torch.no_grad()
+    def text_logits_uncached(self, images, image_masks, tokens, token_masks, text: Tensor) -> Tensor:
+        """Reference: logits predicting each of ``text`` [B, T] plus the token after it, in one pass.
+
+        Returns [B, T + 1, vocab]: row 0 comes from the last valid prefix token.
+        """
+        prefix_embs, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        b, s = prefix_valid.shape
+        t = text.shape[1]
+        pad = torch.cat([prefix_valid, torch.ones(b, t, dtype=torch.bool, device=text.device)], dim=1)
+        ar = torch.zeros_like(pad)
+        ar[:, s:] = True  # generated text is causal
+        allowed, positions = self._openpi_masks(pad, ar)
+        embs = torch.cat([prefix_embs, self.embed_tokens(text)], dim=1)
+        hidden = joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base).hidden[0]
+        last = s - 1 - prefix_valid.flip(1).float().argmax(dim=1)
+        rows = torch.cat([hidden[torch.arange(b), last][:, None], hidden[:, s:]], dim=1)
+        return self.logits(rows)
