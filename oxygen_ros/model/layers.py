@@ -92,18 +92,31 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
-    """Grouped-query attention with float32 softmax.
+def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype) -> Optional[Tensor]:
+    """Additive mask for `attention` from bool allowed [B, T, S] -> [B, 1, groups * T, S].
 
-    q: [B, H, T, D]; k, v: [B, KVH, S, D]; allowed: bool [B, T, S]. Returns [B, T, H*D].
+    Query heads that share a KV head are folded into the query axis (see `attention`), so the
+    mask is repeated once per head in the group. Built once per forward pass, shared by all layers.
+    None when every token may see every token (a batch of one prefix or action chunk): the fused
+    kernel is much faster without a mask.
+    """
+    if bool(allowed.all()):
+        return None
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, MASK_VALUE)
+    return bias.repeat(1, groups, 1)[:, None]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float) -> Tensor:
+    """Grouped-query attention (multi-query at pi0.5 sizes) with a float32-accumulated softmax.
+
+    q: [B, H, T, D]; k, v: [B, KVH, S, D]; bias: from `attention_bias`. Returns [B, T, H*D].
+    The H/KVH query heads of a group attend to the same keys, so they are folded into the query
+    axis and one fused kernel handles the group without copying keys per head.
     """
     b, h, t, d = q.shape
     kvh = k.shape[1]
-    q = q.reshape(b, kvh, h // kvh, t, d)
-    scores = torch.einsum("bgqtd,bgsd->bgqts", q, k).float() * scale
-    scores = scores.masked_fill(~allowed[:, None, None], MASK_VALUE)
-    probs = scores.softmax(dim=-1).to(v.dtype)
-    out = torch.einsum("bgqts,bgsd->bgqtd", probs, v)
+    q = q.reshape(b, kvh, (h // kvh) * t, d)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 

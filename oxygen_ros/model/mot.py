@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import GemmaConfig
-from .layers import AdaRMSNorm, GeGLU, RMSNorm, apply_rope, attention, gated_residual, rope_cos_sin
+from .layers import AdaRMSNorm, GeGLU, RMSNorm, apply_rope, attention, attention_bias, gated_residual, rope_cos_sin
 
 
 class GemmaAttentionProjections(nn.Module):
@@ -103,7 +103,7 @@ def joint_forward(
     hidden = [s.hidden for s in streams]
     new_keys: List[Tensor] = []
     new_values: List[Tensor] = []
-    cos = sin = None
+    cos = sin = bias = None
 
     for layer_idx in range(first.depth):
         layers = [s.expert.layers[layer_idx] for s in streams]
@@ -120,6 +120,7 @@ def joint_forward(
         v = torch.cat(vs, dim=1)  # [B, T, KVH, D]
         if cos is None:
             cos, sin = rope_cos_sin(positions, head_dim, rope_base, q.dtype)
+            bias = attention_bias(allowed, heads // kv_heads, q.dtype)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         new_keys.append(k.transpose(1, 2))
@@ -130,7 +131,7 @@ def joint_forward(
             v_all = torch.cat([context.values[layer_idx].to(v.dtype), v], dim=1)
         else:
             k_all, v_all = k, v
-        out = attention(q, k_all, v_all.transpose(1, 2), allowed, head_dim**-0.5)
+        out = attention(q, k_all, v_all.transpose(1, 2), bias, head_dim**-0.5)
 
         start = 0
         for i, (layer, stream) in enumerate(zip(layers, streams)):

@@ -1,0 +1,23 @@
+# Entry points for people and CI. Every target first runs the (idempotent, ~0.2 s when up to
+# date) environment setup, so a fresh clone needs nothing but `make test`.
+VENV ?= .venv
+ABS_VENV := $(abspath $(VENV))
+ARGS ?=
+
+.PHONY: setup test demo bench clean
+
+setup:
+	OXYGEN_VENV="$(ABS_VENV)" bash scripts/setup_env.sh
+
+test: setup
+	$(ABS_VENV)/bin/python -m pytest -q test $(ARGS)
+
+demo: setup
+	$(ABS_VENV)/bin/oxygen-demo $(ARGS)
+
+bench: setup
+	$(ABS_VENV)/bin/oxygen-bench $(ARGS)
+
+# Removes build outputs only; `rm -rf .venv` for a fresh environment.
+clean:
+	rm -rf build install log

@@ -1,0 +1,74 @@
+"""Per-frame work shared by every engine: encode an observation into the KV pool, act on it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..model.pi05 import Prefix
+from ..model.policy import Pi05Policy
+from .kv_cache import KVPool, KVSegment
+from .types import ActionChunk, Observation
+
+Clock = Callable[[], float]
+
+
+@dataclasses.dataclass
+class FramePrefix:
+    """A frame's prefix KV living in a pool (the caller holds one reference to ``segment``)."""
+
+    frame_id: int
+    stamp: float
+    segment: KVSegment
+    last_hidden: Tensor  # [width] final-normed hidden of the last prefix token
+
+    @property
+    def length(self) -> int:
+        return self.segment.length
+
+
+def frame_noise(config, seed: int, frame_id: int, device: torch.device) -> Tensor:
+    """The flow-matching start noise of a frame: the same in every engine for the same seed."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + frame_id)
+    noise = torch.randn(1, config.action_horizon, config.action_dim, generator=generator)
+    return noise.to(device)
+
+
+def max_prefix_tokens(policy: Pi05Policy) -> int:
+    """Largest prefix a frame can need: every image slot plus a full-length prompt."""
+    cfg = policy.config
+    return cfg.num_image_slots * cfg.image_tokens + cfg.max_token_len
+
+
+def prefill_frame(policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int) -> FramePrefix:
+    """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill."""
+    inputs = policy.encode(observation.images, observation.state, observation.prompt)
+    prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
+    segment = pool.allocate(int(prefix.num_valid[0]), owner=f"frame {frame_id} prefix")
+    pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
+    return FramePrefix(frame_id, observation.stamp, segment, prefix.last_hidden[0])
+
+
+def act_on_frame(policy: Pi05Policy, pool: KVPool, frame: FramePrefix, noise: Tensor, num_steps: int) -> Tensor:
+    """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it)."""
+    context = pool.view(frame.segment)
+    prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
+    return policy.model.sample_actions(prefix, noise, num_steps)[0]
+
+
+def timed_action(
+    policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int, seed: int, num_steps: int, clock: Clock
+) -> "tuple[FramePrefix, ActionChunk]":
+    """Prefill + action for one frame, timed; the caller owns the returned frame's reference."""
+    start = clock()
+    frame = prefill_frame(policy, pool, observation, frame_id)
+    prefilled = clock()
+    noise = frame_noise(policy.config, seed, frame_id, policy.device)
+    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps))
+    done = clock()
+    chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
+    return frame, chunk

@@ -1,0 +1,198 @@
+"""Unified KV memory: one preallocated, paged pool for every task of every frame.
+
+The pool holds backbone keys/values for all layers in fixed-size blocks. A *segment* is a list of
+blocks with a reference count:
+
+* a frame's prefix (images + prompt) is written into one segment exactly once; the action expert and
+  every language request of that frame read it through references, never copies;
+* a language request owns one more segment for its own tokens (kind text + generated tokens),
+  reserved at admission for its maximum length so decoding can never run out of memory midway.
+
+A segment returns its blocks to the free list when its last reference is released. Reads are either
+zero-copy views (a contiguous segment, the action path) or a per-step gather of several segments
+into a padded batch (ragged language decoding); the gather is scratch compute memory, the stored KV
+is never duplicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..model.mot import KVContext
+
+
+class KVMemoryError(RuntimeError):
+    """The pool has not enough free blocks for an allocation."""
+
+
+@dataclasses.dataclass(eq=False)
+class KVSegment:
+    """Blocks holding one run of tokens. ``length`` tokens are written, ``capacity`` reserved."""
+
+    segment_id: int
+    owner: str
+    blocks: List[int]
+    capacity: int
+    length: int = 0
+    ref_count: int = 1
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity_tokens: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if capacity_tokens < block_size or block_size < 1:
+            raise ValueError(f"KV pool needs capacity >= block size >= 1, got {capacity_tokens=} {block_size=}")
+        self.block_size = block_size
+        self.num_blocks = capacity_tokens // block_size
+        slots = self.num_blocks * block_size
+        self.keys = torch.zeros(num_layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys.element_size()
+        self._free = list(range(self.num_blocks))  # kept sorted: lowest ids first -> contiguous runs
+        self._segments: Dict[int, KVSegment] = {}
+        self._next_id = 0
+        self.peak_bytes = 0
+
+    # -- accounting ----------------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def bytes_in_use(self) -> int:
+        return (self.num_blocks - len(self._free)) * self.block_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return len(self._free) * self.block_bytes
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def segment_bytes(self, segment: KVSegment) -> int:
+        return len(segment.blocks) * self.block_bytes
+
+    def usage_by_owner(self) -> Dict[str, int]:
+        """Bytes reserved per live segment owner (e.g. ``frame 12 prefix``, ``request 3``)."""
+        return {s.owner: self.segment_bytes(s) for s in self._segments.values()}
+
+    @property
+    def live_segments(self) -> int:
+        return len(self._segments)
+
+    # -- allocation ----------------------------------------------------------------------------
+    def allocate(self, tokens: int, owner: str) -> KVSegment:
+        """Reserve blocks for ``tokens`` tokens (one reference held by the caller).
+
+        Prefers a contiguous run of blocks so the segment can later be read as a zero-copy view.
+        Raises KVMemoryError when the pool cannot hold it.
+        """
+        need = self.blocks_for(max(tokens, 1))
+        if need > len(self._free):
+            raise KVMemoryError(
+                f"KV pool full: {owner} needs {need} blocks ({tokens} tokens), {len(self._free)} of {self.num_blocks} free"
+            )
+        blocks = self._take_contiguous(need) or self._take_lowest(need)
+        segment = KVSegment(self._next_id, owner, blocks, capacity=need * self.block_size)
+        self._next_id += 1
+        self._segments[segment.segment_id] = segment
+        self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
+        return segment
+
+    def _take_contiguous(self, need: int) -> Optional[List[int]]:
+        free = self._free
+        run_start = 0
+        for i in range(1, len(free) + 1):
+            if i == len(free) or free[i] != free[i - 1] + 1:
+                if i - run_start >= need:
+                    blocks = free[run_start : run_start + need]
+                    del free[run_start : run_start + need]
+                    return blocks
+                run_start = i
+        return None
+
+    def _take_lowest(self, need: int) -> List[int]:
+        blocks, self._free = self._free[:need], self._free[need:]
+        return blocks
+
+    def retain(self, segment: KVSegment) -> KVSegment:
+        """Take one more reference to a live segment (a task starts reading it)."""
+        assert segment.ref_count > 0 and segment.segment_id in self._segments, "retain of a freed segment"
+        segment.ref_count += 1
+        return segment
+
+    def release(self, segment: KVSegment) -> bool:
+        """Drop one reference; returns True when this freed the segment's blocks."""
+        assert segment.ref_count > 0 and segment.segment_id in self._segments, "double release of a KV segment"
+        segment.ref_count -= 1
+        if segment.ref_count:
+            return False
+        del self._segments[segment.segment_id]
+        self._free.extend(segment.blocks)
+        self._free.sort()
+        return True
+
+    # -- data ----------------------------------------------------------------------------------
+    def slots(self, segment: KVSegment, start: int, stop: int) -> Tensor:
+        """Pool slot index of the segment's tokens [start, stop)."""
+        pos = torch.arange(start, stop)
+        blocks = torch.tensor(segment.blocks)[pos // self.block_size]
+        return (blocks * self.block_size + pos % self.block_size).to(self.keys.device)
+
+    def write(self, segment: KVSegment, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+        """Append tokens to a segment: keys/values per layer, each [T, KVH, D]."""
+        t = keys[0].shape[0]
+        if segment.length + t > segment.capacity:
+            raise KVMemoryError(f"{segment.owner}: writing {t} tokens past its reserved {segment.capacity}")
+        idx = self.slots(segment, segment.length, segment.length + t)
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.keys[layer].index_copy_(0, idx, k.to(self.keys.dtype))
+            self.values[layer].index_copy_(0, idx, v.to(self.values.dtype))
+        segment.length += t
+
+    def view(self, segment: KVSegment) -> KVContext:
+        """One segment as a batch-of-one context; zero-copy when its blocks are contiguous."""
+        first = segment.blocks[0]
+        contiguous = segment.blocks == list(range(first, first + len(segment.blocks)))
+        if not contiguous:
+            return self.gather([[(segment, segment.length)]])
+        start = first * self.block_size
+        stop = start + segment.length
+        keys = [self.keys[layer, start:stop][None] for layer in range(self.keys.shape[0])]
+        values = [self.values[layer, start:stop][None] for layer in range(self.values.shape[0])]
+        valid = torch.ones(1, segment.length, dtype=torch.bool, device=self.keys.device)
+        return KVContext(keys, values, valid)
+
+    def gather(self, rows: Sequence[Sequence[Tuple[KVSegment, int]]]) -> KVContext:
+        """Batch context: row i is the concatenation of (segment, n_tokens) pieces, right-padded."""
+        pieces = [[self.slots(seg, 0, n) for seg, n in row] for row in rows]
+        row_slots = [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in pieces]
+        width = max(len(s) for s in row_slots)
+        idx = torch.zeros(len(rows), width, dtype=torch.long, device=self.keys.device)
+        valid = torch.zeros(len(rows), width, dtype=torch.bool, device=self.keys.device)
+        for i, s in enumerate(row_slots):
+            idx[i, : len(s)] = s
+            valid[i, : len(s)] = True
+        keys = self.keys[:, idx]  # [L, B, C, KVH, D] scratch copy for this step only
+        values = self.values[:, idx]
+        return KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)

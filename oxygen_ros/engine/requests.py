@@ -1,0 +1,112 @@
+"""Language requests as resumable state.
+
+A request remembers everything needed to continue decoding in any later batched step: the frame
+prefix it reads (by reference), its own KV segment, its next position, the token sampled last (not
+yet fed), its sampling settings and random generator, and its streaming detokeniser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..model.tokenizer import Pi05Tokenizer, StreamDecoder
+from .kv_cache import KVSegment
+from .types import LANGUAGE_KINDS, TextDelta
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a request picks tokens and when it stops.
+
+    temperature 0 is greedy; otherwise tokens are drawn from softmax(logits / temperature) with a
+    generator seeded by ``seed`` (so a request's text is reproducible whatever it is batched with).
+    """
+
+    max_tokens: int = 30
+    temperature: float = 0.0
+    seed: int = 0
+    stop: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+class RequestState(enum.Enum):
+    QUEUED = "queued"  # waiting for admission (memory or concurrency limit)
+    ACTIVE = "active"  # holds KV, advances one token per batched decode step
+    FINISHED = "finished"
+
+
+class LanguageRequest:
+    def __init__(self, request_id: int, kind: str, prompt: List[int], sampling: SamplingParams, tokenizer: Pi05Tokenizer) -> None:
+        if kind not in LANGUAGE_KINDS:
+            raise ValueError(f"unknown language kind {kind!r}; expected one of {LANGUAGE_KINDS}")
+        self.request_id = request_id
+        self.kind = kind
+        self.prompt = prompt  # the kind's own text, prefilled on top of the shared prefix
+        self.sampling = sampling
+        self.state = RequestState.QUEUED
+        self.frame_id: Optional[int] = None
+        self.prefix: Optional[KVSegment] = None
+        self.own: Optional[KVSegment] = None
+        self.position = 0  # RoPE position of the next token fed
+        self.pending_token: Optional[int] = None  # sampled, not yet fed back
+        self.tokens: List[int] = []
+        self.finish_reason = ""
+        self.waited_frames = 0
+        self._eos = tokenizer.eos_id
+        self._stream = StreamDecoder(tokenizer)
+        self._text = ""
+        self._generator = torch.Generator().manual_seed(sampling.seed)
+
+    @property
+    def kv_tokens_needed(self) -> int:
+        """Own-segment tokens: its prompt plus every generated token except the last (never fed)."""
+        return len(self.prompt) + self.sampling.max_tokens - 1
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def choose(self, logits: Tensor) -> int:
+        """Pick the next token from float32 logits [vocab]."""
+        if self.sampling.temperature == 0.0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float().cpu() / self.sampling.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self._generator))
+
+    def accept(self, token: int) -> TextDelta:
+        """Record a sampled token; returns the text delta (final when this token ends the request)."""
+        if token == self._eos:
+            return self.finish("eos")
+        self.tokens.append(token)
+        delta = self._stream.push(token)
+        self._text += delta
+        for stop in self.sampling.stop:
+            cut = self._text.find(stop)
+            if cut >= 0:
+                already = len(self._text) - len(delta)
+                self._text = self._text[: cut + len(stop)]
+                return self.finish("stop", self._text[already:])
+        if len(self.tokens) >= self.sampling.max_tokens:
+            return self.finish("length", delta)
+        self.pending_token = token
+        return TextDelta(self.request_id, self.kind, delta, token_count=len(self.tokens))
+
+    def finish(self, reason: str, delta: str = "") -> TextDelta:
+        if reason in ("eos", "length"):
+            tail = self._stream.flush()
+            self._text += tail
+            delta += tail
+        self.state = RequestState.FINISHED
+        self.finish_reason = reason
+        self.pending_token = None
+        return TextDelta(self.request_id, self.kind, delta, final=True, token_count=len(self.tokens), finish_reason=reason)

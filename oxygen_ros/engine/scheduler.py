@@ -1,0 +1,303 @@
+"""The OxyGen loop: one shared prefill per frame, a deadline-bound action, and cross-frame continuous
+batching of every active language request in the slack before the next deadline.
+
+    step(observation, next_deadline):
+        prefill once -> prefix KV (unified pool)           } act(): the hard-deadline path,
+        action expert over that KV -> action chunk         } never waits for language
+        admit queued requests onto this frame's prefix
+        batched decode steps over ALL active requests, while a step still fits before the deadline
+        (or exactly k steps in fixed mode, the paper's setting)
+
+``EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
+counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven
+through the same ``submit`` / ``step`` interface.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable, Deque, Dict, List, Mapping, Optional
+
+from ..model.policy import Pi05Policy
+from .frames import FramePrefix, max_prefix_tokens, timed_action
+from .kv_cache import KVPool
+from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
+from .metrics import StepTimer
+from .requests import LanguageRequest, RequestState, SamplingParams
+from .types import ActionChunk, FrameResult, FrameStats, Observation, TextDelta
+
+Clock = Callable[[], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    num_steps: int = 10  # flow-matching denoising steps per action chunk
+    decode_mode: str = "deadline"  # "deadline": measured step latency decides; "fixed": k steps per frame
+    decode_steps_per_frame: int = 5  # k, used in fixed mode
+    max_active_requests: int = 16
+    max_queued_requests: int = 64
+    max_wait_frames: int = 300  # a queued request waiting longer than this is refused
+    kv_capacity_tokens: int = 0  # 0 = room for max_active_requests frames of prefix plus their text
+    kv_block_size: int = 16
+    deadline_margin_ms: float = 1.0
+    seed: int = 0
+    default_max_tokens: int = 30
+    kind_prompts: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_KIND_PROMPTS))
+
+    def __post_init__(self) -> None:
+        if self.decode_mode not in ("deadline", "fixed"):
+            raise ValueError(f"decode_mode must be 'deadline' or 'fixed', got {self.decode_mode!r}")
+        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:
+            raise ValueError("decode_steps_per_frame, max_queued_requests and kv_capacity_tokens must be >= 0")
+        empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
+        if empty:
+            raise ValueError(f"kind prompts must not be empty: {empty}")
+
+
+def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
+    cfg = policy.config.backbone
+    capacity = config.kv_capacity_tokens or (
+        (config.max_active_requests + 2) * max_prefix_tokens(policy)
+        + config.max_active_requests * (64 + config.default_max_tokens)
+    )
+    return KVPool(
+        num_layers=cfg.depth,
+        kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        capacity_tokens=capacity,
+        block_size=config.kv_block_size,
+        dtype=policy.model.compute_dtype,
+        device=policy.device,
+    )
+
+
+class EngineBase:
+    """Request intake, ids and memory accounting shared by OxyGen and the baselines."""
+
+    name = "base"
+
+    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+        self.policy = policy
+        self.config = config or EngineConfig()
+        self.clock = clock
+        self.frame_count = 0
+        self._next_request_id = 1
+        self._queue: Deque[LanguageRequest] = collections.deque()
+        self._outbox: List[TextDelta] = []  # deltas produced outside a frame (refusals at submit)
+        self.tokens_generated = 0  # cumulative language tokens sampled
+        self.decode_steps = 0  # cumulative batched decode steps (admission prefills included)
+
+    # -- intake --------------------------------------------------------------------------------
+    def submit(self, kind: str, text: str = "", sampling: Optional[SamplingParams] = None) -> int:
+        """Queue a language request; it reads the prefix of the frame at which it is admitted.
+
+        Returns the request id. A full queue refuses at once (a final delta with the reason).
+        """
+        if kind not in self.config.kind_prompts:
+            raise ValueError(f"unknown language kind {kind!r}; configured kinds: {sorted(self.config.kind_prompts)}")
+        sampling = sampling or SamplingParams(max_tokens=self.config.default_max_tokens)
+        prompt = self.policy.tokenizer.encode_text(self.config.kind_prompts[kind].format(text=text))
+        request = LanguageRequest(self._next_request_id, kind, prompt, sampling, self.policy.tokenizer)
+        self._next_request_id += 1
+        if len(self._queue) >= self.config.max_queued_requests:
+            self._outbox.append(self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)"))
+        else:
+            self._queue.append(request)
+        return request.request_id
+
+    def _refuse(self, request: LanguageRequest, why: str) -> TextDelta:
+        delta = request.finish("refused")
+        delta.detail = why
+        return delta
+
+    def _new_frame_id(self) -> int:
+        self.frame_count += 1
+        return self.frame_count
+
+    # -- interface -----------------------------------------------------------------------------
+    def step(self, observation: Observation, next_deadline: Optional[float] = None) -> FrameResult:
+        raise NotImplementedError
+
+    def pools(self) -> List[KVPool]:
+        raise NotImplementedError
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active_requests(self) -> int:
+        raise NotImplementedError
+
+    def memory(self) -> Dict[str, int]:
+        """KV accounting summed over this engine's pools (bytes)."""
+        pools = self.pools()
+        return {
+            "bytes_in_use": sum(p.bytes_in_use for p in pools),
+            "peak_bytes": sum(p.peak_bytes for p in pools),
+            "free_bytes": sum(p.free_bytes for p in pools),
+            "capacity_bytes": sum(p.capacity_bytes for p in pools),
+            "live_segments": sum(p.live_segments for p in pools),
+        }
+
+    def close(self) -> None:
+        """Finish everything and release all KV (idempotent)."""
+
+
+class OxygenEngine(EngineBase):
+    """Unified KV cache: shared prefill per frame + cross-frame continuous batching."""
+
+    name = "oxygen"
+
+    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+        super().__init__(policy, config, clock)
+        self.pool = make_pool(policy, self.config)
+        self.decoder = LanguageDecoder(policy, self.pool)
+        self.timer = StepTimer()
+        self._frame: Optional[FramePrefix] = None  # newest frame; the engine holds one reference
+        self._active: List[LanguageRequest] = []
+        self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
+        if self.pool.num_blocks < 2 * self._prefix_blocks:
+            raise ValueError(
+                f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two frame prefixes "
+                f"of up to {max_prefix_tokens(policy)} tokens; raise kv_capacity_tokens"
+            )
+
+    def pools(self) -> List[KVPool]:
+        return [self.pool]
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    # -- the action path -------------------------------------------------------------------------
+    def act(self, observation: Observation) -> ActionChunk:
+        """Shared prefill + action chunk for a new frame. Language never runs inside this call."""
+        if self._frame is not None:
+            self.pool.release(self._frame.segment)  # stays alive while requests still read it
+            self._frame = None
+        self._frame, chunk = timed_action(
+            self.policy, self.pool, observation, self._new_frame_id(), self.config.seed, self.config.num_steps, self.clock
+        )
+        return chunk
+
+    # -- the language path -----------------------------------------------------------------------
+    def decode(self, until: Optional[float] = None, max_steps: Optional[int] = None) -> List[TextDelta]:
+        """Admit queued requests onto the newest prefix, then run batched decode steps.
+
+        Deadline mode: steps continue while the measured latency of one more step fits before
+        ``until`` (clock seconds). Fixed mode (or no ``until``): ``max_steps`` or k steps.
+        """
+        deadline = until is not None and self.config.decode_mode == "deadline"
+        if max_steps is None:
+            max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
+        deltas, self._outbox = self._outbox, []
+        deltas += self._admit(until if deadline else None)
+        steps = 0
+        while self._active and steps < max_steps:
+            if deadline and not self._fits(until, len(self._active)):
+                break
+            batch = len(self._active)
+            start = self.clock()
+            deltas += self.decoder.step(self._active)
+            self.timer.record(batch, self.clock() - start)
+            steps += 1
+            self.decode_steps += 1
+            self.tokens_generated += batch
+            self._retire_finished()
+        return deltas
+
+    def _fits(self, until: float, batch: int) -> bool:
+        margin = self.config.deadline_margin_ms * 1e-3
+        return self.clock() + self.timer.estimate(batch) + margin <= until
+
+    def _admit(self, until: Optional[float]) -> List[TextDelta]:
+        deltas: List[TextDelta] = []
+        if self._frame is None:
+            return deltas
+        admitted: List[LanguageRequest] = []
+        language_blocks = self.pool.num_blocks - 2 * self._prefix_blocks  # keep: its prefix + the next frame's
+        for request in list(self._queue):
+            need = self.pool.blocks_for(request.kv_tokens_needed)
+            if need > language_blocks:
+                self._queue.remove(request)
+                why = f"needs {request.kv_tokens_needed} KV tokens; the pool allows {language_blocks * self.pool.block_size}"
+                deltas.append(self._refuse(request, why))
+                continue
+            room = self.pool.free_blocks - need - sum(self.pool.blocks_for(r.kv_tokens_needed) for r in admitted)
+            if len(self._active) + len(admitted) >= self.config.max_active_requests or room < self._prefix_blocks:
+                break  # wait: concurrency or memory limit (the next frame's prefix is always kept free)
+            if until is not None and not self._fits(until, len(admitted) + 1):
+                break
+            self._queue.remove(request)
+            admitted.append(request)
+        for request in self._queue:
+            request.waited_frames += 1
+        for request in [r for r in self._queue if r.waited_frames > self.config.max_wait_frames]:
+            self._queue.remove(request)
+            deltas.append(self._refuse(request, f"waited {request.waited_frames} frames for KV memory or a decode slot"))
+        if admitted:
+            start = self.clock()
+            deltas += self.decoder.attach(admitted, self._frame)
+            self.timer.record(len(admitted), self.clock() - start)
+            self.decode_steps += 1
+            self.tokens_generated += len(admitted)
+            self._active += admitted
+            self._retire_finished()
+        return deltas
+
+    def _retire_finished(self) -> None:
+        still = []
+        for request in self._active:
+            if request.state is RequestState.FINISHED:
+                self.decoder.release(request)
+            else:
+                still.append(request)
+        self._active = still
+
+    def cancel(self, request_id: int) -> Optional[TextDelta]:
+        """Stop a queued or active request now; returns its final delta (None if unknown)."""
+        for request in list(self._queue) + self._active:
+            if request.request_id == request_id:
+                if request in self._queue:
+                    self._queue.remove(request)
+                delta = request.finish("cancelled")
+                self._retire_finished()
+                return delta
+        return None
+
+    # -- one frame ---------------------------------------------------------------------------------
+    def step(self, observation: Observation, next_deadline: Optional[float] = None) -> FrameResult:
+        start = self.clock()
+        chunk = self.act(observation)
+        decode_start = self.clock()
+        tokens_before, steps_before = self.tokens_generated, self.decode_steps
+        deltas = self.decode(next_deadline)
+        end = self.clock()
+        stats = FrameStats(
+            frame_id=chunk.frame_id,
+            frame_ms=(end - start) * 1e3,
+            prefill_ms=chunk.prefill_ms,
+            action_ms=chunk.action_ms,
+            decode_ms=(end - decode_start) * 1e3,
+            decode_steps=self.decode_steps - steps_before,
+            tokens=self.tokens_generated - tokens_before,
+            active_requests=len(self._active),
+            kv_bytes_in_use=self.pool.bytes_in_use,
+            deadline_met=next_deadline is None or end <= next_deadline,
+        )
+        return FrameResult(chunk, deltas, stats)
+
+    def close(self) -> None:
+        for request in list(self._queue) + self._active:
+            request.finish("cancelled")
+        self._queue.clear()
+        self._retire_finished()
+        if self._frame is not None:
+            self.pool.release(self._frame.segment)
+            self._frame = None

@@ -1,0 +1,76 @@
+"""Data that crosses the engine boundary: what goes in per frame, what comes out.
+
+Plain dataclasses with numpy payloads, so the ROS layer, the benchmarks and the tests all speak the
+same language and none of them needs torch to read a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import numpy as np
+
+LANGUAGE_KINDS = ("narration", "answer", "memory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One synchronised snapshot of the robot.
+
+    images: image-slot name (``base_0_rgb``, ``left_wrist_0_rgb``, ``right_wrist_0_rgb``) -> RGB uint8
+        [H, W, 3] of any size; a slot that is absent is masked out of the model input.
+    state: joint state in robot units, length = the robot's state dimension.
+    prompt: the task text.
+    stamp: observation time in seconds (the newest input's stamp).
+    """
+
+    images: Dict[str, np.ndarray]
+    state: np.ndarray
+    prompt: str
+    stamp: float = 0.0
+
+
+@dataclasses.dataclass
+class ActionChunk:
+    """An unnormalised action chunk for one frame: ``actions`` [horizon, action_dim]."""
+
+    frame_id: int
+    stamp: float
+    actions: np.ndarray
+    prefill_ms: float
+    action_ms: float
+
+
+@dataclasses.dataclass
+class TextDelta:
+    """New text of one language request. ``final`` is set exactly once, on its last delta."""
+
+    request_id: int
+    kind: str
+    text: str
+    final: bool = False
+    token_count: int = 0
+    finish_reason: str = ""  # eos | stop | length | refused | cancelled when final
+    detail: str = ""  # why, for refused requests
+
+
+@dataclasses.dataclass
+class FrameStats:
+    frame_id: int
+    frame_ms: float = 0.0
+    prefill_ms: float = 0.0
+    action_ms: float = 0.0
+    decode_ms: float = 0.0
+    decode_steps: int = 0
+    tokens: int = 0  # language tokens generated during this frame
+    active_requests: int = 0  # after this frame's decoding
+    kv_bytes_in_use: int = 0
+    deadline_met: bool = True
+
+
+@dataclasses.dataclass
+class FrameResult:
+    action: Optional[ActionChunk]
+    deltas: List[TextDelta]
+    stats: FrameStats

@@ -1,0 +1,117 @@
+"""pi0.5 policy I/O: robot observation -> model inputs, model actions -> robot actions.
+
+This is openpi's inference transform chain for pi0.5, in order: resize_with_pad to 224 and scale
+to [-1, 1]; quantile-normalise the state; tokenize ``Task: ..., State: <bins>;\\nAction: ``; and on
+the way out take the robot's action dimensions and quantile-unnormalise them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .config import IMAGE_SLOTS
+from .pi05 import Pi05Model
+from .preprocess import NormStats, resize_with_pad, to_model_range
+from .tokenizer import Pi05Tokenizer
+
+
+@dataclasses.dataclass
+class PrefixInputs:
+    """Model-ready tensors of one observation (batch of one)."""
+
+    images: Tensor  # [1, slots, 3, 224, 224] in [-1, 1]
+    image_masks: Tensor  # [1, slots] bool
+    tokens: Tensor  # [1, T] int64
+    token_masks: Tensor  # [1, T] bool
+
+
+class Pi05Policy:
+    """A loaded model plus everything needed to feed it robot data."""
+
+    def __init__(
+        self,
+        model: Pi05Model,
+        tokenizer: Pi05Tokenizer,
+        norm_stats: Mapping[str, NormStats],
+        action_dim: Optional[int] = None,
+    ) -> None:
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {model.config.vocab_size}"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.state_stats = norm_stats["state"]
+        self.action_stats = norm_stats["actions"]
+        self.action_dim = action_dim or self.action_stats.dim  # the robot's action width
+        if self.action_dim > model.config.action_dim:
+            raise ValueError(f"robot action_dim {self.action_dim} exceeds the model's {model.config.action_dim}")
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def encode(self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str) -> PrefixInputs:
+        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task text."""
+        unknown = set(images) - set(IMAGE_SLOTS)
+        if unknown:
+            raise ValueError(f"unknown image slots {sorted(unknown)}; expected some of {IMAGE_SLOTS}")
+        size = self.config.vision.image_size
+        pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
+        present = np.zeros(len(IMAGE_SLOTS), dtype=bool)
+        for i, slot in enumerate(IMAGE_SLOTS):
+            if slot in images:
+                pixels[i] = to_model_range(resize_with_pad(images[slot], size, size))
+                present[i] = True
+        if not present.any():
+            raise ValueError("observation has no camera image: at least one image slot is required")
+        state = np.asarray(state, dtype=np.float64)
+        if not np.isfinite(state).all():
+            raise ValueError(f"state has non-finite values at indices {np.flatnonzero(~np.isfinite(state)).tolist()}")
+        normalized = self.state_stats.normalize_quantile(state)
+        tokens, token_mask = self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+        n = int(token_mask.sum())  # prompts are right-padded: keep only real tokens for a batch of one
+        device = self.device
+        return PrefixInputs(
+            images=torch.from_numpy(pixels)[None].to(device),
+            image_masks=torch.from_numpy(present)[None].to(device),
+            tokens=torch.from_numpy(tokens[:n])[None].to(device),
+            token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
+        )
+
+    def robot_actions(self, model_actions: Tensor) -> np.ndarray:
+        """Model-space chunk [horizon, model action_dim] -> robot units [horizon, robot action_dim]."""
+        raw = model_actions.detach().float().cpu().numpy()[..., : self.action_dim]
+        return self.action_stats.unnormalize_quantile(raw).astype(np.float32)
+
+
+def load_policy(
+    checkpoint_dir,
+    tokenizer_path=None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    action_dim: Optional[int] = None,
+) -> Pi05Policy:
+    """Load an openpi-layout checkpoint and its tokenizer into a ready policy.
+
+    ``tokenizer_path`` defaults to the checkpoint's own ``tokenizer.model`` (tiny/small presets ship
+    one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly.
+    """
+    from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
+
+    loaded = load_checkpoint(checkpoint_dir, device=device, dtype=dtype)
+    path = tokenizer_path or loaded.tokenizer_path
+    if path is None:
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma sentencepiece model path"
+        )
+    return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim)

@@ -1,0 +1,313 @@
+"""PaliGemma-style sentencepiece tokenizer with pi0.5's prompt format.
+
+`Pi05Tokenizer` wraps a sentencepiece model file (PaliGemma's own `paligemma_tokenizer.model` for
+real checkpoints, or a tiny one from `train_tiny_tokenizer` for the `tiny`/`small` presets) and
+builds prompts exactly as openpi's `PaligemmaTokenizer.tokenize` does for pi0.5, where the robot
+state enters the network only as discrete bins inside the prompt text:
+
+    "Task: {task}, State: {b0 b1 ...};\\nAction: "
+
+`StreamDecoder` turns a growing list of generated token ids into text deltas for streaming.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import sentencepiece
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# pi0.5 discretises the normalised state into 256 bins over [-1, 1] (openpi: np.linspace(-1, 1, 257)[:-1]).
+STATE_BINS = np.linspace(-1.0, 1.0, 256 + 1)[:-1]
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class TokenizerError(ValueError):
+    """A sentencepiece model that cannot be used (corrupt file, missing special ids)."""
+
+
+def clean_task(task: str) -> str:
+    """openpi's prompt cleaning: strip, then underscores and newlines become spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
+def discretize_state(state: np.ndarray) -> np.ndarray:
+    """Map a normalised 1-D state to openpi's 256 bins: ``np.digitize(state, STATE_BINS) - 1``.
+
+    Like openpi, values are not clipped first: a value >= 0.9921875 (including > 1) lands in bin 255,
+    and a value below -1 lands in bin -1 (openpi emits "-1" in that case, and so do we, because the
+    model was trained on exactly those strings). NaN and infinities are rejected: openpi would
+    silently map NaN to bin 255, which hides a broken sensor or broken norm stats.
+
+    Raises:
+        ValueError: if ``state`` is not 1-D or holds a non-finite value.
+    """
+    state = np.asarray(state)
+    if state.ndim != 1:
+        raise ValueError(f"state must be a 1-D vector, got shape {state.shape}")
+    if not np.issubdtype(state.dtype, np.number) or np.issubdtype(state.dtype, np.complexfloating):
+        raise ValueError(f"state must be real-valued, got dtype {state.dtype}")
+    bad = ~np.isfinite(state)
+    if bad.any():
+        raise ValueError(f"state has non-finite values at indices {np.flatnonzero(bad).tolist()}: {state[bad].tolist()}")
+    return np.digitize(state, bins=STATE_BINS) - 1
+
+
+def format_prompt(task: str, state: np.ndarray) -> str:
+    """The pi0.5 prompt text for a task and a normalised state (openpi's exact format)."""
+    state_str = " ".join(map(str, discretize_state(state).tolist()))
+    return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
+
+
+class Pi05Tokenizer:
+    """A PaliGemma-compatible sentencepiece tokenizer.
+
+    Args:
+        path: a sentencepiece ``.model`` file.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        TokenizerError: if the file is not a sentencepiece model or lacks bos/eos/pad ids.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"tokenizer model not found: {self.path}")
+        proto = self.path.read_bytes()
+        processor = sentencepiece.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(proto)
+        except Exception as exc:  # sentencepiece raises RuntimeError/OSError with terse messages
+            raise TokenizerError(f"{self.path} is not a valid sentencepiece model ({len(proto)} bytes): {exc}") from exc
+        if processor.GetPieceSize() <= 0:
+            raise TokenizerError(f"{self.path} holds an empty sentencepiece vocabulary")
+        for name, value in (("bos", processor.bos_id()), ("eos", processor.eos_id()), ("pad", processor.pad_id())):
+            if value < 0:
+                raise TokenizerError(f"{self.path} defines no {name} token; pi0.5 prompts need bos, eos and pad ids")
+        self._sp = processor
+
+    # -- vocabulary ------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self._sp.GetPieceSize())
+
+    @property
+    def bos_id(self) -> int:
+        return int(self._sp.bos_id())
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._sp.eos_id())
+
+    @property
+    def pad_id(self) -> int:
+        return int(self._sp.pad_id())
+
+    def __repr__(self) -> str:
+        return f"Pi05Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+    # -- encoding --------------------------------------------------------------------------------
+    def encode_text(self, text: str) -> List[int]:
+        """Token ids of ``text`` without bos/eos (e.g. a language request appended after a prefix)."""
+        return [int(i) for i in self._sp.EncodeAsIds(text)]
+
+    def encode_prompt(self, task: str, state: Optional[np.ndarray], max_len: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Tokenize a task (and state) exactly like openpi's ``PaligemmaTokenizer.tokenize``.
+
+        With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "`` encoded with a
+        leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes before
+        ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
+        (bos + cleaned task, then a separately encoded "\\n").
+
+        Longer prompts are truncated to ``max_len`` with a logged warning; shorter ones are padded
+        with id 0 (openpi pads with ``False``; PaliGemma's pad id is 0 too) and a False mask.
+
+        Returns:
+            tokens int64 [max_len] and mask bool [max_len] (True for real tokens).
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        if state is not None:
+            tokens = [int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)]
+        else:
+            tokens = [int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)] + self.encode_text("\n")
+        if len(tokens) > max_len:
+            logger.warning(
+                "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
+                "`max_token_len` in your model config if this happens frequently.",
+                len(tokens),
+                max_len,
+            )
+            tokens = tokens[:max_len]
+        n = len(tokens)
+        ids = np.zeros(max_len, dtype=np.int64)
+        ids[:n] = tokens
+        mask = np.zeros(max_len, dtype=bool)
+        mask[:n] = True
+        return ids, mask
+
+    # -- decoding --------------------------------------------------------------------------------
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of token ids; control tokens (bos/eos/pad) decode to nothing.
+
+        Raises:
+            ValueError: if an id is outside ``[0, vocab_size)``.
+        """
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:10]}")
+        return self._sp.DecodeIds(ids)
+
+
+class StreamDecoder:
+    """Incremental detokenisation: feed generated ids one at a time, receive text deltas.
+
+    The deltas always concatenate to ``tokenizer.decode(all_ids)`` (after `flush`). Each step decodes
+    a short window of ids that starts at a settled token boundary (so sentencepiece spacing is
+    decoded in context) and emits the part of the window's text not emitted before. Trailing U+FFFD
+    characters are held back: they are byte-fallback pieces of a multi-byte character whose
+    remaining bytes have not arrived yet. `flush` releases them at the end of a stream.
+
+    Example:
+        dec = StreamDecoder(tok)
+        for token in generated: publish(dec.push(token))
+        publish(dec.flush())
+    """
+
+    def __init__(self, tokenizer: Pi05Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: List[int] = []
+        self._start = 0  # window start: all text of earlier tokens has been emitted
+        self._emitted = ""  # text of the window already emitted
+
+    @property
+    def ids(self) -> List[int]:
+        """All ids pushed so far (a copy)."""
+        return list(self._ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly completed text (possibly empty)."""
+        self._ids.append(int(token_id))
+        return self._advance(final=False)
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        """Add several tokens; return the newly completed text."""
+        self._ids.extend(int(i) for i in token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Emit whatever is held back (a dangling partial character at the end of a stream)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        text = self._tok.decode(self._ids[self._start :])
+        stable = text if final else text.rstrip(_REPLACEMENT_CHAR)
+        if not stable.startswith(self._emitted):
+            return ""  # the held-back tail is still incomplete
+        delta = stable[len(self._emitted) :]
+        self._emitted = stable
+        if stable == text and len(self._ids) - self._start > 1:
+            # Slide the window to the last token, keeping it as context for the next piece's spacing.
+            start = len(self._ids) - 1
+            context = self._tok.decode(self._ids[start:])
+            if _REPLACEMENT_CHAR not in context:
+                self._start, self._emitted = start, context
+        return delta
+
+
+# -- a tiny trained tokenizer for the tiny/small presets ---------------------------------------------
+
+_VERBS = ["pick up", "place", "open", "close", "push", "pull", "grasp", "move", "rotate", "lift", "put", "wipe",
+          "fold", "stack", "pour", "slide", "turn", "hand over", "drop", "reach for"]
+_OBJECTS = ["red cup", "blue block", "green bowl", "yellow sponge", "drawer", "towel", "bottle", "plate", "apple",
+            "banana", "box", "lid", "marker", "spoon", "mug", "cloth", "door", "bag", "tray", "can"]
+_PLACES = ["on the table", "into the drawer", "in the bowl", "left of the plate", "right of the box", "on the shelf",
+           "next to the mug", "in the sink", "on the tray", "behind the bottle"]
+_NARRATION = [
+    "I am moving the arm toward the {o}.",
+    "The gripper is closing around the {o}.",
+    "Now I {v} the {o} {p}.",
+    "The {o} is {p}, so I will {v} it next.",
+    "I see a {o} {p}.",
+    "Done: the {o} is {p}.",
+    "Narration: lifting the {o} slowly.",
+    "Question: where is the {o}? Answer: it is {p}.",
+    "Question: what should I do next? Answer: {v} the {o}.",
+    "Memory: I already put the {o} {p}.",
+    "Memory: step {n} finished, the {o} was moved.",
+    "The answer is {n}.",
+]
+
+
+def tiny_tokenizer_corpus(num_sentences: int = 4000, seed: int = 0) -> Iterator[str]:
+    """Deterministic synthetic training text: robot narration, Q&A, memory notes, pi0.5 prompts."""
+    rng = random.Random(seed)
+    for n in range(256):  # every state bin as a word
+        yield f"State: {n} {255 - n} {n // 2};"
+    for i in range(num_sentences):
+        o, v, p = rng.choice(_OBJECTS), rng.choice(_VERBS), rng.choice(_PLACES)
+        if i % 3 == 0:
+            state = " ".join(str(rng.randrange(256)) for _ in range(rng.randrange(6, 15)))
+            yield f"Task: {v} the {o} {p}, State: {state};\nAction: "
+        else:
+            yield rng.choice(_NARRATION).format(o=o, v=v, p=p, n=rng.randrange(256)).capitalize()
+
+
+def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
+    """Train a small PaliGemma-like sentencepiece BPE model and write it to ``out_path``.
+
+    Settings mirror Gemma's tokenizer where they matter for behaviour: identity normalisation, no
+    dummy prefix, whitespace kept, digits split, byte fallback (so any text encodes and round trips),
+    and PaliGemma's special ids pad=0, eos=1, bos=2, unk=3. Training is single-threaded on a fixed
+    corpus with a fixed seed, so the file is byte-identical across runs.
+
+    The built-in corpus supports vocab sizes from about 310 to 820 (the presets use 512).
+
+    Raises:
+        ValueError: if ``vocab_size`` cannot be reached with the built-in corpus.
+    """
+    out_path = Path(out_path)
+    min_size = 4 + 256 + len({c for s in tiny_tokenizer_corpus() for c in s})
+    if vocab_size < min_size:
+        raise ValueError(f"vocab_size {vocab_size} is too small: byte fallback and the corpus characters need >= {min_size}")
+    model = io.BytesIO()
+    sentencepiece.set_random_generator_seed(1234)
+    try:
+        sentencepiece.SentencePieceTrainer.Train(
+            sentence_iterator=tiny_tokenizer_corpus(),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            hard_vocab_limit=True,
+            byte_fallback=True,
+            character_coverage=1.0,
+            normalization_rule_name="identity",
+            add_dummy_prefix=False,
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+            pad_id=0,
+            eos_id=1,
+            bos_id=2,
+            unk_id=3,
+            num_threads=1,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise ValueError(f"cannot train a tokenizer with vocab_size={vocab_size} on the built-in corpus: {exc}") from exc
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_bytes(model.getvalue())
+    return out_path

@@ -1,0 +1,1 @@
+"""ROS 2 layer of oxygen_ros: the only code that imports rclpy."""

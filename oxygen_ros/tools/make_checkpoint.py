@@ -1,0 +1,142 @@
+"""Write a random-weight pi0.5 checkpoint of any preset (``oxygen-make-checkpoint``).
+
+The directory has openpi's PyTorch layout plus our self-description::
+
+    DIR/model.safetensors  DIR/assets/<asset_id>/norm_stats.json  DIR/oxygen_config.json
+    DIR/tokenizer.model    (tiny/small only: a trained sentencepiece model of the preset's vocab)
+
+Weights come from `init_random_weights` (deterministic per seed); the norm stats are plausible
+per-joint quantiles (q01 about -1.5, q99 about 1.5, different for every joint). The ``pi05`` preset
+writes the full 3.3B-parameter model (~13 GB in float32) and therefore needs ``--force``.
+
+Example::
+
+    oxygen-make-checkpoint --preset tiny --out /tmp/tiny_ckpt --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from oxygen_ros.model.checkpoint import (
+    TOKENIZER_FILENAME,
+    as_dtype,
+    build_model,
+    init_random_weights,
+    save_checkpoint,
+)
+from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
+from oxygen_ros.model.preprocess import NormStats
+from oxygen_ros.model.tokenizer import train_tiny_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Checkpoints larger than this need force=True / --force.
+LARGE_CHECKPOINT_BYTES = 2 * 1024**3
+# PaliGemma's real vocabulary: such a model needs the real paligemma_tokenizer.model, not a tiny one.
+PALIGEMMA_VOCAB_SIZE = 257_152
+
+
+def synthetic_norm_stats(dim: int, seed: int) -> Dict[str, NormStats]:
+    """Plausible quantile stats for ``state`` and ``actions`` of a ``dim``-joint robot."""
+    rng = np.random.default_rng(seed)
+    stats = {}
+    for key in ("state", "actions"):
+        center = rng.uniform(-0.3, 0.3, dim)
+        half_range = rng.uniform(1.0, 2.0, dim)
+        q01, q99 = center - half_range, center + half_range
+        mean = center + rng.uniform(-0.1, 0.1, dim)
+        std = half_range / 2.33  # a normal's 1%/99% quantiles lie 2.33 std from its mean
+        stats[key] = NormStats(mean=mean, std=std, q01=q01, q99=q99)
+    return stats
+
+
+def checkpoint_bytes(config: Pi05Config, dtype: torch.dtype = torch.float32) -> int:
+    """Size of the weights file for ``config`` at ``dtype`` (computed on the meta device)."""
+    model = build_model(config, "meta", dtype)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def make_checkpoint(
+    out_dir: Path,
+    preset: str,
+    seed: int = 0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    tokenizer_out: Optional[Path] = None,
+    asset_id: str = "robot",
+    force: bool = False,
+) -> Path:
+    """Write a random-weight checkpoint of ``preset`` to ``out_dir``; return ``out_dir``.
+
+    For presets with a small vocabulary a tokenizer is trained and written to ``tokenizer_out``
+    (default ``out_dir/tokenizer.model``).
+
+    Raises:
+        ValueError: unknown preset, a checkpoint over 2 GiB without ``force``, or ``tokenizer_out``
+            for a preset that needs PaliGemma's real tokenizer.
+    """
+    out_dir = Path(out_dir)
+    config = get_preset(preset)
+    dtype = as_dtype(dtype)
+    size = checkpoint_bytes(config, dtype)
+    if size > LARGE_CHECKPOINT_BYTES and not force:
+        raise ValueError(f"preset {preset!r} writes {size / 1e9:.1f} GB of weights; pass force=True (--force) to do it anyway")
+    if size > LARGE_CHECKPOINT_BYTES:
+        logger.warning("writing %.1f GB of random weights for preset %r", size / 1e9, preset)
+    if config.vocab_size == PALIGEMMA_VOCAB_SIZE and tokenizer_out is not None:
+        raise ValueError(f"preset {preset!r} uses PaliGemma's {PALIGEMMA_VOCAB_SIZE}-token vocabulary; no tiny tokenizer can stand in")
+
+    model = build_model(config, "cpu", dtype)
+    init_random_weights(model, seed)
+    save_checkpoint(model, out_dir, synthetic_norm_stats(config.action_dim, seed), asset_id=asset_id, config=config)
+    if config.vocab_size != PALIGEMMA_VOCAB_SIZE:
+        train_tiny_tokenizer(tokenizer_out or out_dir / TOKENIZER_FILENAME, config.vocab_size)
+    else:
+        logger.info("preset %r needs PaliGemma's real tokenizer (paligemma_tokenizer.model); none written", preset)
+    return out_dir
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="oxygen-make-checkpoint", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model size")
+    parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
+    parser.add_argument("--seed", type=int, default=0, help="weight and norm-stats seed (default 0)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="weights dtype; bfloat16 follows openpi (norms, embeddings, projections stay float32)")
+    parser.add_argument("--tokenizer-out", type=Path, default=None, help="where to write the tokenizer (default DIR/tokenizer.model)")
+    parser.add_argument("--asset-id", default="robot", help="norm stats go to DIR/assets/<asset-id>/ (default robot)")
+    parser.add_argument("--force", action="store_true", help="allow checkpoints over 2 GiB (the pi05 preset)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        out = make_checkpoint(
+            args.out,
+            args.preset,
+            args.seed,
+            dtype=as_dtype(args.dtype),
+            tokenizer_out=args.tokenizer_out,
+            asset_id=args.asset_id,
+            force=args.force,
+        )
+    except ValueError as exc:
+        print(f"oxygen-make-checkpoint: error: {exc}", file=sys.stderr)
+        return 2
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"wrote {args.preset} checkpoint (seed {args.seed}, {args.dtype}) to {out} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

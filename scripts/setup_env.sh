@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Build the project's virtual environment from nothing, or do nothing if it is up to date.
+#
+#   bash scripts/setup_env.sh            # creates/updates ./.venv
+#   OXYGEN_VENV=/path/venv PYTHON=python3.12 bash scripts/setup_env.sh
+#
+# Steps (all skipped when the stamp matches):
+#   1. python3 -m venv .venv; pip==25.3
+#   2. pip install torch==2.13.0 (alone, first: an unpinned torch would pull a CUDA build)
+#   3. pip install -r requirements.txt (ROS 2 Kilted wheels, numpy, test tools, ...)
+#   4. patch the include paths the ROS wheels baked into their *__rosidl_generator_pyExport.cmake
+#   5. cmake-build msg/ against the wheels and install it into the venv prefix
+#      (generated Python lands in site-packages/oxygen_ros/{msg,*typesupport*.so}; its empty
+#      __init__.py and egg-info are removed so that the editable source package owns the name and
+#      reaches the generated part through pkgutil.extend_path in oxygen_ros/__init__.py)
+#   6. pip install --no-deps -e . (compat mode: a plain path entry, needed for extend_path)
+#   7. smoke-import oxygen_ros.msg, write the stamp
+#
+# The stamp is a hash of every input (requirements, messages, build files, this script, the venv
+# path and Python version); change any of them and the next run redoes the steps.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${OXYGEN_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+BUILD_DIR="$ROOT/build/venv-msgs"
+STAMP="$VENV/.oxygen_setup_stamp"
+PIP_VERSION="25.3"
+TORCH_PIN="torch==2.13.0"
+
+# A parent process started by another venv's Python exports this; our venv's Python must run
+# its own ROS-wheels bootstrap (sets LD_LIBRARY_PATH for the wheels' libraries).
+unset _ROS_WHEELS_BOOTSTRAP_COMPLETE
+
+cd "$ROOT"
+
+log() { printf 'setup_env: %s\n' "$*"; }
+
+inputs_hash() {
+  {
+    printf '%s\n' "$VENV"
+    "$PYTHON" -c 'import sys; print(sys.version)'
+    cat requirements.txt CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
+    for f in msg/*.msg; do printf '%s\n' "$f"; cat "$f"; done
+  } | sha256sum | cut -d' ' -f1
+}
+
+HASH="$(inputs_hash)"
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
+  log "up to date ($VENV)"
+  exit 0
+fi
+
+START=$SECONDS
+rm -f "$STAMP"
+
+# 1. venv --------------------------------------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating venv at $VENV with $("$PYTHON" -V 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+mkdir -p "$ROOT/build"
+PIP_LOG="$ROOT/build/setup_env-pip.log"
+: >"$PIP_LOG"
+pip_install() {
+  if ! "$VPY" -m pip install --disable-pip-version-check "$@" >>"$PIP_LOG" 2>&1; then
+    grep -v "^WARNING: Location 'file:" "$PIP_LOG" | tail -n 30 >&2
+    log "ERROR: pip install $* failed, full log: $PIP_LOG" >&2
+    exit 1
+  fi
+}
+if [[ "$("$VPY" -m pip --version | cut -d' ' -f2)" != "$PIP_VERSION" ]]; then
+  log "pip==$PIP_VERSION"
+  pip_install "pip==$PIP_VERSION"
+fi
+
+# 2.-3. packages -------------------------------------------------------------------------------
+log "installing $TORCH_PIN"
+pip_install "$TORCH_PIN"
+log "installing requirements.txt"
+pip_install -r requirements.txt
+
+SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+PY_INC="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+NP_INC="$("$VPY" -c 'import numpy; print(numpy.get_include())')"
+if [[ ! -f "$PY_INC/Python.h" ]]; then
+  log "ERROR: Python headers not found in $PY_INC (install the python3-dev package)" >&2
+  exit 1
+fi
+
+# 4. fix include paths baked into the ROS wheels -------------------------------------------------
+log "patching rosidl_generator_py include paths -> $PY_INC, $NP_INC"
+mapfile -t EXPORTS < <(find "$VENV/share" -name '*__rosidl_generator_pyExport.cmake')
+if ((${#EXPORTS[@]})); then
+  sed -i -E \
+    -e "s#/opt/python/cp[0-9]+-cp[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/_core/include#${NP_INC}#g" \
+    -e "s#/opt/python/cp[0-9]+-cp[0-9]+/include/python3\.[0-9]+#${PY_INC}#g" \
+    "${EXPORTS[@]}"
+  if grep -l '/opt/python/' "${EXPORTS[@]}" >/dev/null; then
+    log "ERROR: unexpected /opt/python path left in:" >&2
+    grep -l '/opt/python/' "${EXPORTS[@]}" >&2
+    exit 1
+  fi
+fi
+
+# 5. messages ----------------------------------------------------------------------------------
+log "building msg/ (cmake, ~30 s)"
+rm -rf "$BUILD_DIR"
+GEN="Unix Makefiles"
+if command -v ninja >/dev/null; then GEN="Ninja"; fi
+BUILD_LOG="$BUILD_DIR.log"
+if ! (
+  # (set -e does not apply inside a subshell tested by `if`, hence the &&)
+  export CMAKE_PREFIX_PATH="$VENV" AMENT_PREFIX_PATH="$VENV" &&
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G "$GEN" \
+    -DCMAKE_INSTALL_PREFIX="$VENV" \
+    -DPython3_EXECUTABLE="$VENV/bin/python3" \
+    -DOXYGEN_ROS_INSTALL_PYTHON_PACKAGE=OFF \
+    -DBUILD_TESTING=OFF \
+    -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build "$BUILD_DIR" -j "$(nproc)" &&
+  cmake --install "$BUILD_DIR"
+) >"$BUILD_LOG" 2>&1; then
+  tail -n 40 "$BUILD_LOG" >&2
+  log "ERROR: message build failed, full log: $BUILD_LOG" >&2
+  exit 1
+fi
+
+GEN_PKG="$SITE/oxygen_ros"
+if [[ ! -f "$GEN_PKG/msg/_action_chunk.py" ]]; then
+  log "ERROR: generated messages not found in $GEN_PKG/msg" >&2
+  exit 1
+fi
+# The generated package's empty __init__.py would shadow the source package (a regular package
+# found first on sys.path wins), and its egg-info would make pip treat site-packages/oxygen_ros
+# as an installed "oxygen_ros" distribution and delete it on the next install.
+rm -f "$GEN_PKG/__init__.py" "$GEN_PKG"/__pycache__/__init__.*.pyc
+rm -rf "$SITE"/oxygen_ros-*.egg-info
+
+# 6. the package itself ------------------------------------------------------------------------
+log "pip install -e . (no deps)"
+pip_install --no-deps --no-build-isolation -e "$ROOT" --config-settings editable_mode=compat
+
+# 7. check -------------------------------------------------------------------------------------
+"$VPY" - "$ROOT" <<'PY'
+import os
+import sys
+
+import oxygen_ros
+from oxygen_ros.msg import ActionChunk, Narration
+from rclpy.type_support import check_for_type_support
+
+root = os.path.realpath(sys.argv[1])
+assert os.path.realpath(oxygen_ros.__path__[0]) == os.path.join(root, 'oxygen_ros'), oxygen_ros.__path__
+for t in (ActionChunk, Narration):
+    check_for_type_support(t)
+PY
+
+echo "$HASH" >"$STAMP"
+log "done in $((SECONDS - START)) s ($VENV)"
