@@ -41,9 +41,10 @@ setup(
         'numpy>=1.23',
         'safetensors>=0.4',
         'sentencepiece>=0.1.99',
+        'pillow>=10',
     ],
     extras_require={
-        'tools': ['rosbags>=0.10', 'matplotlib>=3.7', 'pillow>=10'],
+        'tools': ['rosbags>=0.10', 'matplotlib>=3.7'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'hypothesis>=6'],
     },
     zip_safe=False,

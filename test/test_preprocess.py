@@ -31,7 +31,9 @@ def content_box(image: np.ndarray):
     is_black = (image == 0).all(-1)
     assert (is_colour | is_black).all(), "every pixel is either the image colour or black padding"
     rows, cols = np.nonzero(is_colour.any(1))[0], np.nonzero(is_colour.any(0))[0]
-    assert is_colour[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].all(), "content is one rectangle"
+    assert is_colour[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].all(), (
+        "content is one rectangle"
+    )
     return rows[0], rows[-1], cols[0], cols[-1]
 
 
@@ -44,8 +46,16 @@ def content_box(image: np.ndarray):
         ((480, 640), (224, 224), (28, 195, 0, 223)),  # wide: 224x168, bars top and bottom
         ((640, 480), (224, 224), (0, 223, 28, 195)),  # tall: bars left and right
         ((300, 300), (224, 224), (0, 223, 0, 223)),  # square: no bars
-        ((2, 3), (224, 224), (37, 185, 0, 223)),  # tiny, upscaled: 149 rows, 75 rows of padding split 37/38
-        ((256, 320), (60, 80), (0, 59, 2, 76)),  # openpi's odd-padding case: 75 columns, bars 2 and 3
+        (
+            (2, 3),
+            (224, 224),
+            (37, 185, 0, 223),
+        ),  # tiny, upscaled: 149 rows, 75 rows of padding split 37/38
+        (
+            (256, 320),
+            (60, 80),
+            (0, 59, 2, 76),
+        ),  # openpi's odd-padding case: 75 columns, bars 2 and 3
         ((100, 201), (224, 224), (56, 166, 0, 223)),
         ((1, 1000), (224, 224), (111, 111, 0, 223)),  # 0.22 rows would round to 0: kept at 1 row
     ],
@@ -60,7 +70,7 @@ def test_resize_with_pad_equals_pil_bilinear_on_a_gradient():
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (120, 90, 3), dtype=np.uint8)
     out = resize_with_pad(image, 224, 224)
-    # ratio = max(90/224, 120/224) -> 224 rows x int(90 * 224 / 120) = 168 columns, 28 columns of bar left.
+    # ratio = max(90/224, 120/224): 224 rows x int(90 * 224 / 120) = 168 columns, 28-column bars.
     expected = np.asarray(Image.fromarray(image).resize((168, 224), resample=Image.BILINEAR))
     np.testing.assert_array_equal(out[:, 28:196], expected)
     assert not out[:, :28].any() and not out[:, 196:].any()
@@ -99,7 +109,9 @@ def test_to_model_range_is_channels_first_float32_in_minus_one_one():
     out = to_model_range(image)
     assert out.shape == (2, 3, 4, 5) and out.dtype == np.float32 and out.flags.c_contiguous
     assert (out[:, 0] == -1.0).all() and (out[:, 2] == 1.0).all()
-    assert (out[:, 1] == np.float32(128) / np.float32(255.0) * np.float32(2.0) - np.float32(1.0)).all()
+    assert (
+        out[:, 1] == np.float32(128) / np.float32(255.0) * np.float32(2.0) - np.float32(1.0)
+    ).all()
     full = to_model_range(np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, -1))
     assert full.min() == -1.0 and full.max() == 1.0
 
@@ -139,7 +151,9 @@ def test_normalize_quantile_formula(stats):
 
 def test_quantile_round_trip(stats):
     x = np.random.default_rng(0).uniform(-3, 3, (10, 3))
-    np.testing.assert_allclose(stats.unnormalize_quantile(stats.normalize_quantile(x)), x, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        stats.unnormalize_quantile(stats.normalize_quantile(x)), x, rtol=0, atol=1e-12
+    )
 
 
 def test_unnormalize_passes_padding_dims_through_like_openpi(stats):
@@ -150,7 +164,9 @@ def test_unnormalize_passes_padding_dims_through_like_openpi(stats):
 
 
 def test_normalize_narrower_input_uses_leading_stats_and_wider_fails(stats):
-    assert stats.normalize_quantile(np.array([1.5, 2.0])).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert stats.normalize_quantile(np.array([1.5, 2.0])).tolist() == pytest.approx(
+        [1.0, 1.0], abs=1e-6
+    )
     with pytest.raises(ValueError, match="width 4 with stats of width 3"):
         stats.normalize_quantile(np.zeros(4))
 
@@ -212,9 +228,18 @@ def test_openpi_norm_stats_with_extra_keys_loads(tmp_path):
     [
         ({"state": entry(), "actions": entry()}, "top-level"),
         ({"norm_stats": {"state": entry()}}, r"missing norm stats for \['actions'\]"),
-        ({"norm_stats": {"state": entry(), "actions": entry(q01=None)}}, r"'actions'.*lacks \['q01'\]"),
-        ({"norm_stats": {"state": entry(q99=[1.0, 1.0]), "actions": entry()}}, "'state'.*lengths differ"),
-        ({"norm_stats": {"state": entry(), "actions": entry(q99=[1.0, -2.0, 1.0])}}, "'actions'.*q99 < q01"),
+        (
+            {"norm_stats": {"state": entry(), "actions": entry(q01=None)}},
+            r"'actions'.*lacks \['q01'\]",
+        ),
+        (
+            {"norm_stats": {"state": entry(q99=[1.0, 1.0]), "actions": entry()}},
+            "'state'.*lengths differ",
+        ),
+        (
+            {"norm_stats": {"state": entry(), "actions": entry(q99=[1.0, -2.0, 1.0])}},
+            "'actions'.*q99 < q01",
+        ),
         ({"norm_stats": {"state": entry(mean=[0, "a", 1]), "actions": entry()}}, "list of numbers"),
         ({"norm_stats": {"state": [1, 2], "actions": entry()}}, "must be an object"),
     ],
@@ -225,7 +250,9 @@ def test_bad_norm_stats_json(tmp_path, payload, match):
 
 
 def test_nan_and_garbage_norm_stats_json(tmp_path):
-    text = json.dumps({"norm_stats": {"state": entry(), "actions": entry()}}).replace("-1.0", "NaN", 1)
+    text = json.dumps({"norm_stats": {"state": entry(), "actions": entry()}}).replace(
+        "-1.0", "NaN", 1
+    )
     with pytest.raises(NormStatsError, match="non-finite number NaN"):
         load_norm_stats(write_json(tmp_path / "nan.json", text))
     with pytest.raises(NormStatsError, match="not valid JSON"):

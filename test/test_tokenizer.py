@@ -114,7 +114,13 @@ def test_encode_prompt_without_state_uses_openpi_pi0_format(tok):
 
 @pytest.mark.parametrize(
     "text",
-    ["Narration: the gripper is closed.", "Answer: 42 blocks;\nAction: ", "café ✓", "日本語 ok", "  two  spaces\ttab"],
+    [
+        "Narration: the gripper is closed.",
+        "Answer: 42 blocks;\nAction: ",
+        "café ✓",
+        "日本語 ok",
+        "  two  spaces\ttab",
+    ],
 )
 def test_encode_decode_round_trip(tok, text):
     ids = tok.encode_text(text)
@@ -130,7 +136,14 @@ def test_decode_skips_control_tokens_and_rejects_out_of_range_ids(tok):
 
 
 @pytest.mark.parametrize(
-    "text", ["The answer is: café ✓ done", "ünïcödé — ✓✓ 🙂 end", "plain words only", "✓", "é\n🙂🙂 x ✓"]
+    "text",
+    [
+        "The answer is: café ✓ done",
+        "ünïcödé — ✓✓ 🙂 end",
+        "plain words only",
+        "✓",
+        "é\n🙂🙂 x ✓",
+    ],
 )
 def test_stream_decoder_deltas_concatenate_to_full_decode(tok, text):
     ids = tok.encode_text(text) + [tok.eos_id]
@@ -172,7 +185,9 @@ def test_tiny_tokenizer_training_is_deterministic(tmp_path, tokenizer_path):
 
 
 def test_tiny_tokenizer_other_vocab_size(tmp_path):
-    assert Pi05Tokenizer(train_tiny_tokenizer(tmp_path / "t.model", vocab_size=400)).vocab_size == 400
+    assert (
+        Pi05Tokenizer(train_tiny_tokenizer(tmp_path / "t.model", vocab_size=400)).vocab_size == 400
+    )
     with pytest.raises(ValueError, match="too small"):
         train_tiny_tokenizer(tmp_path / "small.model", vocab_size=100)
 

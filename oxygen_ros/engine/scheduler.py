@@ -120,7 +120,33 @@ class EngineBase:
         return self.frame_count
 
     # -- interface -----------------------------------------------------------------------------
-    def step(self, observation: Observation, next_deadline: Optional[float] = None) -> FrameResult:
+    def step(self, observation: Observation, now: Optional[float] = None, next_deadline: Optional[float] = None) -> FrameResult:
+        """Run one frame: its action chunk (always) and whatever language this engine does in it.
+
+        now: when the frame's tick started on the engine clock (default: the clock now); frame time
+        is measured from it. next_deadline: the next tick's start on the same clock;
+        deadline-aware engines stop language work before it.
+        """
+        start = self.clock() if now is None else now
+        tokens_before, steps_before = self.tokens_generated, self.decode_steps
+        chunk, deltas = self._run_frame(observation, next_deadline)
+        end = self.clock()
+        frame_ms = (end - start) * 1e3
+        stats = FrameStats(
+            frame_id=chunk.frame_id,
+            frame_ms=frame_ms,
+            prefill_ms=chunk.prefill_ms,
+            action_ms=chunk.action_ms,
+            decode_ms=max(0.0, frame_ms - chunk.prefill_ms - chunk.action_ms),
+            decode_steps=self.decode_steps - steps_before,
+            tokens=self.tokens_generated - tokens_before,
+            active_requests=self.active_requests,
+            kv_bytes_in_use=self.memory()["bytes_in_use"],
+            deadline_met=next_deadline is None or end <= next_deadline,
+        )
+        return FrameResult(chunk, deltas, stats)
+
+    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> "tuple[ActionChunk, List[TextDelta]]":
         raise NotImplementedError
 
     def pools(self) -> List[KVPool]:
@@ -272,26 +298,9 @@ class OxygenEngine(EngineBase):
         return None
 
     # -- one frame ---------------------------------------------------------------------------------
-    def step(self, observation: Observation, next_deadline: Optional[float] = None) -> FrameResult:
-        start = self.clock()
+    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> "tuple[ActionChunk, List[TextDelta]]":
         chunk = self.act(observation)
-        decode_start = self.clock()
-        tokens_before, steps_before = self.tokens_generated, self.decode_steps
-        deltas = self.decode(next_deadline)
-        end = self.clock()
-        stats = FrameStats(
-            frame_id=chunk.frame_id,
-            frame_ms=(end - start) * 1e3,
-            prefill_ms=chunk.prefill_ms,
-            action_ms=chunk.action_ms,
-            decode_ms=(end - decode_start) * 1e3,
-            decode_steps=self.decode_steps - steps_before,
-            tokens=self.tokens_generated - tokens_before,
-            active_requests=len(self._active),
-            kv_bytes_in_use=self.pool.bytes_in_use,
-            deadline_met=next_deadline is None or end <= next_deadline,
-        )
-        return FrameResult(chunk, deltas, stats)
+        return chunk, self.decode(next_deadline)
 
     def close(self) -> None:
         for request in list(self._queue) + self._active:

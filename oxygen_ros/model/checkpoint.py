@@ -43,14 +43,18 @@ ASSETS_DIRNAME = "assets"
 CONFIG_FORMAT_VERSION = 1
 
 # -- the one name difference between our module and openpi's file ----------------------------------
-# openpi saves with safetensors, which keeps one name of the tied embedding/LM-head pair: the LM head's.
-TIED_EMBEDDING_MODULE_KEY = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+# openpi saves with safetensors, which keeps only one name of the tied embedding / LM head pair:
+# the LM head's.
+TIED_EMBEDDING_MODULE_KEY = (
+    "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+)
 TIED_EMBEDDING_FILE_KEY = "paligemma_with_expert.paligemma.lm_head.weight"
-# Present in openpi files, never used by pi0.5 (the action expert has no LM head): dropped knowingly.
+# In openpi files but never used by pi0.5 (the action expert has no LM head): dropped knowingly.
 IGNORED_FILE_KEYS = frozenset({"paligemma_with_expert.gemma_expert.lm_head.weight"})
 
 # openpi's `to_bfloat16_for_selected_params` keeps parameters whose name contains one of these in
-# float32; it is applied to `paligemma_with_expert` only, so the action/time projections stay float32.
+# float32. openpi applies it to `paligemma_with_expert` only: the action/time projections stay
+# float32 too.
 KEEP_FLOAT32_SELECTORS = (
     "vision_tower.vision_model.embeddings.patch_embedding.weight",
     "vision_tower.vision_model.embeddings.patch_embedding.bias",
@@ -75,7 +79,7 @@ def module_to_file_key(key: str) -> str:
 
 
 def file_to_module_key(key: str) -> Optional[str]:
-    """Name in model.safetensors -> module state-dict name, or None for a knowingly ignored tensor."""
+    """Name in model.safetensors -> module state-dict name; None for a knowingly ignored tensor."""
     if key in IGNORED_FILE_KEYS:
         return None
     return TIED_EMBEDDING_MODULE_KEY if key == TIED_EMBEDDING_FILE_KEY else key
@@ -119,7 +123,9 @@ def apply_openpi_precision(model: nn.Module, dtype: DTypeLike) -> nn.Module:
 # -- random weights -------------------------------------------------------------------------------
 
 INIT_STD = 0.02
-_GEMMA_RMSNORM = re.compile(r"(input_layernorm|post_attention_layernorm|language_model\.norm)\.weight$")
+_GEMMA_RMSNORM = re.compile(
+    r"(input_layernorm|post_attention_layernorm|language_model\.norm)\.weight$"
+)
 _LAYERNORM = re.compile(r"(layer_norm\d|post_layernorm)\.(weight|bias)$")
 
 
@@ -142,8 +148,12 @@ def init_random_weights(model: nn.Module, seed: int) -> nn.Module:
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for name, param in model.named_parameters():
         if param.is_meta:
-            raise ValueError(f"cannot initialise meta parameter {name}; materialise the model first (to_empty)")
-        values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=generator)
+            raise ValueError(
+                f"cannot initialise meta parameter {name}; materialise the model first (to_empty)"
+            )
+        values = torch.empty(param.shape, dtype=torch.float32).normal_(
+            0.0, INIT_STD, generator=generator
+        )
         if name.endswith(".dense.bias"):
             values[2 * param.shape[0] // 3 :] += 1.0  # the gate chunk
         elif _LAYERNORM.search(name) and name.endswith(".weight"):
@@ -169,7 +179,9 @@ def config_from_dict(data: Mapping[str, Any]) -> Pi05Config:
     data = dict(data)
     version = data.pop("format_version", None)
     if version != CONFIG_FORMAT_VERSION:
-        raise ValueError(f"unsupported config format_version {version!r} (expected {CONFIG_FORMAT_VERSION})")
+        raise ValueError(
+            f"unsupported config format_version {version!r} (expected {CONFIG_FORMAT_VERSION})"
+        )
     try:
         vision = SiglipConfig(**data.pop("vision"))
         backbone = GemmaConfig(**data.pop("backbone"))
@@ -191,7 +203,9 @@ def read_config(path: PathLike) -> Pi05Config:
 # -- building models -------------------------------------------------------------------------------
 
 
-def build_model(config: Pi05Config, device: Union[str, torch.device] = "cpu", dtype: DTypeLike = torch.float32) -> Pi05Model:
+def build_model(
+    config: Pi05Config, device: Union[str, torch.device] = "cpu", dtype: DTypeLike = torch.float32
+) -> Pi05Model:
     """An uninitialised model allocated directly at openpi's per-parameter dtypes on ``device``.
 
     Parameters hold arbitrary memory: fill them with `init_random_weights` or a checkpoint.
@@ -231,13 +245,18 @@ def save_checkpoint(
     _check_asset_id(asset_id)
     config = config if config is not None else getattr(model, "config", None)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {module_to_file_key(k): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    tensors = {
+        module_to_file_key(k): v.detach().to("cpu").contiguous()
+        for k, v in model.state_dict().items()
+    }
     tmp = ckpt_dir / (MODEL_FILENAME + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.chmod(tmp, 0o644)  # safetensors creates files 0600; a checkpoint is meant to be shared
     os.replace(tmp, ckpt_dir / MODEL_FILENAME)
     if config is not None:
-        (ckpt_dir / CONFIG_FILENAME).write_text(json.dumps(config_to_dict(config), indent=2) + "\n", encoding="utf-8")
+        (ckpt_dir / CONFIG_FILENAME).write_text(
+            json.dumps(config_to_dict(config), indent=2) + "\n", encoding="utf-8"
+        )
     save_norm_stats(ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json", norm_stats)
     return ckpt_dir
 
@@ -305,7 +324,9 @@ def load_checkpoint(
         probe = Pi05Model(config)
     problems = find_tensor_problems(header, expected_file_tensors(probe))
     if problems:
-        raise CheckpointError(f"{weights} does not fit the {config.name!r} model:\n" + "\n".join(problems))
+        raise CheckpointError(
+            f"{weights} does not fit the {config.name!r} model:\n" + "\n".join(problems)
+        )
 
     model = build_model(config, device, dtype)
     _stream_weights(weights, model)
@@ -329,7 +350,9 @@ def read_safetensors_header(path: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]
                 header[key] = (tensor_slice.get_dtype(), tuple(tensor_slice.get_shape()))
             return header
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file (corrupt or truncated?): {exc}") from exc
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (corrupt or truncated?): {exc}"
+        ) from exc
 
 
 def find_tensor_problems(
@@ -345,7 +368,11 @@ def find_tensor_problems(
         for k in expected
         if k in header and tuple(header[k][1]) != tuple(expected[k])
     )
-    non_float = sorted(f"{k}: {header[k][0]}" for k in expected if k in header and header[k][0] not in _FLOAT_DTYPES)
+    non_float = sorted(
+        f"{k}: {header[k][0]}"
+        for k in expected
+        if k in header and header[k][0] not in _FLOAT_DTYPES
+    )
     problems: List[str] = []
     for title, items in (
         ("missing tensors", missing),
@@ -361,19 +388,29 @@ def find_tensor_problems(
     return problems
 
 
-def _resolve_config(ckpt_dir: Path, config: Optional[Pi05Config], header: Mapping[str, Any]) -> Pi05Config:
+def _resolve_config(
+    ckpt_dir: Path, config: Optional[Pi05Config], header: Mapping[str, Any]
+) -> Pi05Config:
     config_path = ckpt_dir / CONFIG_FILENAME
     stored = read_config(config_path) if config_path.is_file() else None
     if config is not None:
         if stored is not None and stored != config:
-            logger.warning("using the given config %r; %s holds a different one (%r)", config.name, config_path, stored.name)
+            logger.warning(
+                "using the given config %r; %s holds a different one (%r)",
+                config.name,
+                config_path,
+                stored.name,
+            )
         return config
     if stored is not None:
         return stored
     return infer_config(header)
 
 
-def infer_config(header: Mapping[str, Tuple[str, Tuple[int, ...]]], presets: Optional[Sequence[Pi05Config]] = None) -> Pi05Config:
+def infer_config(
+    header: Mapping[str, Tuple[str, Tuple[int, ...]]],
+    presets: Optional[Sequence[Pi05Config]] = None,
+) -> Pi05Config:
     """The preset whose tensors match ``header`` exactly (names and shapes).
 
     Raises:
@@ -390,11 +427,13 @@ def infer_config(header: Mapping[str, Tuple[str, Tuple[int, ...]]], presets: Opt
         logger.info("no %s: tensor shapes match preset %r", CONFIG_FILENAME, matches[0].name)
         return matches[0]
     if matches:
-        raise CheckpointError(f"tensor shapes match several presets {[c.name for c in matches]}; pass config=")
+        raise CheckpointError(
+            f"tensor shapes match several presets {[c.name for c in matches]}; pass config="
+        )
     problems, closest = min(scored, key=lambda item: len(item[0]))
     raise CheckpointError(
-        f"no {CONFIG_FILENAME} and the tensors match no preset; pass config=. Closest preset {closest.name!r}:\n"
-        + "\n".join(problems)
+        f"no {CONFIG_FILENAME} and the tensors match no preset; pass config=. "
+        f"Closest preset {closest.name!r}:\n" + "\n".join(problems)
     )
 
 
@@ -403,15 +442,21 @@ def _resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
     if asset_id is not None:
         _check_asset_id(asset_id)
         return asset_id
-    found = sorted(p.parent.name for p in assets.glob("*/norm_stats.json")) if assets.is_dir() else []
+    found = (
+        sorted(p.parent.name for p in assets.glob("*/norm_stats.json")) if assets.is_dir() else []
+    )
     if len(found) == 1:
         return found[0]
     if not found:
-        raise CheckpointError(f"no norm stats in {assets} (expected {ASSETS_DIRNAME}/<asset_id>/norm_stats.json)")
+        raise CheckpointError(
+            f"no norm stats in {assets} (expected {ASSETS_DIRNAME}/<asset_id>/norm_stats.json)"
+        )
     raise CheckpointError(f"several assets in {assets}: {found}; pass asset_id=")
 
 
-def _load_checkpoint_norm_stats(ckpt_dir: Path, asset_id: str, config: Pi05Config) -> Dict[str, NormStats]:
+def _load_checkpoint_norm_stats(
+    ckpt_dir: Path, asset_id: str, config: Pi05Config
+) -> Dict[str, NormStats]:
     path = ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json"
     try:
         stats = load_norm_stats(path)
@@ -420,14 +465,15 @@ def _load_checkpoint_norm_stats(ckpt_dir: Path, asset_id: str, config: Pi05Confi
     for key in ("state", "actions"):
         if stats[key].dim > config.action_dim:
             raise CheckpointError(
-                f"{path}: {key} stats have {stats[key].dim} dims but the model's action_dim is {config.action_dim}"
+                f"{path}: {key} stats have {stats[key].dim} dims but the model's action_dim is "
+                f"{config.action_dim}"
             )
     return stats
 
 
 @torch.no_grad()
 def _stream_weights(path: Path, model: nn.Module) -> None:
-    """Copy every tensor from ``path`` into ``model``, one at a time, cast to the parameter dtype."""
+    """Copy every tensor of ``path`` into ``model``, one at a time, cast to the parameter dtype."""
     targets = model.state_dict()
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:

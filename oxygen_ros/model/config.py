@@ -86,7 +86,7 @@ class Pi05Config:
 PRESETS: Dict[str, Pi05Config] = {
     "tiny": Pi05Config(
         name="tiny",
-        vision=SiglipConfig(width=32, depth=1, mlp_dim=64, num_heads=2),
+        vision=SiglipConfig(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=28),  # 64 tokens per image
         backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=16),
         expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=16),
         vocab_size=512,

@@ -55,7 +55,7 @@ class AdaRMSNorm(nn.Module):
         modulation = self.dense(cond.to(self.dense.weight.dtype))[:, None, :]  # [B, 1, 3W]
         scale, shift, gate = modulation.chunk(3, dim=-1)
         out = rms_normalize(x, self.eps) * (1.0 + scale.float()) + shift.float()
-        return out.type_as(x), gate
+        return out.type_as(x), gate.to(x.dtype)
 
 
 def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:

@@ -84,6 +84,10 @@ class JointOutput:
     values: List[Tensor]
 
 
+def _join(parts: List[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 def joint_forward(
     streams: Sequence[Stream],
     positions: Tensor,
@@ -115,9 +119,9 @@ def joint_forward(
             qs.append(layer.self_attn.q_proj(normed).view(batch, t, heads, head_dim))
             ks.append(layer.self_attn.k_proj(normed).view(batch, t, kv_heads, head_dim))
             vs.append(layer.self_attn.v_proj(normed).view(batch, t, kv_heads, head_dim))
-        q = torch.cat(qs, dim=1).transpose(1, 2)  # [B, H, T, D]
-        k = torch.cat(ks, dim=1).transpose(1, 2)  # [B, KVH, T, D]
-        v = torch.cat(vs, dim=1)  # [B, T, KVH, D]
+        q = _join(qs).transpose(1, 2)  # [B, H, T, D]
+        k = _join(ks).transpose(1, 2)  # [B, KVH, T, D]
+        v = _join(vs)  # [B, T, KVH, D]
         if cos is None:
             cos, sin = rope_cos_sin(positions, head_dim, rope_base, q.dtype)
             bias = attention_bias(allowed, heads // kv_heads, q.dtype)

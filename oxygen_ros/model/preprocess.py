@@ -38,8 +38,8 @@ class NormStatsError(ValueError):
 def resize_with_pad(images: np.ndarray, height: int, width: int) -> np.ndarray:
     """Resize uint8 images [..., H, W, 3] to [..., height, width, 3] keeping aspect, padding black.
 
-    Reproduces openpi_client's `image_tools.resize_with_pad` (the one openpi's `ResizeImages` uses on
-    numpy inputs): scale ``ratio = max(W / width, H / height)``, new size ``int(H / ratio)`` x
+    Reproduces openpi_client's `image_tools.resize_with_pad` (what openpi's `ResizeImages` uses
+    on numpy inputs): scale ``ratio = max(W / width, H / height)``, new size ``int(H / ratio)`` x
     ``int(W / ratio)``, PIL bilinear resampling, the resized image pasted at
     ``(int((width - new_w) / 2), int((height - new_h) / 2))`` on black (the odd pixel goes to the
     bottom/right). Images already at the target size are returned unchanged (the same array).
@@ -54,7 +54,9 @@ def resize_with_pad(images: np.ndarray, height: int, width: int) -> np.ndarray:
     if images.dtype != np.uint8:
         raise ValueError(f"resize_with_pad expects uint8 images, got {images.dtype}")
     if images.ndim < 3 or images.shape[-1] != 3:
-        raise ValueError(f"resize_with_pad expects images shaped [..., H, W, 3], got {images.shape}")
+        raise ValueError(
+            f"resize_with_pad expects images shaped [..., H, W, 3], got {images.shape}"
+        )
     if height < 1 or width < 1:
         raise ValueError(f"target size must be positive, got {height}x{width}")
     cur_height, cur_width = images.shape[-3:-1]
@@ -72,7 +74,9 @@ def _resize_with_pad_one(image: np.ndarray, height: int, width: int) -> np.ndarr
     ratio = max(cur_width / width, cur_height / height)
     resized_height = max(1, int(cur_height / ratio))
     resized_width = max(1, int(cur_width / ratio))
-    resized = Image.fromarray(image).resize((resized_width, resized_height), resample=Image.BILINEAR)
+    resized = Image.fromarray(image).resize(
+        (resized_width, resized_height), resample=Image.BILINEAR
+    )
     canvas = Image.new(resized.mode, (width, height), 0)
     pad_height = max(0, int((height - resized_height) / 2))
     pad_width = max(0, int((width - resized_width) / 2))
@@ -118,8 +122,8 @@ def pad_to_dim(x: np.ndarray, dim: int) -> np.ndarray:
 class NormStats:
     """Per-dimension statistics of one quantity (``state`` or ``actions``), as in openpi.
 
-    All four arrays are float64, 1-D and of equal length. pi0.5 uses only the quantiles; mean and std
-    are kept because openpi's file format carries them.
+    All four arrays are float64, 1-D and of equal length. pi0.5 uses only the quantiles; mean and
+    std are kept because openpi's file format carries them.
 
     Raises:
         ValueError: on wrong shapes, non-finite values, negative std or q99 < q01. A dimension with
@@ -152,7 +156,10 @@ class NormStats:
             raise ValueError(f"q99 < q01 at indices {inverted.tolist()}")
         constant = np.flatnonzero(self.q99 == self.q01)
         if constant.size:
-            logger.warning("norm stats: q99 == q01 at indices %s; those dimensions normalise by 1e-6", constant.tolist())
+            logger.warning(
+                "norm stats: q99 == q01 at indices %s; those dimensions normalise by 1e-6",
+                constant.tolist(),
+            )
 
     @property
     def dim(self) -> int:
@@ -181,21 +188,27 @@ class NormStats:
         if y.ndim < 1:
             raise ValueError("unnormalize_quantile needs at least one axis")
         n = min(y.shape[-1], self.dim)
-        head = (y[..., :n] + 1.0) / 2.0 * (self.q99[:n] - self.q01[:n] + QUANTILE_EPS) + self.q01[:n]
+        head = (y[..., :n] + 1.0) / 2.0 * (self.q99[:n] - self.q01[:n] + QUANTILE_EPS) + self.q01[
+            :n
+        ]
         return np.concatenate([head, y[..., n:]], axis=-1)
 
     def _width(self, x: np.ndarray, what: str) -> int:
         if x.ndim < 1:
             raise ValueError(f"{what} needs at least one axis")
         if x.shape[-1] > self.dim:
-            raise ValueError(f"cannot {what} a vector of width {x.shape[-1]} with stats of width {self.dim}")
+            raise ValueError(
+                f"cannot {what} a vector of width {x.shape[-1]} with stats of width {self.dim}"
+            )
         return x.shape[-1]
 
     def to_json(self) -> Dict[str, Any]:
         return {name: getattr(self, name).tolist() for name in NORM_STATS_FIELDS}
 
 
-def norm_stats_from_dict(data: Mapping[str, Any], required: Iterable[str] = ("state", "actions")) -> Dict[str, NormStats]:
+def norm_stats_from_dict(
+    data: Mapping[str, Any], required: Iterable[str] = ("state", "actions")
+) -> Dict[str, NormStats]:
     """Parse openpi's JSON structure ``{"norm_stats": {key: {mean, std, q01, q99}}}``.
 
     Raises:
@@ -210,10 +223,15 @@ def norm_stats_from_dict(data: Mapping[str, Any], required: Iterable[str] = ("st
     stats = {}
     for key, entry in entries.items():
         if not isinstance(entry, Mapping):
-            raise NormStatsError(f"norm_stats[{key!r}] must be an object, got {type(entry).__name__}")
+            raise NormStatsError(
+                f"norm_stats[{key!r}] must be an object, got {type(entry).__name__}"
+            )
         absent = [f for f in NORM_STATS_FIELDS if entry.get(f) is None]
         if absent:
-            raise NormStatsError(f"norm_stats[{key!r}] lacks {absent} (pi0.5 uses quantile normalisation: q01 and q99 are required)")
+            raise NormStatsError(
+                f"norm_stats[{key!r}] lacks {absent} "
+                "(pi0.5 uses quantile normalisation: q01 and q99 are required)"
+            )
         try:
             stats[key] = NormStats(**{f: _as_vector(entry[f]) for f in NORM_STATS_FIELDS})
         except (ValueError, TypeError) as exc:
@@ -222,12 +240,16 @@ def norm_stats_from_dict(data: Mapping[str, Any], required: Iterable[str] = ("st
 
 
 def _as_vector(value: Any) -> np.ndarray:
-    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
         raise ValueError(f"expected a list of numbers, got {str(value)[:80]}")
     return np.asarray(value, dtype=np.float64)
 
 
-def load_norm_stats(path: PathLike, required: Iterable[str] = ("state", "actions")) -> Dict[str, NormStats]:
+def load_norm_stats(
+    path: PathLike, required: Iterable[str] = ("state", "actions")
+) -> Dict[str, NormStats]:
     """Load openpi's ``norm_stats.json`` (``path`` is the file or the directory holding it).
 
     Raises:

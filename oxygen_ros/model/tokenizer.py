@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# pi0.5 discretises the normalised state into 256 bins over [-1, 1] (openpi: np.linspace(-1, 1, 257)[:-1]).
+# pi0.5 discretises the normalised state into 256 bins over [-1, 1]
+# (openpi: np.linspace(-1, 1, 257)[:-1]).
 STATE_BINS = np.linspace(-1.0, 1.0, 256 + 1)[:-1]
 _REPLACEMENT_CHAR = "\ufffd"
 
@@ -43,7 +44,7 @@ def clean_task(task: str) -> str:
 def discretize_state(state: np.ndarray) -> np.ndarray:
     """Map a normalised 1-D state to openpi's 256 bins: ``np.digitize(state, STATE_BINS) - 1``.
 
-    Like openpi, values are not clipped first: a value >= 0.9921875 (including > 1) lands in bin 255,
+    Like openpi, values are not clipped first: a value >= 0.9921875 (even > 1) lands in bin 255,
     and a value below -1 lands in bin -1 (openpi emits "-1" in that case, and so do we, because the
     model was trained on exactly those strings). NaN and infinities are rejected: openpi would
     silently map NaN to bin 255, which hides a broken sensor or broken norm stats.
@@ -58,7 +59,10 @@ def discretize_state(state: np.ndarray) -> np.ndarray:
         raise ValueError(f"state must be real-valued, got dtype {state.dtype}")
     bad = ~np.isfinite(state)
     if bad.any():
-        raise ValueError(f"state has non-finite values at indices {np.flatnonzero(bad).tolist()}: {state[bad].tolist()}")
+        raise ValueError(
+            f"state has non-finite values at indices {np.flatnonzero(bad).tolist()}: "
+            f"{state[bad].tolist()}"
+        )
     return np.digitize(state, bins=STATE_BINS) - 1
 
 
@@ -88,12 +92,20 @@ class Pi05Tokenizer:
         try:
             processor.LoadFromSerializedProto(proto)
         except Exception as exc:  # sentencepiece raises RuntimeError/OSError with terse messages
-            raise TokenizerError(f"{self.path} is not a valid sentencepiece model ({len(proto)} bytes): {exc}") from exc
+            raise TokenizerError(
+                f"{self.path} is not a valid sentencepiece model ({len(proto)} bytes): {exc}"
+            ) from exc
         if processor.GetPieceSize() <= 0:
             raise TokenizerError(f"{self.path} holds an empty sentencepiece vocabulary")
-        for name, value in (("bos", processor.bos_id()), ("eos", processor.eos_id()), ("pad", processor.pad_id())):
+        for name, value in (
+            ("bos", processor.bos_id()),
+            ("eos", processor.eos_id()),
+            ("pad", processor.pad_id()),
+        ):
             if value < 0:
-                raise TokenizerError(f"{self.path} defines no {name} token; pi0.5 prompts need bos, eos and pad ids")
+                raise TokenizerError(
+                    f"{self.path} defines no {name} token; pi0.5 prompts need bos, eos and pad ids"
+                )
         self._sp = processor
 
     # -- vocabulary ------------------------------------------------------------------------------
@@ -118,15 +130,17 @@ class Pi05Tokenizer:
 
     # -- encoding --------------------------------------------------------------------------------
     def encode_text(self, text: str) -> List[int]:
-        """Token ids of ``text`` without bos/eos (e.g. a language request appended after a prefix)."""
+        """Token ids of ``text`` without bos/eos (e.g. a request appended after a prefix)."""
         return [int(i) for i in self._sp.EncodeAsIds(text)]
 
-    def encode_prompt(self, task: str, state: Optional[np.ndarray], max_len: int) -> Tuple[np.ndarray, np.ndarray]:
+    def encode_prompt(
+        self, task: str, state: Optional[np.ndarray], max_len: int
+    ) -> Tuple[np.ndarray, np.ndarray]:
         """Tokenize a task (and state) exactly like openpi's ``PaligemmaTokenizer.tokenize``.
 
-        With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "`` encoded with a
-        leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes before
-        ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
+        With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "``, encoded
+        with a leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes
+        before ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
         (bos + cleaned task, then a separately encoded "\\n").
 
         Longer prompts are truncated to ``max_len`` with a logged warning; shorter ones are padded
@@ -138,9 +152,13 @@ class Pi05Tokenizer:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         if state is not None:
-            tokens = [int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)]
+            tokens = [
+                int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)
+            ]
         else:
-            tokens = [int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)] + self.encode_text("\n")
+            tokens = [
+                int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)
+            ] + self.encode_text("\n")
         if len(tokens) > max_len:
             logger.warning(
                 "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
@@ -173,11 +191,11 @@ class Pi05Tokenizer:
 class StreamDecoder:
     """Incremental detokenisation: feed generated ids one at a time, receive text deltas.
 
-    The deltas always concatenate to ``tokenizer.decode(all_ids)`` (after `flush`). Each step decodes
-    a short window of ids that starts at a settled token boundary (so sentencepiece spacing is
-    decoded in context) and emits the part of the window's text not emitted before. Trailing U+FFFD
-    characters are held back: they are byte-fallback pieces of a multi-byte character whose
-    remaining bytes have not arrived yet. `flush` releases them at the end of a stream.
+    The deltas always concatenate to ``tokenizer.decode(all_ids)`` (after `flush`). Each step
+    decodes a short window of ids that starts at a settled token boundary (so sentencepiece
+    spacing is decoded in context) and emits the part of the window's text not emitted before.
+    Trailing U+FFFD characters are held back: they are byte-fallback pieces of a multi-byte
+    character whose remaining bytes have not arrived yet. `flush` releases them at the end.
 
     Example:
         dec = StreamDecoder(tok)
@@ -218,7 +236,7 @@ class StreamDecoder:
         delta = stable[len(self._emitted) :]
         self._emitted = stable
         if stable == text and len(self._ids) - self._start > 1:
-            # Slide the window to the last token, keeping it as context for the next piece's spacing.
+            # Slide the window to the last token: it stays as context for the next piece's spacing.
             start = len(self._ids) - 1
             context = self._tok.decode(self._ids[start:])
             if _REPLACEMENT_CHAR not in context:
@@ -226,14 +244,64 @@ class StreamDecoder:
         return delta
 
 
-# -- a tiny trained tokenizer for the tiny/small presets ---------------------------------------------
+# -- a tiny trained tokenizer for the tiny/small presets -----------------------------------------
 
-_VERBS = ["pick up", "place", "open", "close", "push", "pull", "grasp", "move", "rotate", "lift", "put", "wipe",
-          "fold", "stack", "pour", "slide", "turn", "hand over", "drop", "reach for"]
-_OBJECTS = ["red cup", "blue block", "green bowl", "yellow sponge", "drawer", "towel", "bottle", "plate", "apple",
-            "banana", "box", "lid", "marker", "spoon", "mug", "cloth", "door", "bag", "tray", "can"]
-_PLACES = ["on the table", "into the drawer", "in the bowl", "left of the plate", "right of the box", "on the shelf",
-           "next to the mug", "in the sink", "on the tray", "behind the bottle"]
+_VERBS = [
+    "pick up",
+    "place",
+    "open",
+    "close",
+    "push",
+    "pull",
+    "grasp",
+    "move",
+    "rotate",
+    "lift",
+    "put",
+    "wipe",
+    "fold",
+    "stack",
+    "pour",
+    "slide",
+    "turn",
+    "hand over",
+    "drop",
+    "reach for",
+]
+_OBJECTS = [
+    "red cup",
+    "blue block",
+    "green bowl",
+    "yellow sponge",
+    "drawer",
+    "towel",
+    "bottle",
+    "plate",
+    "apple",
+    "banana",
+    "box",
+    "lid",
+    "marker",
+    "spoon",
+    "mug",
+    "cloth",
+    "door",
+    "bag",
+    "tray",
+    "can",
+]
+_PLACES = [
+    "on the table",
+    "into the drawer",
+    "in the bowl",
+    "left of the plate",
+    "right of the box",
+    "on the shelf",
+    "next to the mug",
+    "in the sink",
+    "on the tray",
+    "behind the bottle",
+]
 _NARRATION = [
     "I am moving the arm toward the {o}.",
     "The gripper is closing around the {o}.",
@@ -268,7 +336,7 @@ def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
     """Train a small PaliGemma-like sentencepiece BPE model and write it to ``out_path``.
 
     Settings mirror Gemma's tokenizer where they matter for behaviour: identity normalisation, no
-    dummy prefix, whitespace kept, digits split, byte fallback (so any text encodes and round trips),
+    dummy prefix, whitespace kept, digits split, byte fallback (any text encodes and round trips),
     and PaliGemma's special ids pad=0, eos=1, bos=2, unk=3. Training is single-threaded on a fixed
     corpus with a fixed seed, so the file is byte-identical across runs.
 
@@ -280,7 +348,10 @@ def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
     out_path = Path(out_path)
     min_size = 4 + 256 + len({c for s in tiny_tokenizer_corpus() for c in s})
     if vocab_size < min_size:
-        raise ValueError(f"vocab_size {vocab_size} is too small: byte fallback and the corpus characters need >= {min_size}")
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small: byte fallback and the corpus characters "
+            f"need >= {min_size}"
+        )
     model = io.BytesIO()
     sentencepiece.set_random_generator_seed(1234)
     try:
@@ -307,7 +378,9 @@ def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
             minloglevel=2,
         )
     except RuntimeError as exc:
-        raise ValueError(f"cannot train a tokenizer with vocab_size={vocab_size} on the built-in corpus: {exc}") from exc
+        raise ValueError(
+            f"cannot train a tokenizer with vocab_size={vocab_size} on the built-in corpus: {exc}"
+        ) from exc
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(model.getvalue())
     return out_path

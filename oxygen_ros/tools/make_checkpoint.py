@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 # Checkpoints larger than this need force=True / --force.
 LARGE_CHECKPOINT_BYTES = 2 * 1024**3
-# PaliGemma's real vocabulary: such a model needs the real paligemma_tokenizer.model, not a tiny one.
+# PaliGemma's vocabulary: such a model needs the real paligemma_tokenizer.model, not a tiny one.
 PALIGEMMA_VOCAB_SIZE = 257_152
 
 
@@ -88,32 +88,66 @@ def make_checkpoint(
     dtype = as_dtype(dtype)
     size = checkpoint_bytes(config, dtype)
     if size > LARGE_CHECKPOINT_BYTES and not force:
-        raise ValueError(f"preset {preset!r} writes {size / 1e9:.1f} GB of weights; pass force=True (--force) to do it anyway")
+        raise ValueError(
+            f"preset {preset!r} writes {size / 1e9:.1f} GB of weights; "
+            "pass force=True (--force) to do it anyway"
+        )
     if size > LARGE_CHECKPOINT_BYTES:
         logger.warning("writing %.1f GB of random weights for preset %r", size / 1e9, preset)
     if config.vocab_size == PALIGEMMA_VOCAB_SIZE and tokenizer_out is not None:
-        raise ValueError(f"preset {preset!r} uses PaliGemma's {PALIGEMMA_VOCAB_SIZE}-token vocabulary; no tiny tokenizer can stand in")
+        raise ValueError(
+            f"preset {preset!r} uses PaliGemma's {PALIGEMMA_VOCAB_SIZE}-token vocabulary; "
+            "no tiny tokenizer can stand in"
+        )
 
     model = build_model(config, "cpu", dtype)
     init_random_weights(model, seed)
-    save_checkpoint(model, out_dir, synthetic_norm_stats(config.action_dim, seed), asset_id=asset_id, config=config)
+    save_checkpoint(
+        model,
+        out_dir,
+        synthetic_norm_stats(config.action_dim, seed),
+        asset_id=asset_id,
+        config=config,
+    )
     if config.vocab_size != PALIGEMMA_VOCAB_SIZE:
         train_tiny_tokenizer(tokenizer_out or out_dir / TOKENIZER_FILENAME, config.vocab_size)
     else:
-        logger.info("preset %r needs PaliGemma's real tokenizer (paligemma_tokenizer.model); none written", preset)
+        logger.info(
+            "preset %r needs PaliGemma's real tokenizer (paligemma_tokenizer.model); none written",
+            preset,
+        )
     return out_dir
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="oxygen-make-checkpoint", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="oxygen-make-checkpoint", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model size")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
-    parser.add_argument("--seed", type=int, default=0, help="weight and norm-stats seed (default 0)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="weights dtype; bfloat16 follows openpi (norms, embeddings, projections stay float32)")
-    parser.add_argument("--tokenizer-out", type=Path, default=None, help="where to write the tokenizer (default DIR/tokenizer.model)")
-    parser.add_argument("--asset-id", default="robot", help="norm stats go to DIR/assets/<asset-id>/ (default robot)")
-    parser.add_argument("--force", action="store_true", help="allow checkpoints over 2 GiB (the pi05 preset)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="weight and norm-stats seed (default 0)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights dtype; bfloat16 follows openpi (norms, embeddings, projections stay float32)",
+    )
+    parser.add_argument(
+        "--tokenizer-out",
+        type=Path,
+        default=None,
+        help="where to write the tokenizer (default DIR/tokenizer.model)",
+    )
+    parser.add_argument(
+        "--asset-id",
+        default="robot",
+        help="norm stats go to DIR/assets/<asset-id>/ (default robot)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="allow checkpoints over 2 GiB (the pi05 preset)"
+    )
     return parser.parse_args(argv)
 
 
@@ -134,7 +168,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"oxygen-make-checkpoint: error: {exc}", file=sys.stderr)
         return 2
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"wrote {args.preset} checkpoint (seed {args.seed}, {args.dtype}) to {out} ({size / 1e6:.1f} MB)")
+    print(
+        f"wrote {args.preset} checkpoint (seed {args.seed}, {args.dtype}) to {out} "
+        f"({size / 1e6:.1f} MB)"
+    )
     return 0
 
 

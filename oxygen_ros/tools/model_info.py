@@ -28,7 +28,10 @@ COMPONENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("backbone_embeddings", (_PG + "language_model.embed_tokens.",)),
     ("backbone_layers", (_PG + "language_model.layers.", _PG + "language_model.norm.")),
     ("expert_layers", ("paligemma_with_expert.gemma_expert.model.",)),
-    ("action_time_projections", ("action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out.")),
+    (
+        "action_time_projections",
+        ("action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out."),
+    ),
 )
 
 
@@ -62,8 +65,11 @@ def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> Dict[s
         "openpi_file_parameters": counts["total"] + config.vocab_size * config.expert.width,
         "kv_bytes_per_token": kv,
         "prefix_tokens": {str(n): length for n, length in prefix_lengths.items()},
-        "prefix_kv_bytes_bfloat16": {str(n): length * kv["bfloat16"] for n, length in prefix_lengths.items()},
-        "note": "prefix = cameras x image tokens + max_token_len prompt tokens (upper bound: padding is dropped)",
+        "prefix_kv_bytes_bfloat16": {
+            str(n): length * kv["bfloat16"] for n, length in prefix_lengths.items()
+        },
+        "note": "prefix = cameras x image tokens + max_token_len prompt tokens "
+        "(an upper bound: padding is dropped)",
     }
 
 
@@ -72,7 +78,10 @@ def format_info(info: Dict[str, Any]) -> str:
     lines: List[str] = [f"preset {info['preset']}", "parameters:"]
     for label, count in info["parameters"].items():
         lines.append(f"  {label:<25} {count:>15,}  ({count / 1e6:,.2f} M)")
-    lines.append(f"  {'openpi_file_total':<25} {info['openpi_file_parameters']:>15,}  (+ the unused expert lm_head)")
+    lines.append(
+        f"  {'openpi_file_total':<25} {info['openpi_file_parameters']:>15,}"
+        "  (+ the unused expert lm_head)"
+    )
     kv = info["kv_bytes_per_token"]
     lines.append(f"KV cache per prefix token: {kv['bfloat16']:,} B bf16, {kv['float32']:,} B fp32")
     for cams, length in info["prefix_tokens"].items():

@@ -1,0 +1,26 @@
+"""The OxyGen engine (ROS-free): unified KV memory, shared prefill, batched language decoding."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Optional, Type
+
+from ..model.policy import Pi05Policy
+from .baselines import IsolatedSequentialEngine, NaiveParallelEngine, SharedKVEngine
+from .scheduler import Clock, EngineBase, EngineConfig, OxygenEngine
+
+ENGINES: Dict[str, Type[EngineBase]] = {
+    cls.name: cls for cls in (OxygenEngine, IsolatedSequentialEngine, SharedKVEngine, NaiveParallelEngine)
+}
+
+
+def make_engine(name: str, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> EngineBase:
+    """Build an engine by name: oxygen, isolated-sequential, shared-kv or naive-parallel."""
+    try:
+        cls = ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}") from None
+    return cls(policy, config, clock)
+
+
+__all__ = ["ENGINES", "EngineBase", "EngineConfig", "OxygenEngine", "make_engine"]

@@ -1,0 +1,172 @@
+"""The paper's comparison points, behind the same ``submit`` / ``step`` interface as OxyGen.
+
+* isolated-sequential: every task prefills the frame itself (the action, then each language request
+  again, into separate KV) and language is decoded to completion before the next frame.
+* shared-KV: one prefill feeds the action and the language requests (cross-task sharing only);
+  each request is still decoded to completion, one at a time, inside the frame.
+* naive-parallel: an action worker and a language worker, each with its own prefill and its own KV
+  memory, running concurrently (two threads here, as two processes would on a robot).
+
+All three reuse OxyGen's model calls, KV pool and request state, so the comparison isolates the
+scheduling and sharing policy, not implementation quality.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..model.policy import Pi05Policy
+from .frames import prefill_frame, timed_action
+from .kv_cache import KVPool
+from .language import LanguageDecoder
+from .requests import LanguageRequest, RequestState
+from .scheduler import Clock, EngineBase, EngineConfig, make_pool
+from .types import ActionChunk, Observation, TextDelta
+
+
+class _SequentialEngine(EngineBase):
+    """Common loop of the two sequential baselines: act, then finish every queued request."""
+
+    share_prefix = False
+
+    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+        super().__init__(policy, config, clock)
+        self.pool = make_pool(policy, self.config)
+        self.decoder = LanguageDecoder(policy, self.pool)
+
+    def pools(self) -> List[KVPool]:
+        return [self.pool]
+
+    @property
+    def active_requests(self) -> int:
+        return 0  # nothing outlives its frame
+
+    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
+        frame_id = self._new_frame_id()
+        cfg = self.config
+        frame, chunk = timed_action(self.policy, self.pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock)
+        deltas, self._outbox = self._outbox, []
+        while self._queue:
+            request = self._queue.popleft()
+            if self.share_prefix:
+                source = frame
+            else:  # isolated: the language task encodes the same observation again, into its own KV
+                source = prefill_frame(self.policy, self.pool, observation, frame_id)
+            deltas += self.decoder.attach([request], source)
+            if source is not frame:
+                self.pool.release(source.segment)  # the request holds its own reference
+            deltas += self._finish(request)
+        self.pool.release(frame.segment)
+        return chunk, deltas
+
+    def _finish(self, request: LanguageRequest) -> List[TextDelta]:
+        """Decode one request to completion, batch of one."""
+        deltas: List[TextDelta] = []
+        self.decode_steps += 1  # the attach step
+        self.tokens_generated += 1
+        while request.state is RequestState.ACTIVE:
+            deltas += self.decoder.step([request])
+            self.decode_steps += 1
+            self.tokens_generated += 1
+        self.decoder.release(request)
+        return deltas
+
+
+class IsolatedSequentialEngine(_SequentialEngine):
+    name = "isolated-sequential"
+    share_prefix = False
+
+
+class SharedKVEngine(_SequentialEngine):
+    name = "shared-kv"
+    share_prefix = True
+
+
+class NaiveParallelEngine(EngineBase):
+    """Action and language in two workers with separate prefills and separate KV memory.
+
+    ``step`` runs the action in the calling thread while a language worker thread, fed one job per
+    frame (the observation plus the requests queued so far), prefills its own copy of that frame and
+    decodes the requests to completion, one at a time. Deltas the worker produced are returned by
+    the next ``step``. The two compete for the same cores, as two processes would for one GPU.
+    """
+
+    name = "naive-parallel"
+
+    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+        super().__init__(policy, config, clock)
+        self.action_pool = make_pool(policy, self.config)
+        self.language_pool = make_pool(policy, self.config)
+        self.decoder = LanguageDecoder(policy, self.language_pool)
+        self._jobs: "queue.Queue[Optional[Tuple[Observation, int, List[LanguageRequest]]]]" = queue.Queue()
+        self._done: List[TextDelta] = []
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._threads = torch.get_num_threads()
+        self._worker = threading.Thread(target=self._language_worker, name="language-worker", daemon=True)
+        self._worker.start()
+
+    def pools(self) -> List[KVPool]:
+        return [self.action_pool, self.language_pool]
+
+    @property
+    def active_requests(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
+        frame_id = self._new_frame_id()
+        requests = list(self._queue)
+        self._queue.clear()
+        if requests:
+            with self._lock:
+                self._busy += len(requests)
+            self._jobs.put((observation, frame_id, requests))
+        cfg = self.config
+        frame, chunk = timed_action(self.policy, self.action_pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock)
+        self.action_pool.release(frame.segment)
+        with self._lock:
+            deltas, self._done = self._done, []
+        outbox, self._outbox = self._outbox, []
+        return chunk, outbox + deltas
+
+    def _language_worker(self) -> None:
+        torch.set_num_threads(self._threads)  # per-thread setting in torch
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            observation, frame_id, requests = job
+            frame = prefill_frame(self.policy, self.language_pool, observation, frame_id)
+            for request in requests:
+                out = self.decoder.attach([request], frame)
+                steps = 1
+                while request.state is RequestState.ACTIVE:
+                    out += self.decoder.step([request])
+                    steps += 1
+                self.decoder.release(request)
+                with self._lock:
+                    self._done += out
+                    self._busy -= 1
+                    self.decode_steps += steps
+                    self.tokens_generated += steps
+            self.language_pool.release(frame.segment)
+
+    def drain(self, timeout: float = 60.0) -> List[TextDelta]:
+        """Wait until the language worker has finished every job handed to it; return its deltas."""
+        deadline = time.monotonic() + timeout
+        while self.active_requests and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self._lock:
+            deltas, self._done = self._done, []
+        return deltas
+
+    def close(self) -> None:
+        if self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout=30)
