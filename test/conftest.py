@@ -53,3 +53,11 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"RMW_IMPLEMENTATION={os.environ['RMW_IMPLEMENTATION']} "
         f"ROS_AUTOMATIC_DISCOVERY_RANGE={os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE']}"
     )
+
+
+@pytest.fixture(scope='session')
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """A random-weight tiny checkpoint (openpi layout + trained tokenizer), built once per run."""
+    from oxygen_ros.tools.make_checkpoint import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp('ckpt') / 'tiny', 'tiny', seed=0)

@@ -225,22 +225,25 @@ class OxygenEngine(EngineBase):
         deltas, self._outbox = self._outbox, []
         deltas += self._admit(until if deadline else None)
         steps = 0
+        last = self.clock()
         while self._active and steps < max_steps:
-            if deadline and not self._fits(until, len(self._active)):
-                break
             batch = len(self._active)
-            start = self.clock()
+            if deadline and not self._fits(until, batch, last):
+                break
             deltas += self.decoder.step(self._active)
-            self.timer.record(batch, self.clock() - start)
+            self._retire_finished()
             steps += 1
             self.decode_steps += 1
             self.tokens_generated += batch
-            self._retire_finished()
+            now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
+            self.timer.record(batch, now - last)
+            last = now
         return deltas
 
-    def _fits(self, until: float, batch: int) -> bool:
-        margin = self.config.deadline_margin_ms * 1e-3
-        return self.clock() + self.timer.estimate(batch) + margin <= until
+    def _fits(self, until: float, batch: int, now: Optional[float] = None) -> bool:
+        """Would one more step of ``batch`` requests end before ``until`` (minus the margin)?"""
+        now = self.clock() if now is None else now
+        return now + self.timer.estimate(batch) + self.config.deadline_margin_ms * 1e-3 <= until
 
     def _admit(self, until: Optional[float]) -> List[TextDelta]:
         deltas: List[TextDelta] = []
