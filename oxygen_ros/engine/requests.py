@@ -63,6 +63,7 @@ class LanguageRequest:
         self.finish_reason = ""
         self.waited_frames = 0
         self._eos = tokenizer.eos_id
+        self._vocab = tokenizer.vocab_size  # never sample an id the tokenizer cannot decode
         self._stream = StreamDecoder(tokenizer)
         self._text = ""
         self._generator = torch.Generator().manual_seed(sampling.seed)
@@ -77,7 +78,8 @@ class LanguageRequest:
         return self._text
 
     def choose(self, logits: Tensor) -> int:
-        """Pick the next token from float32 logits [vocab]."""
+        """Pick the next token from float32 logits [model vocab]."""
+        logits = logits[: self._vocab]
         if self.sampling.temperature == 0.0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float().cpu() / self.sampling.temperature, dim=-1)

@@ -177,3 +177,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def random_policy(
+    preset: str,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    action_dim: Optional[int] = None,
+    tokenizer_dir: Optional[Path] = None,
+):
+    """A random-weight policy of any preset built in memory (benchmarks; nothing written but a
+    tiny tokenizer, cached in ``tokenizer_dir``).
+
+    Presets with PaliGemma's vocabulary get the 512-piece tiny tokenizer too: text then only uses
+    its first 512 ids, which changes nothing about the cost of a decode step.
+    """
+    from oxygen_ros.model.policy import Pi05Policy
+    from oxygen_ros.model.tokenizer import Pi05Tokenizer
+
+    config = get_preset(preset)
+    model = build_model(config, device, as_dtype(dtype))
+    init_random_weights(model, seed)
+    vocab = min(config.vocab_size, 512)
+    tokenizer_dir = Path(tokenizer_dir or Path.home() / ".cache" / "oxygen_ros")
+    path = tokenizer_dir / f"tiny_tokenizer_{vocab}.model"
+    if not path.is_file():
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        train_tiny_tokenizer(path, vocab)
+    stats = synthetic_norm_stats(action_dim or config.action_dim, seed)
+    return Pi05Policy(model.eval().requires_grad_(False), Pi05Tokenizer(path), stats, action_dim)

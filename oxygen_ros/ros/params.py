@@ -1,0 +1,411 @@
+"""The node's parameters: declarations with descriptors, per-value checks and the validated snapshot.
+
+Every parameter is listed once in :data:`PARAMETERS` with its type, default, description, range and
+*when it applies*:
+
+* ``STATIC`` — read once at start-up (declared read-only);
+* ``CONFIGURE`` — read by the ``configure`` transition (model, engine, topics); changing one while
+  the node is configured is refused with a reason ("clean up first");
+* ``RUNTIME`` — applied at once while the node runs (rate, task, limits, dry run, ...).
+
+Checks happen at three levels, each with a message that names the parameter and the fix:
+
+1. rclpy enforces the declared type, range and read-only flag (e.g. ``rate_hz`` outside 1-200);
+2. :func:`check_value` checks one value on its own (a preset name, an image slot, a finite limit);
+3. :meth:`NodeSettings.from_values` checks the parameters against each other (array lengths,
+   unique slots, lower < upper ...). It runs at ``configure`` and on every change while configured.
+
+This module imports only the ROS message definitions it declares with, so it is cheap to test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+
+from ..model.config import IMAGE_SLOTS
+
+STATIC = "static"
+CONFIGURE = "configure"
+RUNTIME = "runtime"
+
+RANDOM_WEIGHT_PRESETS = ("tiny", "small")
+PRESET_NAMES = ("tiny", "small", "pi05")
+DTYPES = ("float32", "bfloat16", "float16")
+DECODE_MODES = ("deadline", "fixed")
+_INT32_MAX = 2**31 - 1
+
+
+_ARRAY_TYPES = (
+    ParameterType.PARAMETER_STRING_ARRAY,
+    ParameterType.PARAMETER_BOOL_ARRAY,
+    ParameterType.PARAMETER_DOUBLE_ARRAY,
+    ParameterType.PARAMETER_INTEGER_ARRAY,
+)
+
+
+class SettingsError(ValueError):
+    """Parameters that cannot work together (or a value that cannot work at all)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One declared parameter."""
+
+    name: str
+    type: int  # rcl_interfaces ParameterType.PARAMETER_*
+    default: Any
+    description: str
+    applies: str = RUNTIME
+    range: Optional[Tuple[float, float]] = None  # inclusive; integer or floating per ``type``
+
+    @property
+    def dynamic(self) -> bool:
+        """An array parameter whose default is empty (see :meth:`descriptor`)."""
+        return self.type in _ARRAY_TYPES and not self.default
+
+    def descriptor(self) -> ParameterDescriptor:
+        """The ROS descriptor: description (with when it applies), type, range, read-only."""
+        when = {
+            STATIC: "read once at start-up",
+            CONFIGURE: "applied by the configure transition",
+            RUNTIME: "can change while running",
+        }[self.applies]
+        descriptor = ParameterDescriptor(
+            name=self.name,
+            type=self.type,
+            description=f"{self.description} ({when})",
+            read_only=self.applies == STATIC,
+        )
+        if self.dynamic:
+            # rclpy infers a static type from the default, and [] would become BYTE_ARRAY (rejecting
+            # every real override); such arrays are dynamically typed and checked by check_value.
+            descriptor.type = ParameterType.PARAMETER_NOT_SET
+            descriptor.dynamic_typing = True
+        if self.range is not None and self.type == ParameterType.PARAMETER_INTEGER:
+            descriptor.integer_range = [IntegerRange(from_value=int(self.range[0]), to_value=int(self.range[1]), step=1)]
+        elif self.range is not None:
+            descriptor.floating_point_range = [
+                FloatingPointRange(from_value=float(self.range[0]), to_value=float(self.range[1]), step=0.0)
+            ]
+        return descriptor
+
+
+_T = ParameterType
+DEFAULT_JOINTS = [f"joint_{i}" for i in range(1, 8)]
+
+PARAMETERS: Tuple[ParamSpec, ...] = (
+    # -- model and engine (configure) -------------------------------------------------------------
+    ParamSpec("checkpoint_dir", _T.PARAMETER_STRING, "",
+              "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); empty: "
+              "generate a RANDOM-WEIGHT checkpoint of `preset` once into the cache (tiny/small only)", CONFIGURE),
+    ParamSpec("preset", _T.PARAMETER_STRING, "tiny",
+              "model size used when checkpoint_dir is empty: tiny | small (pi05 needs real weights)", CONFIGURE),
+    ParamSpec("tokenizer_path", _T.PARAMETER_STRING, "",
+              "sentencepiece tokenizer; empty: the checkpoint's own tokenizer.model", CONFIGURE),
+    ParamSpec("device", _T.PARAMETER_STRING, "cpu", "torch device: cpu, cuda, cuda:N", CONFIGURE),
+    ParamSpec("dtype", _T.PARAMETER_STRING, "float32", "model dtype: float32 | bfloat16 | float16", CONFIGURE),
+    ParamSpec("seed", _T.PARAMETER_INTEGER, 0, "seed of the flow-matching noise and of sampled text", CONFIGURE,
+              (0, _INT32_MAX)),
+    ParamSpec("decode_mode", _T.PARAMETER_STRING, "deadline",
+              "language decoding budget: deadline (as many batched steps as fit before the next tick) "
+              "| fixed (decode_steps_per_frame steps per tick)", CONFIGURE),
+    ParamSpec("decode_steps_per_frame", _T.PARAMETER_INTEGER, 5, "batched decode steps per tick in fixed mode",
+              CONFIGURE, (0, 10_000)),
+    ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 2.0,
+              "time kept free before the next tick when deciding whether one more decode step fits", CONFIGURE,
+              (0.0, 1000.0)),
+    ParamSpec("max_active_requests", _T.PARAMETER_INTEGER, 16,
+              "language requests decoded together; more wait in the queue", CONFIGURE, (1, 4096)),
+    ParamSpec("kv_capacity_tokens", _T.PARAMETER_INTEGER, 0,
+              "KV memory budget in tokens; 0: room for max_active_requests frames plus their text", CONFIGURE,
+              (0, 100_000_000)),
+    # -- inputs (configure) -----------------------------------------------------------------------
+    ParamSpec("camera_topics", _T.PARAMETER_STRING_ARRAY, ["/camera/base/image_raw", "/camera/wrist/image_raw"],
+              "camera topics, one per image slot", CONFIGURE),
+    ParamSpec("camera_slots", _T.PARAMETER_STRING_ARRAY, ["base_0_rgb", "left_wrist_0_rgb"],
+              f"model image slot of each camera topic (same length, unique): {', '.join(IMAGE_SLOTS)}", CONFIGURE),
+    ParamSpec("camera_compressed", _T.PARAMETER_BOOL_ARRAY, [],
+              "per camera topic: true = sensor_msgs/CompressedImage (jpeg/png), false = sensor_msgs/Image; "
+              "empty: compressed when the topic ends in /compressed", CONFIGURE),
+    ParamSpec("joint_names", _T.PARAMETER_STRING_ARRAY, DEFAULT_JOINTS,
+              "joints read from joint_states, in the model's state order", CONFIGURE),
+    ParamSpec("action_joint_names", _T.PARAMETER_STRING_ARRAY, [],
+              "joints driven by the first N action dimensions (a subset of joint_names); empty: joint_names",
+              CONFIGURE),
+    # -- loop and outputs (runtime) ---------------------------------------------------------------
+    ParamSpec("rate_hz", _T.PARAMETER_DOUBLE, 60.0, "action loop rate (one shared prefill + chunk per tick)",
+              RUNTIME, (1.0, 200.0)),
+    ParamSpec("torch_threads", _T.PARAMETER_INTEGER, 1, "torch intra-op threads of the thread running the model",
+              RUNTIME, (1, 256)),
+    ParamSpec("action_dt", _T.PARAMETER_DOUBLE, 0.02, "seconds between consecutive actions of a chunk", RUNTIME,
+              (0.001, 10.0)),
+    ParamSpec("action_horizon", _T.PARAMETER_INTEGER, 0,
+              "actions published per chunk (the first N); 0: the model's whole horizon", RUNTIME, (0, 10_000)),
+    ParamSpec("task", _T.PARAMETER_STRING, "pick up the red block",
+              "task text given to the model (also set by ~/instruction)", RUNTIME),
+    ParamSpec("max_observation_age_s", _T.PARAMETER_DOUBLE, 0.5,
+              "inputs older than this (receive time or header stamp) are not used; no action without "
+              "fresh joint states and at least one fresh camera", RUNTIME, (0.001, 3600.0)),
+    ParamSpec("joint_lower_limits", _T.PARAMETER_DOUBLE_ARRAY, [],
+              "per action joint lower position limit; empty: unlimited", RUNTIME),
+    ParamSpec("joint_upper_limits", _T.PARAMETER_DOUBLE_ARRAY, [],
+              "per action joint upper position limit; empty: unlimited", RUNTIME),
+    ParamSpec("max_joint_velocity", _T.PARAMETER_DOUBLE_ARRAY, [],
+              "per action joint speed limit (units/s) between consecutive actions and from the current "
+              "state to the first; empty: unlimited", RUNTIME),
+    ParamSpec("dry_run", _T.PARAMETER_BOOL, False,
+              "publish only ~/action_chunk, never ~/joint_trajectory", RUNTIME),
+    ParamSpec("narration_period_s", _T.PARAMETER_DOUBLE, 2.0,
+              "seconds between narration requests; 0 disables narration", RUNTIME, (0.0, 86_400.0)),
+    ParamSpec("narration_max_tokens", _T.PARAMETER_INTEGER, 30, "token limit of a narration", RUNTIME, (1, 4096)),
+    ParamSpec("answer_max_tokens", _T.PARAMETER_INTEGER, 40, "token limit of an answer to ~/ask", RUNTIME,
+              (1, 4096)),
+    ParamSpec("temperature", _T.PARAMETER_DOUBLE, 0.0, "text sampling temperature; 0 is greedy", RUNTIME,
+              (0.0, 10.0)),
+    # -- start-up (static) ------------------------------------------------------------------------
+    ParamSpec("autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC),
+)
+
+SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+
+
+def normalise(name: str, value: Any) -> Any:
+    """A parameter value as plain Python: arrays become lists of their element type.
+
+    An empty YAML list arrives as None (NOT_SET); integer arrays given for float arrays are
+    converted.
+
+    Raises:
+        SettingsError: an array parameter given something that is not a list of its element type.
+    """
+    spec = SPECS[name]
+    if spec.type not in _ARRAY_TYPES:
+        return value
+    if value is None:
+        return []
+    element, kind = _ELEMENTS[spec.type]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise SettingsError(f"{name} must be a list of {kind}, got {value!r}")
+    items = list(value)
+    if element is float:
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
+            raise SettingsError(f"{name} must be a list of {kind}, got {items!r}")
+        return [float(x) for x in items]
+    if not all(isinstance(x, element) for x in items):
+        raise SettingsError(f"{name} must be a list of {kind}, got {items!r}")
+    return items
+
+
+_ELEMENTS = {
+    ParameterType.PARAMETER_STRING_ARRAY: (str, "strings"),
+    ParameterType.PARAMETER_BOOL_ARRAY: (bool, "booleans"),
+    ParameterType.PARAMETER_DOUBLE_ARRAY: (float, "numbers"),
+    ParameterType.PARAMETER_INTEGER_ARRAY: (int, "integers"),
+}
+
+
+def check_value(name: str, value: Any) -> None:
+    """Checks one value on its own (rclpy has already checked its type and range).
+
+    Raises:
+        SettingsError: naming the parameter, the value and what is allowed.
+    """
+    value = normalise(name, value)
+    if name == "preset" and value not in PRESET_NAMES:
+        raise SettingsError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {value!r}")
+    if name == "dtype" and value not in DTYPES:
+        raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
+    if name == "decode_mode" and value not in DECODE_MODES:
+        raise SettingsError(f"decode_mode must be one of {', '.join(DECODE_MODES)}, got {value!r}")
+    if name == "device" and not value.strip():
+        raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
+    if name == "task" and not value.strip():
+        raise SettingsError("task must not be empty")
+    if name == "camera_slots":
+        unknown = [slot for slot in value if slot not in IMAGE_SLOTS]
+        if unknown:
+            raise SettingsError(f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)}")
+        if len(set(value)) != len(value):
+            raise SettingsError(f"camera_slots must be unique, got {value}")
+    if name in ("camera_topics", "joint_names", "action_joint_names"):
+        if any(not item.strip() for item in value):
+            raise SettingsError(f"{name} must not contain empty names, got {value}")
+        if len(set(value)) != len(value):
+            raise SettingsError(f"{name} must be unique, got {value}")
+    if name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity"):
+        if not all(math.isfinite(v) for v in value):
+            raise SettingsError(f"{name} must be finite numbers, got {value}")
+    if name == "max_joint_velocity" and any(v <= 0 for v in value):
+        raise SettingsError(f"max_joint_velocity must be positive, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CameraInput:
+    """One camera subscription."""
+
+    topic: str
+    slot: str
+    compressed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """A consistent snapshot of every parameter (build it with :meth:`from_values`)."""
+
+    checkpoint_dir: str
+    preset: str
+    tokenizer_path: str
+    device: str
+    dtype: str
+    seed: int
+    decode_mode: str
+    decode_steps_per_frame: int
+    decode_margin_ms: float
+    max_active_requests: int
+    kv_capacity_tokens: int
+    cameras: Tuple[CameraInput, ...]
+    joint_names: Tuple[str, ...]
+    action_joint_names: Tuple[str, ...]
+    rate_hz: float
+    torch_threads: int
+    action_dt: float
+    action_horizon: int
+    task: str
+    max_observation_age_s: float
+    joint_lower_limits: Tuple[float, ...]
+    joint_upper_limits: Tuple[float, ...]
+    max_joint_velocity: Tuple[float, ...]
+    dry_run: bool
+    narration_period_s: float
+    narration_max_tokens: int
+    answer_max_tokens: int
+    temperature: float
+    autostart: bool
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.rate_hz
+
+    @property
+    def action_joint_indices(self) -> Tuple[int, ...]:
+        """Index of each action joint in the state vector (joint_names order)."""
+        return tuple(self.joint_names.index(name) for name in self.action_joint_names)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> "NodeSettings":
+        """Validate every value and their consistency.
+
+        Raises:
+            SettingsError: the first problem found, naming the parameters involved.
+        """
+        missing = sorted(set(SPECS) - set(values))
+        if missing:
+            raise SettingsError(f"parameters missing: {missing}")
+        v = {name: normalise(name, values[name]) for name in SPECS}
+        for name in SPECS:
+            check_value(name, v[name])
+        if not v["checkpoint_dir"] and v["preset"] not in RANDOM_WEIGHT_PRESETS:
+            raise SettingsError(
+                f"preset {v['preset']!r} has no random-weight stand-in: set checkpoint_dir to real pi0.5 weights "
+                f"(random weights are generated only for {', '.join(RANDOM_WEIGHT_PRESETS)})"
+            )
+        cameras = _cameras(v["camera_topics"], v["camera_slots"], v["camera_compressed"])
+        joints = tuple(v["joint_names"])
+        if not joints:
+            raise SettingsError("joint_names must name at least one joint (the model's state)")
+        action_joints = tuple(v["action_joint_names"]) or joints
+        strangers = [name for name in action_joints if name not in joints]
+        if strangers:
+            raise SettingsError(
+                f"action_joint_names {strangers} are not in joint_names {list(joints)}: every driven joint's "
+                "current position must be read from joint_states"
+            )
+        limits = {name: tuple(float(x) for x in v[name])
+                  for name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity")}
+        for name, array in limits.items():
+            if array and len(array) != len(action_joints):
+                raise SettingsError(
+                    f"{name} has {len(array)} values but there are {len(action_joints)} action joints "
+                    f"{list(action_joints)}; give one per action joint or none"
+                )
+        lower, upper = limits["joint_lower_limits"], limits["joint_upper_limits"]
+        if lower and upper:
+            crossed = [name for name, lo, hi in zip(action_joints, lower, upper) if lo > hi]
+            if crossed:
+                raise SettingsError(f"joint_lower_limits exceed joint_upper_limits for joints {crossed}")
+        return cls(
+            checkpoint_dir=v["checkpoint_dir"],
+            preset=v["preset"],
+            tokenizer_path=v["tokenizer_path"],
+            device=v["device"],
+            dtype=v["dtype"],
+            seed=v["seed"],
+            decode_mode=v["decode_mode"],
+            decode_steps_per_frame=v["decode_steps_per_frame"],
+            decode_margin_ms=v["decode_margin_ms"],
+            max_active_requests=v["max_active_requests"],
+            kv_capacity_tokens=v["kv_capacity_tokens"],
+            cameras=cameras,
+            joint_names=joints,
+            action_joint_names=action_joints,
+            rate_hz=v["rate_hz"],
+            torch_threads=v["torch_threads"],
+            action_dt=v["action_dt"],
+            action_horizon=v["action_horizon"],
+            task=v["task"],
+            max_observation_age_s=v["max_observation_age_s"],
+            joint_lower_limits=lower,
+            joint_upper_limits=upper,
+            max_joint_velocity=limits["max_joint_velocity"],
+            dry_run=v["dry_run"],
+            narration_period_s=v["narration_period_s"],
+            narration_max_tokens=v["narration_max_tokens"],
+            answer_max_tokens=v["answer_max_tokens"],
+            temperature=v["temperature"],
+            autostart=v["autostart"],
+        )
+
+
+def _cameras(topics: Sequence[str], slots: Sequence[str], compressed: Sequence[bool]) -> Tuple[CameraInput, ...]:
+    if not topics:
+        raise SettingsError("camera_topics must name at least one camera")
+    if len(slots) != len(topics):
+        raise SettingsError(
+            f"camera_slots has {len(slots)} entries for {len(topics)} camera_topics; give one slot per topic"
+        )
+    if compressed and len(compressed) != len(topics):
+        raise SettingsError(
+            f"camera_compressed has {len(compressed)} entries for {len(topics)} camera_topics; "
+            "give one per topic or none"
+        )
+    flags: List[bool] = list(compressed) or [topic.rstrip("/").endswith("/compressed") for topic in topics]
+    return tuple(CameraInput(t, s, bool(c)) for t, s, c in zip(topics, slots, flags))
+
+
+def changed_configure_parameters(names: Sequence[str]) -> List[str]:
+    """The names among ``names`` that only the configure transition applies."""
+    return [name for name in names if SPECS[name].applies == CONFIGURE]
+
+
+def declare_parameters(node: Any) -> Dict[str, Any]:
+    """Declare every parameter on ``node`` (an rclpy Node) and return the values it starts with.
+
+    Raises:
+        SettingsError: an override (params file, ``-p``) of the wrong type or out of range, with
+            rclpy's reason and the parameter's description.
+    """
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    values: Dict[str, Any] = {}
+    for spec in PARAMETERS:
+        try:
+            parameter = node.declare_parameter(spec.name, spec.default, spec.descriptor())
+        except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
+            hint = " (write floating-point values with a decimal point, e.g. 15.0)" if spec.type == _T.PARAMETER_DOUBLE else ""
+            raise SettingsError(f"parameter {spec.name}: {exc}{hint}; expected: {spec.description}") from exc
+        values[spec.name] = parameter.value
+    return values

@@ -1,0 +1,339 @@
+"""``oxygen-bench``: measure the engines side by side, the model's parts, a paced real-time loop,
+overload, and a long soak. Every subcommand prints a table; ``--json`` writes the numbers.
+
+    oxygen-bench engines --preset small            # the paper's workload, all engines, one run
+    oxygen-bench model --preset small              # prefill / denoise step / decode step ms
+    oxygen-bench realtime --rate-hz 60             # OxyGen under a 60 Hz timer
+    oxygen-bench overload --requests-per-frame 8   # KV exhausted: refusals, action latency
+    oxygen-bench soak --frames 20000               # KV and RSS drift over a long run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
+from oxygen_ros.engine.metrics import percentile
+from oxygen_ros.engine.requests import SamplingParams
+from oxygen_ros.model.mot import KVContext
+from oxygen_ros.tools.make_checkpoint import random_policy
+from oxygen_ros.tools.workloads import (
+    Workload,
+    component_times,
+    run_frames,
+    run_realtime,
+    synthetic_observations,
+    time_ms,
+    weight_bytes,
+)
+
+
+def _common(parser: argparse.ArgumentParser, preset: str) -> None:
+    parser.add_argument("--preset", default=preset, help="model preset (tiny, small, pi05)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    parser.add_argument("--cameras", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="flow-matching denoising steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write results as JSON here")
+
+
+def _workload_args(parser: argparse.ArgumentParser, frames: int) -> None:
+    parser.add_argument("--frames", type=int, default=frames, help="measured frames (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--requests-per-frame", type=float, default=1.0, help="language arrival rate")
+    parser.add_argument("--tokens", type=int, default=30, help="max tokens per request")
+    parser.add_argument("-k", "--decode-steps", type=int, default=5, help="OxyGen decode steps per frame (fixed mode)")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="oxygen-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    engines = sub.add_parser("engines", help="all engines on the paper's workload")
+    _common(engines, "small")
+    _workload_args(engines, 50)
+    engines.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    engines.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    model = sub.add_parser("model", help="prefill, denoise-step and decode-step latency")
+    _common(model, "small")
+    model.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    model.add_argument("--repeats", type=int, default=5)
+    realtime = sub.add_parser("realtime", help="OxyGen under a paced timer, language in the slack")
+    _common(realtime, "tiny")
+    _workload_args(realtime, 200)
+    realtime.add_argument("--rate-hz", type=float, default=60.0)
+    overload = sub.add_parser("overload", help="many concurrent requests, small KV memory")
+    _common(overload, "tiny")
+    _workload_args(overload, 100)
+    overload.add_argument("--kv-prefixes", type=int, default=4, help="KV capacity in frame prefixes")
+    soak = sub.add_parser("soak", help="long run: KV and RSS must return to baseline")
+    _common(soak, "tiny")
+    _workload_args(soak, 20_000)
+    soak.add_argument("--rate-hz", type=float, default=30.0, help="deadline for miss counting (not paced)")
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["engines", *(argv or [])])
+    return args
+
+
+def _print_table(rows: List[Dict[str, object]], columns: List[str]) -> None:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
+        return str(v)
+
+    table = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for t in table:
+        print("  ".join(v.rjust(w) for v, w in zip(t, widths)))
+
+
+def _policy(args: argparse.Namespace):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return random_policy(args.preset, args.device, args.dtype, args.seed, action_dim=7)
+
+
+def _write_json(path: Optional[Path], data: Dict[str, object]) -> None:
+    if path:
+        path.write_text(json.dumps(data, indent=2))
+        print(f"wrote {path}")
+
+
+def bench_engines(args: argparse.Namespace) -> Dict[str, object]:
+    policy = _policy(args)
+    observations = synthetic_observations(args.cameras)
+    config = EngineConfig(num_steps=args.steps, decode_mode="fixed", decode_steps_per_frame=args.decode_steps, seed=args.seed)
+    workload = Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens)
+    print(
+        f"workload: preset={args.preset} device={args.device} dtype={args.dtype} cameras={args.cameras} steps={args.steps} "
+        f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} frames={args.frames}+{args.warmup} warm-up"
+    )
+    results: Dict[str, Dict[str, float]] = {}
+    for name in args.engines:
+        engine = make_engine(name, policy, config)
+        try:
+            results[name] = run_frames(engine, observations, workload)
+        finally:
+            engine.close()
+    base = results.get("isolated-sequential", {}).get("frames_per_s")
+    rows = []
+    for name, r in results.items():
+        r["speedup_vs_isolated"] = r["frames_per_s"] / base if base else float("nan")
+        rows.append({"engine": name, **r})
+    _print_table(rows, ["engine", "frames_per_s", "speedup_vs_isolated", "paper_action_hz", "tokens_per_s", "p50_frame_ms", "p99_frame_ms", "peak_kv_bytes", "mean_active_requests"])
+    checks = _oxygen_checks(args, policy, config, observations, workload, results)
+    for line in checks.pop("lines"):
+        print(line)
+    out = {"workload": vars(args) | {"json": str(args.json), "plot": str(args.plot)}, "engines": results, "checks": checks}
+    _write_json(args.json, out)
+    if args.plot:
+        _plot(results, args.plot)
+    return out
+
+
+def _oxygen_checks(args, policy, config, observations, workload, results) -> Dict[str, object]:
+    """Scheduling overhead and language KV overhead of OxyGen, against components timed alone."""
+    checks: Dict[str, object] = {"lines": []}
+    ox = results.get("oxygen")
+    if not ox:
+        return checks
+    batch = max(1, round(ox["mean_active_requests"]))
+    parts = component_times(policy, config, observations[0], batch)
+    alone = parts["prefill_ms"] + parts["action_ms"] + args.decode_steps * parts["decode_step_ms"]
+    checks["components_ms"] = parts | {"batch": batch, "sum_ms": alone}
+    checks["frame_over_components"] = ox["mean_frame_ms"] / alone
+    action_only = OxygenEngine(policy, config)
+    quiet = run_frames(action_only, observations, Workload(10, 2, 0.0, args.tokens))
+    action_only.close()
+    weights = weight_bytes(policy)
+    checks["action_only_peak_kv_bytes"] = quiet["peak_kv_bytes"]
+    checks["language_kv_overhead"] = ox["peak_kv_bytes"] / quiet["peak_kv_bytes"] - 1
+    checks["language_memory_overhead_incl_weights"] = (weights + ox["peak_kv_bytes"]) / (weights + quiet["peak_kv_bytes"]) - 1
+    checks["weight_bytes"] = weights
+    lines = checks["lines"]
+    lines.append(
+        f"components alone: prefill {parts['prefill_ms']:.1f} ms + action {parts['action_ms']:.1f} ms + "
+        f"{args.decode_steps} x decode@{batch} {parts['decode_step_ms']:.1f} ms = {alone:.1f} ms; "
+        f"OxyGen mean frame {ox['mean_frame_ms']:.1f} ms -> ratio {checks['frame_over_components']:.2f} (target <= 1.10)"
+    )
+    lines.append(
+        f"KV: action-only peak {quiet['peak_kv_bytes'] / 1e6:.2f} MB, with language {ox['peak_kv_bytes'] / 1e6:.2f} MB "
+        f"(+{100 * checks['language_kv_overhead']:.0f}% of KV; +{100 * checks['language_memory_overhead_incl_weights']:.1f}% "
+        f"of weights+KV, weights {weights / 1e6:.0f} MB) at mean batch {ox['mean_active_requests']:.1f}"
+    )
+    for name in ("oxygen", "shared-kv", "naive-parallel"):
+        if name in results and "speedup_vs_isolated" in results[name]:
+            lines.append(f"{name}: {results[name]['speedup_vs_isolated']:.2f}x isolated-sequential frames/s")
+    return checks
+
+
+def _plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, key, label in zip(axes, ["frames_per_s", "tokens_per_s", "p99_frame_ms"], ["frames / s", "tokens / s", "p99 frame ms"]):
+        ax.bar(names, [results[n][key] for n in names], color=["#2a9d8f" if n == "oxygen" else "#8d99ae" for n in names])
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def bench_model(args: argparse.Namespace) -> Dict[str, object]:
+    policy = _policy(args)
+    model = policy.model
+    rows, out = [], {}
+    observations = {c: synthetic_observations(c)[0] for c in (1, 2, 3)}
+    for cameras, obs in observations.items():
+        inputs = policy.encode(obs.images, obs.state, obs.prompt)
+        ms = time_ms(lambda: model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks), policy, args.repeats)
+        rows.append({"part": f"prefill {cameras} cam", "batch": 1, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)})
+    inputs = policy.encode(observations[args.cameras].images, observations[args.cameras].state, "pick up the cup")
+    prefix = model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    noise = torch.randn(1, policy.config.action_horizon, policy.config.action_dim, device=policy.device)
+    ms = time_ms(lambda: model.denoise_step(prefix, noise, torch.tensor(0.5, device=policy.device)), policy, args.repeats)
+    rows.append({"part": "denoise step", "batch": 1, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)})
+    for batch in args.batches:
+        ctx = prefix.context
+        context = KVContext([k.expand(batch, -1, -1, -1) for k in ctx.keys], [v.expand(batch, -1, -1, -1) for v in ctx.values], ctx.valid.expand(batch, -1))
+        tokens = torch.zeros(batch, 1, dtype=torch.long, device=policy.device)
+        positions = prefix.num_valid.expand(batch)[:, None]
+        ms = time_ms(lambda: model.logits(model.forward_text(context, tokens, positions).hidden[:, 0]), policy, args.repeats)
+        rows.append({"part": "decode step", "batch": batch, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)})
+    print(f"preset={args.preset} device={args.device} dtype={args.dtype} threads={torch.get_num_threads()}")
+    _print_table(rows, ["part", "batch", "p50_ms", "p99_ms"])
+    out = {"preset": args.preset, "rows": rows}
+    _write_json(args.json, out)
+    return out
+
+
+def _engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
+    return EngineConfig(num_steps=args.steps, seed=args.seed, decode_steps_per_frame=args.decode_steps, default_max_tokens=args.tokens, **overrides)
+
+
+def bench_realtime(args: argparse.Namespace) -> Dict[str, object]:
+    policy = _policy(args)
+    engine = OxygenEngine(policy, _engine_config(args, decode_mode="deadline", max_active_requests=32))
+    try:
+        result = run_realtime(engine, synthetic_observations(args.cameras), Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens), args.rate_hz)
+    finally:
+        engine.close()
+    if policy.device.type == "cuda":
+        result["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
+    _print_table([result], list(result))
+    _write_json(args.json, result)
+    return result
+
+
+def bench_overload(args: argparse.Namespace) -> Dict[str, object]:
+    """Action latency with no language vs. with far more requests than KV memory can hold."""
+    policy = _policy(args)
+    observations = synthetic_observations(args.cameras)
+    from oxygen_ros.engine.frames import max_prefix_tokens
+
+    capacity = args.kv_prefixes * max_prefix_tokens(policy)
+    rows = []
+    for label, rate in (("action only", 0.0), ("overloaded", args.requests_per_frame)):
+        engine = OxygenEngine(policy, _engine_config(args, decode_mode="fixed", kv_capacity_tokens=capacity, max_wait_frames=5))
+        refused = 0
+        action_ms: List[float] = []
+        due = 0.0
+        for i in range(args.warmup + args.frames):
+            due += rate
+            while due >= 1:
+                engine.submit("narration", sampling=SamplingParams(max_tokens=args.tokens))
+                due -= 1
+            result = engine.step(observations[i % len(observations)])
+            refused += sum(d.finish_reason == "refused" for d in result.deltas)
+            if i >= args.warmup:
+                action_ms.append(result.stats.prefill_ms + result.stats.action_ms)
+        rows.append({
+            "run": label,
+            "action_p50_ms": percentile(action_ms, 50),
+            "action_p99_ms": percentile(action_ms, 99),
+            "refused": refused,
+            "tokens": engine.tokens_generated,
+            "peak_kv_bytes": engine.memory()["peak_bytes"],
+            "kv_capacity_bytes": engine.memory()["capacity_bytes"],
+        })
+        engine.close()
+    _print_table(rows, list(rows[0]))
+    out = {"rows": rows}
+    _write_json(args.json, out)
+    return out
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def bench_soak(args: argparse.Namespace) -> Dict[str, object]:
+    policy = _policy(args)
+    observations = synthetic_observations(args.cameras)
+    engine = OxygenEngine(policy, _engine_config(args, decode_mode="deadline"))
+    period = 1.0 / args.rate_hz
+    due, misses, finals = 0.0, 0, 0
+    kv_start = rss_start = 0
+    started = time.perf_counter()
+    for i in range(args.warmup + args.frames):
+        if i == args.warmup:
+            kv_start, rss_start = engine.memory()["bytes_in_use"], _rss_bytes()
+        due += args.requests_per_frame
+        while due >= 1:
+            engine.submit("narration", sampling=SamplingParams(max_tokens=args.tokens))
+            due -= 1
+        tick = time.perf_counter()
+        result = engine.step(observations[i % len(observations)], now=tick, next_deadline=tick + period)
+        misses += i >= args.warmup and not result.stats.deadline_met
+        finals += sum(d.final for d in result.deltas)
+        if (i + 1) % 2000 == 0:
+            print(f"  {i + 1} ticks, KV {engine.memory()['bytes_in_use'] / 1e6:.2f} MB, RSS {_rss_bytes() / 1e6:.0f} MB", flush=True)
+    kv_running = engine.memory()["bytes_in_use"]
+    finals += sum(d.final for d in engine.decode(max_steps=10_000))
+    engine.close()
+    result = {
+        "ticks": args.frames,
+        "wall_s": time.perf_counter() - started,
+        "requests_finished": finals,
+        "kv_bytes_start": kv_start,
+        "kv_bytes_end_running": kv_running,
+        "kv_bytes_after_close": engine.memory()["bytes_in_use"],
+        "live_segments_after_close": engine.memory()["live_segments"],
+        "rss_start_mb": rss_start / 1e6,
+        "rss_end_mb": _rss_bytes() / 1e6,
+        "deadline_misses": misses,
+        "deadline_ms": period * 1e3,
+    }
+    _print_table([result], list(result))
+    _write_json(args.json, result)
+    return result
+
+
+COMMANDS = {"engines": bench_engines, "model": bench_model, "realtime": bench_realtime, "overload": bench_overload, "soak": bench_soak}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    COMMANDS[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
