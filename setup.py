@@ -44,7 +44,7 @@ setup(
         'pillow>=10',
     ],
     extras_require={
-        'tools': ['rosbags>=0.10', 'matplotlib>=3.7'],
+        'tools': ['rosbags>=0.11', 'matplotlib>=3.7'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'hypothesis>=6'],
     },
     zip_safe=False,

@@ -23,13 +23,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 from PIL import Image as PILImage
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
-from rosbags.typesys.store import Typestore
+
+if TYPE_CHECKING:
+    from rosbags.typesys.store import Typestore
 
 EPOCH_NS = 1_700_000_000 * 1_000_000_000
 """Bag start time (2023-11-14T22:13:20Z); fixed so generated bags are reproducible."""

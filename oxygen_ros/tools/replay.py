@@ -34,7 +34,8 @@ SENSOR_TYPES = frozenset({"sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedIm
 """Types published with the sensor-data QoS profile (best effort); others are reliable."""
 
 _CDR_BYTE_ORDER = {b"\x00\x00": ">", b"\x00\x01": "<"}  # plain CDR big / little endian
-_STAMP_SLICE = slice(4, 12)  # header.stamp (int32 sec, uint32 nanosec) when header comes first
+_STAMP_END = 12  # bytes 4..12: header.stamp (int32 sec, uint32 nanosec) when header comes first
+_HEADER_FIELD = ("header", "std_msgs/Header")
 
 
 def message_class(type_name: str) -> Optional[type]:
@@ -73,7 +74,7 @@ def _patch_leading_header(raw: bytes, sec: int, nanosec: int) -> bytes:
     it directly (both 4-byte aligned), so no other byte moves.
     """
     order = _CDR_BYTE_ORDER[raw[:2]]
-    return raw[:4] + struct.pack(f"{order}iI", sec, nanosec) + raw[12:]
+    return raw[:4] + struct.pack(f"{order}iI", sec, nanosec) + raw[_STAMP_END:]
 
 
 def restamper_for(msg_class: type) -> Optional[Restamper]:
@@ -84,7 +85,7 @@ def restamper_for(msg_class: type) -> Optional[Restamper]:
     rclpy deserialisation and serialisation. Returns None for messages without a header.
     """
     fields = list(msg_class.get_fields_and_field_types().items())
-    if "header" not in dict(fields):
+    if _HEADER_FIELD not in fields:
         return None
 
     def via_rclpy(raw: bytes, sec: int, nanosec: int) -> bytes:
@@ -92,11 +93,11 @@ def restamper_for(msg_class: type) -> Optional[Restamper]:
         msg.header.stamp.sec, msg.header.stamp.nanosec = sec, nanosec
         return serialize_message(msg)
 
-    if fields[0] != ("header", "std_msgs/Header"):
+    if fields[0] != _HEADER_FIELD:
         return via_rclpy
 
     def patched(raw: bytes, sec: int, nanosec: int) -> bytes:
-        if raw[:2] in _CDR_BYTE_ORDER and len(raw) >= _STAMP_SLICE.stop:
+        if raw[:2] in _CDR_BYTE_ORDER and len(raw) >= _STAMP_END:
             return _patch_leading_header(raw, sec, nanosec)
         return via_rclpy(raw, sec, nanosec)
 

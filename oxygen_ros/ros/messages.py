@@ -1,0 +1,66 @@
+"""Build the node's custom output messages (``oxygen_ros/ActionChunk``, ``oxygen_ros/Narration``).
+
+Standard messages (images, joint states, trajectories) are converted in :mod:`.convert`; this module
+fills the package's own messages from engine results. Float arrays go in through ``array.array``
+(assigning numpy arrays to sequence fields is checked element by element and costs milliseconds).
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Sequence
+
+import numpy as np
+
+from oxygen_ros.msg import ActionChunk as ActionChunkMsg
+from oxygen_ros.msg import Narration
+
+from ..engine.types import TextDelta
+from .convert import seconds_to_stamp
+
+
+def action_chunk_msg(
+    *,
+    stamp: float,
+    frame_id: int,
+    joint_names: Sequence[str],
+    actions: np.ndarray,
+    dt: float,
+    observation_age: float,
+    prefill_ms: float,
+    action_ms: float,
+    frame_ms: float,
+    deadline_met: bool,
+    clipped_values: int,
+) -> ActionChunkMsg:
+    """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at ``stamp``."""
+    chunk = np.ascontiguousarray(actions, dtype=np.float32)
+    horizon, action_dim = chunk.shape
+    msg = ActionChunkMsg()
+    msg.header.stamp = seconds_to_stamp(stamp)
+    msg.frame_id = int(frame_id)
+    msg.joint_names = list(joint_names)
+    msg.horizon = horizon
+    msg.action_dim = action_dim
+    msg.dt = float(dt)
+    msg.actions = array.array("f", chunk.tobytes())
+    msg.observation_age = float(observation_age)
+    msg.prefill_ms = float(prefill_ms)
+    msg.action_ms = float(action_ms)
+    msg.frame_ms = float(frame_ms)
+    msg.deadline_met = bool(deadline_met)
+    msg.clipped_values = int(clipped_values)
+    return msg
+
+
+def narration_msg(delta: TextDelta, stamp: float) -> Narration:
+    """A ``Narration`` carrying one text delta of a request born from the observation at ``stamp``."""
+    msg = Narration()
+    msg.header.stamp = seconds_to_stamp(stamp)
+    msg.request_id = int(delta.request_id)
+    msg.kind = delta.kind
+    msg.delta = delta.text
+    msg.final = bool(delta.final)
+    msg.token_count = int(delta.token_count)
+    msg.finish_reason = delta.finish_reason
+    return msg
