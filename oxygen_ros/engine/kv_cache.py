@@ -170,6 +170,21 @@ class KVPool:
             self.values[layer].index_copy_(0, idx, v.to(self.values.dtype))
         segment.length += t
 
+    def append_one(self, segments: Sequence[KVSegment], keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+        """Append one token to each segment in a single write per layer (a batched decode step).
+
+        keys/values per layer [B, KVH, D], row i belonging to ``segments[i]``.
+        """
+        for segment in segments:
+            if segment.length + 1 > segment.capacity:
+                raise KVMemoryError(f"{segment.owner}: writing past its reserved {segment.capacity} tokens")
+        idx = torch.cat([self.slots(seg, seg.length, seg.length + 1) for seg in segments])
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.keys[layer].index_copy_(0, idx, k.to(self.keys.dtype))
+            self.values[layer].index_copy_(0, idx, v.to(self.values.dtype))
+        for segment in segments:
+            segment.length += 1
+
     def view(self, segment: KVSegment) -> KVContext:
         """One segment as a batch-of-one context; zero-copy when its blocks are contiguous."""
         first = segment.blocks[0]

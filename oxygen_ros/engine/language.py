@@ -71,9 +71,9 @@ class LanguageDecoder:
         positions = torch.tensor([[r.position] for r in requests], device=device)
         out = model.forward_text(context, tokens, positions)
         logits = model.logits(out.hidden[:, 0])
+        pool.append_one([r.own for r in requests], [k[:, 0] for k in out.keys], [v[:, 0] for v in out.values])
         deltas = []
         for i, r in enumerate(requests):
-            pool.write(r.own, [k[i] for k in out.keys], [v[i] for v in out.values])
             r.position += 1
             deltas.append(r.accept(r.choose(logits[i])))
         return deltas

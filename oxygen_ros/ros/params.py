@@ -64,8 +64,8 @@ class ParamSpec:
 
     @property
     def dynamic(self) -> bool:
-        """An array parameter whose default is empty (see :meth:`descriptor`)."""
-        return self.type in _ARRAY_TYPES and not self.default
+        """Declared with dynamic typing (see :meth:`descriptor`); :func:`check_value` checks the type."""
+        return self.type == ParameterType.PARAMETER_DOUBLE or (self.type in _ARRAY_TYPES and not self.default)
 
     def descriptor(self) -> ParameterDescriptor:
         """The ROS descriptor: description (with when it applies), type, range, read-only."""
@@ -81,8 +81,9 @@ class ParamSpec:
             read_only=self.applies == STATIC,
         )
         if self.dynamic:
-            # rclpy infers a static type from the default, and [] would become BYTE_ARRAY (rejecting
-            # every real override); such arrays are dynamically typed and checked by check_value.
+            # rclpy infers a static type from the default: [] would become BYTE_ARRAY (rejecting every
+            # real override) and a float would reject `-p rate_hz:=30`. These are dynamically typed;
+            # check_value checks their type and range and normalise() makes integers floats.
             descriptor.type = ParameterType.PARAMETER_NOT_SET
             descriptor.dynamic_typing = True
         if self.range is not None and self.type == ParameterType.PARAMETER_INTEGER:
@@ -115,8 +116,9 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               "| fixed (decode_steps_per_frame steps per tick)", CONFIGURE),
     ParamSpec("decode_steps_per_frame", _T.PARAMETER_INTEGER, 5, "batched decode steps per tick in fixed mode",
               CONFIGURE, (0, 10_000)),
-    ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 2.0,
-              "time kept free before the next tick when deciding whether one more decode step fits", CONFIGURE,
+    ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 3.0,
+              "time kept free before the next tick (for taking the inputs that arrived meanwhile) when "
+              "deciding whether one more decode step fits", CONFIGURE,
               (0.0, 1000.0)),
     ParamSpec("max_active_requests", _T.PARAMETER_INTEGER, 16,
               "language requests decoded together; more wait in the queue", CONFIGURE, (1, 4096)),
@@ -183,6 +185,10 @@ def normalise(name: str, value: Any) -> Any:
         SettingsError: an array parameter given something that is not a list of its element type.
     """
     spec = SPECS[name]
+    if spec.type == ParameterType.PARAMETER_DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{name} must be a number, got {value!r}")
+        return float(value)
     if spec.type not in _ARRAY_TYPES:
         return value
     if value is None:
@@ -215,6 +221,9 @@ def check_value(name: str, value: Any) -> None:
         SettingsError: naming the parameter, the value and what is allowed.
     """
     value = normalise(name, value)
+    spec = SPECS[name]
+    if spec.range is not None and not (spec.range[0] <= value <= spec.range[1]):  # NaN fails too
+        raise SettingsError(f"{name} must be within [{spec.range[0]:g}, {spec.range[1]:g}], got {value!r}")
     if name == "preset" and value not in PRESET_NAMES:
         raise SettingsError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {value!r}")
     if name == "dtype" and value not in DTYPES:
@@ -394,9 +403,11 @@ def changed_configure_parameters(names: Sequence[str]) -> List[str]:
 def declare_parameters(node: Any) -> Dict[str, Any]:
     """Declare every parameter on ``node`` (an rclpy Node) and return the values it starts with.
 
+    Values are checked by :meth:`NodeSettings.from_values` when the node configures, so a bad value
+    in a params file leaves the node up and unconfigured, saying why.
+
     Raises:
-        SettingsError: an override (params file, ``-p``) of the wrong type or out of range, with
-            rclpy's reason and the parameter's description.
+        SettingsError: an override that rclpy refuses outright (a string for an integer, ...).
     """
     from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 
@@ -405,7 +416,6 @@ def declare_parameters(node: Any) -> Dict[str, Any]:
         try:
             parameter = node.declare_parameter(spec.name, spec.default, spec.descriptor())
         except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
-            hint = " (write floating-point values with a decimal point, e.g. 15.0)" if spec.type == _T.PARAMETER_DOUBLE else ""
-            raise SettingsError(f"parameter {spec.name}: {exc}{hint}; expected: {spec.description}") from exc
-        values[spec.name] = parameter.value
+            raise SettingsError(f"parameter {spec.name}: {exc}; expected: {spec.description}") from exc
+        values[spec.name] = parameter.value  # checked by NodeSettings.from_values at configure
     return values

@@ -152,7 +152,8 @@ def time_ms(fn, policy: Pi05Policy, repeats: int) -> List[float]:
 
 
 def component_times(policy: Pi05Policy, config: EngineConfig, observation: Observation, batch: int, repeats: int = 10) -> Dict[str, float]:
-    """Prefill, action chunk and one decode step at ``batch`` requests, each timed alone (median ms).
+    """Prefill, action chunk, admitting one request and one decode step at ``batch`` requests, each
+    timed alone (median ms).
 
     The decode step reads ``batch`` requests spread over two frame prefixes with ~15 own tokens,
     like the paper workload's steady state.
@@ -173,12 +174,25 @@ def component_times(policy: Pi05Policy, config: EngineConfig, observation: Obser
     for _ in range(12):  # some own tokens, as mid-generation (max_tokens 64 is never reached)
         decoder.step(requests)
     step = time_ms(lambda: decoder.step(requests), policy, repeats)
+    prompt = policy.tokenizer.encode_text(config.kind_prompts["narration"])
+
+    def admit_one() -> None:
+        request = LanguageRequest(0, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer)
+        decoder.attach([request], frames[0])
+        decoder.release(request)
+
+    admit = time_ms(admit_one, policy, repeats)
     for request in requests:
         decoder.release(request)
     for frame in frames:
         pool.release(frame.segment)
     engine.close()
-    return {"prefill_ms": float(np.median(prefill)), "action_ms": float(np.median(action)), "decode_step_ms": float(np.median(step))}
+    return {
+        "prefill_ms": float(np.median(prefill)),
+        "action_ms": float(np.median(action)),
+        "admit_ms": float(np.median(admit)),  # prefilling one new request's kind text on the prefix
+        "decode_step_ms": float(np.median(step)),
+    }
 
 
 def weight_bytes(policy: Pi05Policy) -> int:
