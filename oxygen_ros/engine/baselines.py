@@ -37,7 +37,8 @@ class _SequentialEngine(EngineBase):
     def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
         super().__init__(policy, config, clock)
         self.pool = make_pool(policy, self.config)
-        self.decoder = LanguageDecoder(policy, self.pool)
+        self.runner = self._make_runner(self.pool, acts=True, text_batch=1)
+        self.decoder = LanguageDecoder(policy, self.pool, self.runner)
 
     def pools(self) -> List[KVPool]:
         return [self.pool]
@@ -49,14 +50,14 @@ class _SequentialEngine(EngineBase):
     def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
         frame_id = self._new_frame_id()
         cfg = self.config
-        frame, chunk = timed_action(self.policy, self.pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock)
+        frame, chunk = timed_action(self.policy, self.pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock, self.runner)
         deltas, self._outbox = self._outbox, []
         while self._queue:
             request = self._queue.popleft()
             if self.share_prefix:
                 source = frame
             else:  # isolated: the language task encodes the same observation again, into its own KV
-                source = prefill_frame(self.policy, self.pool, observation, frame_id)
+                source = prefill_frame(self.policy, self.pool, observation, frame_id, self.runner)
             deltas += self.decoder.attach([request], source)
             if source is not frame:
                 self.pool.release(source.segment)  # the request holds its own reference
@@ -102,7 +103,10 @@ class NaiveParallelEngine(EngineBase):
         super().__init__(policy, config, clock)
         self.action_pool = make_pool(policy, self.config)
         self.language_pool = make_pool(policy, self.config)
-        self.decoder = LanguageDecoder(policy, self.language_pool)
+        # one runner per worker and pool: their graphs never share memory, whatever the interleaving
+        self.action_runner = self._make_runner(self.action_pool, acts=True, text_batch=0)
+        self.language_runner = self._make_runner(self.language_pool, acts=False, text_batch=1)
+        self.decoder = LanguageDecoder(policy, self.language_pool, self.language_runner)
         self._jobs: "queue.Queue[Optional[Tuple[Observation, int, List[LanguageRequest]]]]" = queue.Queue()
         self._done: List[TextDelta] = []
         self._lock = threading.Lock()
@@ -128,7 +132,9 @@ class NaiveParallelEngine(EngineBase):
                 self._busy += len(requests)
             self._jobs.put((observation, frame_id, requests))
         cfg = self.config
-        frame, chunk = timed_action(self.policy, self.action_pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock)
+        frame, chunk = timed_action(
+            self.policy, self.action_pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock, self.action_runner
+        )
         self.action_pool.release(frame.segment)
         with self._lock:
             deltas, self._done = self._done, []
@@ -142,7 +148,7 @@ class NaiveParallelEngine(EngineBase):
             if job is None:
                 return
             observation, frame_id, requests = job
-            frame = prefill_frame(self.policy, self.language_pool, observation, frame_id)
+            frame = prefill_frame(self.policy, self.language_pool, observation, frame_id, self.language_runner)
             for request in requests:
                 out = self.decoder.attach([request], frame)
                 steps = 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -11,6 +11,7 @@ from torch import Tensor
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
 from .kv_cache import KVPool, KVSegment
+from .static_paths import StaticRunner
 from .types import ActionChunk, Observation
 
 Clock = Callable[[], float]
@@ -43,8 +44,16 @@ def max_prefix_tokens(policy: Pi05Policy) -> int:
     return cfg.num_image_slots * cfg.image_tokens + cfg.max_token_len
 
 
-def prefill_frame(policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int) -> FramePrefix:
-    """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill."""
+def prefill_frame(
+    policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int, runner: Optional[StaticRunner] = None
+) -> FramePrefix:
+    """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill.
+
+    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV.
+    """
+    if runner is not None:
+        segment, last_hidden = runner.prefill(observation, owner=f"frame {frame_id} prefix")
+        return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
     inputs = policy.encode(observation.images, observation.state, observation.prompt)
     prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
     # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
@@ -53,22 +62,35 @@ def prefill_frame(policy: Pi05Policy, pool: KVPool, observation: Observation, fr
     return FramePrefix(frame_id, observation.stamp, segment, prefix.last_hidden[0])
 
 
-def act_on_frame(policy: Pi05Policy, pool: KVPool, frame: FramePrefix, noise: Tensor, num_steps: int) -> Tensor:
+def act_on_frame(
+    policy: Pi05Policy, pool: KVPool, frame: FramePrefix, noise: Tensor, num_steps: int, runner: Optional[StaticRunner] = None
+) -> Tensor:
     """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it)."""
+    if runner is not None:
+        return runner.act(frame.segment, noise, num_steps)
     context = pool.view(frame.segment)
     prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
     return policy.model.sample_actions(prefix, noise, num_steps)[0]
 
 
 def timed_action(
-    policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int, seed: int, num_steps: int, clock: Clock
+    policy: Pi05Policy,
+    pool: KVPool,
+    observation: Observation,
+    frame_id: int,
+    seed: int,
+    num_steps: int,
+    clock: Clock,
+    runner: Optional[StaticRunner] = None,
 ) -> "tuple[FramePrefix, ActionChunk]":
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference."""
     start = clock()
-    frame = prefill_frame(policy, pool, observation, frame_id)
+    frame = prefill_frame(policy, pool, observation, frame_id, runner)
+    if runner is not None:
+        runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
     prefilled = clock()
     noise = frame_noise(policy.config, seed, frame_id, policy.device)
-    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps))
+    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -51,13 +52,20 @@ class KVPool:
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        scratch_tokens: int = 0,
     ) -> None:
+        """scratch_tokens: extra slots after the managed blocks, outside all accounting, where
+        fixed-shape steps (``engine.static_paths``) send the K/V of their padding tokens."""
         if capacity_tokens < block_size or block_size < 1:
             raise ValueError(f"KV pool needs capacity >= block size >= 1, got {capacity_tokens=} {block_size=}")
+        if scratch_tokens < 0:
+            raise ValueError(f"scratch_tokens must be >= 0, got {scratch_tokens}")
         self.block_size = block_size
         self.num_blocks = capacity_tokens // block_size
         slots = self.num_blocks * block_size
-        self.keys = torch.zeros(num_layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.scratch_start = slots
+        self.scratch_tokens = scratch_tokens
+        self.keys = torch.zeros(num_layers, slots + scratch_tokens, kv_heads, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys.element_size()
         self._free = list(range(self.num_blocks))  # kept sorted: lowest ids first -> contiguous runs
@@ -158,6 +166,27 @@ class KVPool:
         pos = torch.arange(start, stop)
         blocks = torch.tensor(segment.blocks)[pos // self.block_size]
         return (blocks * self.block_size + pos % self.block_size).to(self.keys.device)
+
+    def host_slots(self, segment: KVSegment, start: int, stop: int) -> np.ndarray:
+        """`slots` computed on the host (int64 numpy): for packing into a fixed-shape step's inputs."""
+        pos = np.arange(start, stop)
+        return np.asarray(segment.blocks, dtype=np.int64)[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def scratch_slots(self, count: int, offset: int = 0) -> np.ndarray:
+        """``count`` scratch slots (cycling when count > scratch_tokens): where padding K/V goes."""
+        if not self.scratch_tokens:
+            raise ValueError("this KV pool has no scratch slots (build it with scratch_tokens > 0)")
+        return self.scratch_start + (np.arange(offset, offset + count) % self.scratch_tokens)
+
+    def claim(self, segment: KVSegment, tokens: int) -> np.ndarray:
+        """Reserve the segment's next ``tokens`` slots for a write done elsewhere (inside a
+        fixed-shape step) and count them as written; returns their slot ids. The caller must fill
+        them before any task reads the segment."""
+        if segment.length + tokens > segment.capacity:
+            raise KVMemoryError(f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}")
+        slots = self.host_slots(segment, segment.length, segment.length + tokens)
+        segment.length += tokens
+        return slots
 
     def write(self, segment: KVSegment, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
         """Append tokens to a segment: keys/values per layer, each [T, KVH, D]."""

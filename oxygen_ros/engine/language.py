@@ -4,7 +4,7 @@ set of active requests — from any frames, of any lengths — by one token in o
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -12,6 +12,7 @@ from ..model.policy import Pi05Policy
 from .frames import FramePrefix
 from .kv_cache import KVPool
 from .requests import LanguageRequest, RequestState
+from .static_paths import StaticRunner, TextRow
 from .types import TextDelta
 
 DEFAULT_KIND_PROMPTS: Dict[str, str] = {
@@ -22,11 +23,18 @@ DEFAULT_KIND_PROMPTS: Dict[str, str] = {
 
 
 class LanguageDecoder:
-    """Stateless driver: all state lives in the requests and the pool."""
+    """Stateless driver: all state lives in the requests and the pool.
 
-    def __init__(self, policy: Pi05Policy, pool: KVPool) -> None:
+    With a ``runner`` the batched model calls go through the fixed-shape text steps
+    (`StaticRunner.text`: one upload, one replay and one token readback per step); without, through
+    the eager `Pi05Model.forward_text` over a padded gather. Both write the same KV and pick the
+    same tokens.
+    """
+
+    def __init__(self, policy: Pi05Policy, pool: KVPool, runner: Optional[StaticRunner] = None) -> None:
         self.policy = policy
         self.pool = pool
+        self.runner = runner
 
     def attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[TextDelta]:
         """Give requests a reference to ``frame``'s prefix and their own KV, prefill their kind text
@@ -36,6 +44,24 @@ class LanguageDecoder:
         """
         if not requests:
             return []
+        pool = self.pool
+        for r in requests:
+            r.frame_id = frame.frame_id
+            r.prefix = pool.retain(frame.segment)
+            r.own = pool.allocate(r.kv_tokens_needed, owner=f"request {r.request_id}")
+            r.state = RequestState.ACTIVE
+        if self.runner is not None:
+            rows = [TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own) for r in requests]
+            tokens = self._static_step(requests, rows)
+        else:
+            tokens = self._eager_attach(requests, frame)
+        deltas = []
+        for r, token in zip(requests, tokens):
+            r.position = frame.length + len(r.prompt)
+            deltas.append(r.accept(token))
+        return deltas
+
+    def _eager_attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
         lengths = [len(r.prompt) for r in requests]
@@ -43,10 +69,6 @@ class LanguageDecoder:
         tokens = torch.zeros(len(requests), width, dtype=torch.long)
         valid = torch.zeros(len(requests), width, dtype=torch.bool)
         for i, r in enumerate(requests):
-            r.frame_id = frame.frame_id
-            r.prefix = pool.retain(frame.segment)
-            r.own = pool.allocate(r.kv_tokens_needed, owner=f"request {r.request_id}")
-            r.state = RequestState.ACTIVE
             tokens[i, : lengths[i]] = torch.tensor(r.prompt)
             valid[i, : lengths[i]] = True
         context = pool.gather([[(frame.segment, frame.length)]] * len(requests))
@@ -54,15 +76,24 @@ class LanguageDecoder:
         out = model.forward_text(context, tokens.to(device), positions.to(device), valid.to(device))
         last = torch.tensor(lengths) - 1
         logits = model.logits(out.hidden[torch.arange(len(requests)), last.to(device)])
-        deltas = []
         for i, r in enumerate(requests):
             pool.write(r.own, [k[i, : lengths[i]] for k in out.keys], [v[i, : lengths[i]] for v in out.values])
-            r.position = frame.length + lengths[i]
-            deltas.append(r.accept(r.choose(logits[i])))
-        return deltas
+        return [r.choose(logits[i]) for i, r in enumerate(requests)]
 
     def step(self, requests: Sequence[LanguageRequest]) -> List[TextDelta]:
         """One batched decode step: feed each request's pending token, sample its next one."""
+        if self.runner is not None:
+            rows = [TextRow([(r.prefix, r.prefix.length), (r.own, r.own.length)], [r.pending_token], r.position, r.own) for r in requests]
+            tokens = self._static_step(requests, rows)
+        else:
+            tokens = self._eager_step(requests)
+        deltas = []
+        for r, token in zip(requests, tokens):
+            r.position += 1
+            deltas.append(r.accept(token))
+        return deltas
+
+    def _eager_step(self, requests: Sequence[LanguageRequest]) -> List[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
         rows = [[(r.prefix, r.prefix.length), (r.own, r.own.length)] for r in requests]
@@ -72,11 +103,13 @@ class LanguageDecoder:
         out = model.forward_text(context, tokens, positions)
         logits = model.logits(out.hidden[:, 0])
         pool.append_one([r.own for r in requests], [k[:, 0] for k in out.keys], [v[:, 0] for v in out.values])
-        deltas = []
-        for i, r in enumerate(requests):
-            r.position += 1
-            deltas.append(r.accept(r.choose(logits[i])))
-        return deltas
+        return [r.choose(logits[i]) for i, r in enumerate(requests)]
+
+    def _static_step(self, requests: Sequence[LanguageRequest], rows: Sequence[TextRow]) -> List[int]:
+        """Greedy rows take the step's on-device argmax; sampling rows draw from its logits."""
+        sampled = [r.sampling.temperature > 0.0 for r in requests]
+        greedy, logits = self.runner.text(rows, sampled)
+        return [r.choose(logits[i]) if sampled[i] else int(greedy[i]) for i, r in enumerate(requests)]
 
     def release(self, request: LanguageRequest) -> None:
         """Return a finished request's KV: its own segment and its reference to the frame prefix."""

@@ -26,6 +26,7 @@ from .kv_cache import KVPool
 from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
+from .static_paths import StaticRunner
 from .types import ActionChunk, FrameResult, FrameStats, Observation, TextDelta
 
 Clock = Callable[[], float]
@@ -45,11 +46,18 @@ class EngineConfig:
     seed: int = 0
     default_max_tokens: int = 30
     kind_prompts: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_KIND_PROMPTS))
+    # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
+    static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
+    cuda_graphs: bool = False  # capture those steps in CUDA graphs; implies static_shapes, CUDA only
+    gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
+    context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
 
     def __post_init__(self) -> None:
         if self.decode_mode not in ("deadline", "fixed"):
             raise ValueError(f"decode_mode must be 'deadline' or 'fixed', got {self.decode_mode!r}")
-        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens"):
+        if self.gpu_preprocess and not self.uses_static_paths:
+            raise ValueError("gpu_preprocess=True works on the static paths: set static_shapes=True (or cuda_graphs=True)")
+        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens", "context_bucket"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:
@@ -57,6 +65,10 @@ class EngineConfig:
         empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
         if empty:
             raise ValueError(f"kind prompts must not be empty: {empty}")
+
+    @property
+    def uses_static_paths(self) -> bool:
+        return self.static_shapes or self.cuda_graphs
 
 
 def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
@@ -73,7 +85,19 @@ def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
         block_size=config.kv_block_size,
         dtype=policy.model.compute_dtype,
         device=policy.device,
+        # static steps send padding K/V here (outside the accounted capacity)
+        scratch_tokens=max(policy.config.max_token_len, 64) if config.uses_static_paths else 0,
     )
+
+
+def make_runner(policy: Pi05Policy, pool: KVPool, config: EngineConfig) -> Optional[StaticRunner]:
+    """The static-shape runner of ``pool`` when the config asks for it, else None (eager paths).
+
+    Raises ValueError for cuda_graphs=True with the model off CUDA.
+    """
+    if not config.uses_static_paths:
+        return None
+    return StaticRunner(policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket)
 
 
 class EngineBase:
@@ -91,6 +115,33 @@ class EngineBase:
         self._outbox: List[TextDelta] = []  # deltas produced outside a frame (refusals at submit)
         self.tokens_generated = 0  # cumulative language tokens sampled
         self.decode_steps = 0  # cumulative batched decode steps (admission prefills included)
+        self._runners: List["tuple[StaticRunner, bool, int]"] = []  # (runner, acts, max text batch)
+
+    def _make_runner(self, pool: KVPool, acts: bool, text_batch: int) -> Optional[StaticRunner]:
+        """A static runner for one of this engine's pools (None on the eager paths); ``acts`` and
+        ``text_batch`` say what `warm_up` should prepare for it."""
+        runner = make_runner(self.policy, pool, self.config)
+        if runner is not None:
+            self._runners.append((runner, acts, text_batch))
+        return runner
+
+    def warm_up(self, observation: Observation) -> int:
+        """Capture ahead of time the CUDA graphs that frames like ``observation`` will use (camera
+        set, prompt length, batch and context buckets up to this engine's limits), so that no capture
+        stalls a real-time frame. Returns the number of buckets created (0 on the eager paths)."""
+        cfg = self.config
+        tokenizer = self.policy.tokenizer
+        kind_tokens = [len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()]
+        created = 0
+        for runner, acts, batch in self._runners:
+            created += runner.warm_up(
+                observation,
+                num_steps=cfg.num_steps if acts else None,
+                max_batch=batch,
+                text_tokens=max(kind_tokens) + cfg.default_max_tokens,
+                attach_tokens=kind_tokens if batch else (),
+            )
+        return created
 
     # -- intake --------------------------------------------------------------------------------
     def submit(self, kind: str, text: str = "", sampling: Optional[SamplingParams] = None) -> int:
@@ -183,7 +234,8 @@ class OxygenEngine(EngineBase):
     def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
         super().__init__(policy, config, clock)
         self.pool = make_pool(policy, self.config)
-        self.decoder = LanguageDecoder(policy, self.pool)
+        self.runner = self._make_runner(self.pool, acts=True, text_batch=self.config.max_active_requests)
+        self.decoder = LanguageDecoder(policy, self.pool, self.runner)
         self.timer = StepTimer()
         self._frame: Optional[FramePrefix] = None  # newest frame; the engine holds one reference
         self._active: List[LanguageRequest] = []
@@ -208,7 +260,7 @@ class OxygenEngine(EngineBase):
             self.pool.release(self._frame.segment)  # stays alive while requests still read it
             self._frame = None
         self._frame, chunk = timed_action(
-            self.policy, self.pool, observation, self._new_frame_id(), self.config.seed, self.config.num_steps, self.clock
+            self.policy, self.pool, observation, self._new_frame_id(), self.config.seed, self.config.num_steps, self.clock, self.runner
         )
         return chunk
 

@@ -92,15 +92,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype) -> Optional[Tensor]:
+def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype, dense: Optional[bool] = None) -> Optional[Tensor]:
     """Additive mask for `attention` from bool allowed [B, T, S] -> [B, 1, groups * T, S].
 
     Query heads that share a KV head are folded into the query axis (see `attention`), so the
     mask is repeated once per head in the group. Built once per forward pass, shared by all layers.
     None when every token may see every token (a batch of one prefix or action chunk): the fused
     kernel is much faster without a mask.
+
+    dense: None inspects ``allowed`` (a device-to-host sync); False always builds the mask and
+    True never does. Static-shape / CUDA-graph paths pass False: no sync, one kernel choice.
     """
-    if bool(allowed.all()):
+    if dense is None:
+        dense = bool(allowed.all())
+    if dense:
         return None
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, MASK_VALUE)
     return bias.repeat(1, groups, 1)[:, None]

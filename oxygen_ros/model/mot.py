@@ -66,10 +66,12 @@ class KVContext:
     """Cached keys/values that new tokens may attend to: one [B, C, KVH, D] pair per layer.
 
     Keys are stored after RoPE. ``valid`` [B, C] marks which cached slots are real tokens.
+    ``keys``/``values`` only need indexing by layer, so a sequence that gathers each layer on
+    access (see ``engine.static_paths``) works as well as a list.
     """
 
-    keys: List[Tensor]
-    values: List[Tensor]
+    keys: Sequence[Tensor]
+    values: Sequence[Tensor]
     valid: Tensor
 
     @property
@@ -94,11 +96,13 @@ def joint_forward(
     allowed: Tensor,
     context: Optional[KVContext],
     rope_base: float,
+    dense_mask: Optional[bool] = None,
 ) -> JointOutput:
     """Run all layers over the concatenated streams.
 
     positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in order).
     allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
+    dense_mask: see `attention_bias`; False keeps the pass free of host syncs (CUDA-graph capture).
     """
     first = streams[0].expert.cfg
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
@@ -124,7 +128,7 @@ def joint_forward(
         v = _join(vs)  # [B, T, KVH, D]
         if cos is None:
             cos, sin = rope_cos_sin(positions, head_dim, rope_base, q.dtype)
-            bias = attention_bias(allowed, heads // kv_heads, q.dtype)
+            bias = attention_bias(allowed, heads // kv_heads, q.dtype, dense_mask)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         new_keys.append(k.transpose(1, 2))

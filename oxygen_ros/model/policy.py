@@ -8,7 +8,7 @@ the way out take the robot's action dimensions and quantile-unnormalise them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -60,25 +60,36 @@ class Pi05Policy:
     def device(self) -> torch.device:
         return self.model.device
 
-    def encode(self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str) -> PrefixInputs:
-        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task text."""
+    @staticmethod
+    def present_slots(images: Mapping[str, np.ndarray]) -> Tuple[int, ...]:
+        """Indices (into IMAGE_SLOTS) of the slots an observation fills; checks the slot names."""
         unknown = set(images) - set(IMAGE_SLOTS)
         if unknown:
             raise ValueError(f"unknown image slots {sorted(unknown)}; expected some of {IMAGE_SLOTS}")
-        size = self.config.vision.image_size
-        pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
-        present = np.zeros(len(IMAGE_SLOTS), dtype=bool)
-        for i, slot in enumerate(IMAGE_SLOTS):
-            if slot in images:
-                pixels[i] = to_model_range(resize_with_pad(images[slot], size, size))
-                present[i] = True
-        if not present.any():
+        present = tuple(i for i, slot in enumerate(IMAGE_SLOTS) if slot in images)
+        if not present:
             raise ValueError("observation has no camera image: at least one image slot is required")
+        return present
+
+    def prompt_tokens(self, state: np.ndarray, prompt: str) -> Tuple[np.ndarray, np.ndarray]:
+        """Quantile-normalise the raw state and tokenize the pi0.5 prompt: int64 tokens and bool
+        mask, both [max_token_len], right-padded."""
         state = np.asarray(state, dtype=np.float64)
         if not np.isfinite(state).all():
             raise ValueError(f"state has non-finite values at indices {np.flatnonzero(~np.isfinite(state)).tolist()}")
         normalized = self.state_stats.normalize_quantile(state)
-        tokens, token_mask = self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+        return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+
+    def encode(self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str) -> PrefixInputs:
+        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task text."""
+        present_idx = self.present_slots(images)
+        size = self.config.vision.image_size
+        pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
+        present = np.zeros(len(IMAGE_SLOTS), dtype=bool)
+        for i in present_idx:
+            pixels[i] = to_model_range(resize_with_pad(images[IMAGE_SLOTS[i]], size, size))
+            present[i] = True
+        tokens, token_mask = self.prompt_tokens(state, prompt)
         n = int(token_mask.sum())  # prompts are right-padded: keep only real tokens for a batch of one
         device = self.device
         return PrefixInputs(

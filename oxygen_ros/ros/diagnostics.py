@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Deque, Dict, Iterable, List, Mapping, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Tuple
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
@@ -123,7 +123,3 @@ def _text(value: object) -> str:
         return "true" if value else "false"
     return str(value)
 
-
-def worst_level(levels: Iterable[bytes]) -> bytes:
-    """The most severe of ``DiagnosticStatus`` levels (OK < WARN < ERROR < STALE)."""
-    return max(levels, key=lambda level: level[0] if isinstance(level, bytes) else int(level), default=DiagnosticStatus.OK)

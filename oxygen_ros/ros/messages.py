@@ -11,17 +11,17 @@ import array
 from typing import Sequence
 
 import numpy as np
+from builtin_interfaces.msg import Time
 
 from oxygen_ros.msg import ActionChunk as ActionChunkMsg
 from oxygen_ros.msg import Narration
 
 from ..engine.types import TextDelta
-from .convert import seconds_to_stamp
 
 
 def action_chunk_msg(
     *,
-    stamp: float,
+    stamp: Time,
     frame_id: int,
     joint_names: Sequence[str],
     actions: np.ndarray,
@@ -37,7 +37,7 @@ def action_chunk_msg(
     chunk = np.ascontiguousarray(actions, dtype=np.float32)
     horizon, action_dim = chunk.shape
     msg = ActionChunkMsg()
-    msg.header.stamp = seconds_to_stamp(stamp)
+    msg.header.stamp = stamp
     msg.frame_id = int(frame_id)
     msg.joint_names = list(joint_names)
     msg.horizon = horizon
@@ -53,10 +53,10 @@ def action_chunk_msg(
     return msg
 
 
-def narration_msg(delta: TextDelta, stamp: float) -> Narration:
+def narration_msg(delta: TextDelta, stamp: Time) -> Narration:
     """A ``Narration`` carrying one text delta of a request born from the observation at ``stamp``."""
     msg = Narration()
-    msg.header.stamp = seconds_to_stamp(stamp)
+    msg.header.stamp = stamp
     msg.request_id = int(delta.request_id)
     msg.kind = delta.kind
     msg.delta = delta.text

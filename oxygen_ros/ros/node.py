@@ -41,10 +41,11 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import rclpy
 import torch
+from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
@@ -62,11 +63,11 @@ from oxygen_ros.msg import Narration
 from ..engine.requests import SamplingParams
 from ..engine.scheduler import OxygenEngine
 from ..engine.types import ActionChunk, Observation, TextDelta
-from .convert import chunk_to_joint_trajectory, seconds_to_stamp
+from .convert import chunk_to_joint_trajectory
 from .diagnostics import Counters, KeyedThrottle, RateMeter, RollingWindow, status
 from .messages import action_chunk_msg, narration_msg
 from .model_setup import check_fits_model, load_engine, warm_up
-from .observation import JOINT_STATES_TOPIC, ObservationAssembler
+from .observation import JOINT_STATES_TOPIC, NS_PER_S, ObservationAssembler
 from .params import (
     SPECS,
     NodeSettings,
@@ -123,18 +124,19 @@ class OxygenNode(LifecycleNode):
         self._engine: Optional[OxygenEngine] = None
         self._settings: Optional[NodeSettings] = None  # set while configured
         self._assembler: Optional[ObservationAssembler] = None
-        self._safety: Optional[tuple] = None  # (settings it was built for, SafetyFilter)
+        self._safety: Optional[Tuple[NodeSettings, SafetyFilter]] = None  # limits of the settings it was built for
         self._timer = None
         self._active = False
         self._state_label = "unconfigured"
         self._last_error = ""
         self._subscriptions_io: List[Any] = []
         self._publishers_io: List[Any] = []
+        self._trajectory_pub = self._chunk_pub = self._narration_pub = self._text_pub = None
         self._questions: Deque[str] = collections.deque()
         self._streams = LanguageStreams()
         self._narration_due = PeriodicSchedule()
         self._submitted = 0
-        self._last_frame_stamp = 0.0
+        self._last_frame_stamp = Time()
         self._last_tick_start: Optional[float] = None
         self._chunks_published = 0
         self._action_ms = RollingWindow()
@@ -188,16 +190,16 @@ class OxygenNode(LifecycleNode):
             settings = NodeSettings.from_values(self._parameter_values())
             engine = load_engine(settings, warn=log.warning, info=log.info)
             frame_ms = warm_up(engine, settings)
-        except Exception as exc:  # any load failure leaves the node unconfigured and alive
+            with self._engine_lock:
+                self._engine, self._settings = engine, settings
+                self._build_io(settings)
+        except Exception as exc:  # any failure leaves the node unconfigured and alive, saying why
+            self._teardown()
             self._last_error = f"configure failed: {type(exc).__name__}: {exc}"
             log.error(self._last_error)
             log.debug(traceback.format_exc())
             return TransitionCallbackReturn.FAILURE
-        with self._engine_lock:
-            self._engine = engine
-            self._settings = settings
-            self._last_error = ""
-            self._build_io(settings)
+        self._last_error = ""
         log.info(f"configured: warm-up frame {frame_ms:.1f} ms at rate_hz {settings.rate_hz:g} "
                  f"(period {settings.period_s * 1e3:.1f} ms); cameras "
                  f"{[f'{c.topic}->{c.slot}' for c in settings.cameras]}")
@@ -335,12 +337,13 @@ class OxygenNode(LifecycleNode):
 
     def _run_tick(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> None:
         _use_torch_threads(settings.torch_threads)
-        assembly = self._assembler.assemble(settings.task, settings.max_observation_age_s, self._now())
+        assembly = self._assembler.assemble(settings.task, settings.max_observation_age_s,
+                                            self.get_clock().now().nanoseconds)
         self._ages = assembly.ages
         if assembly.observation is None:
             self._counters.add(f"no_action_{assembly.reason}")
             self._warn(f"no_action:{assembly.reason}", f"no action this tick: {assembly.detail}")
-        elif self._act(engine, settings, assembly.observation, started):
+        elif self._act(engine, settings, assembly.observation, assembly.stamp_ns, started):
             self._submit_language(engine, settings, started)
         deltas = engine.decode(until=self._next_tick_time(started, settings.period_s))
         self._publish_text(deltas)
@@ -353,7 +356,8 @@ class OxygenNode(LifecycleNode):
             **{f"kv_{key}": value for key, value in memory.items()},
         }
 
-    def _act(self, engine: OxygenEngine, settings: NodeSettings, observation: Observation, started: float) -> bool:
+    def _act(self, engine: OxygenEngine, settings: NodeSettings, observation: Observation, stamp_ns: int,
+             started: float) -> bool:
         """Shared prefill + action, limits, publish. Returns whether a new frame now exists."""
         try:
             chunk = engine.act(observation)
@@ -361,7 +365,8 @@ class OxygenNode(LifecycleNode):
             self._counters.add("no_action_engine_rejected")
             self._warn("no_action:engine_rejected", f"no action this tick: the model rejected the observation: {exc}")
             return False
-        self._last_frame_stamp = chunk.stamp
+        stamp = Time(sec=stamp_ns // NS_PER_S, nanosec=stamp_ns % NS_PER_S)
+        self._last_frame_stamp = stamp
         self._action_ms.add(chunk.prefill_ms + chunk.action_ms)
         self._prefill_ms.add(chunk.prefill_ms)
         horizon = settings.action_horizon or chunk.actions.shape[0]
@@ -372,18 +377,18 @@ class OxygenNode(LifecycleNode):
             self._counters.add("non_finite_output")
             self._warn("unsafe_chunk", f"not publishing frame {chunk.frame_id}: {exc}")
             return True
-        self._publish_chunk(settings, chunk, safe.actions, safe.clipped, started)
+        self._publish_chunk(settings, chunk, stamp, safe.actions, safe.clipped, started)
         return True
 
-    def _publish_chunk(self, settings: NodeSettings, chunk: ActionChunk, actions, clipped: int, started: float) -> None:
-        stamp = seconds_to_stamp(chunk.stamp)
+    def _publish_chunk(self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, actions, clipped: int,
+                       started: float) -> None:
         trajectory = None
         if not settings.dry_run:
             trajectory = chunk_to_joint_trajectory(actions, settings.action_joint_names, settings.action_dt, stamp)
         published = time.monotonic()
         deadline_met = published - started <= settings.period_s
         message = action_chunk_msg(
-            stamp=chunk.stamp, frame_id=chunk.frame_id, joint_names=settings.action_joint_names, actions=actions,
+            stamp=stamp, frame_id=chunk.frame_id, joint_names=settings.action_joint_names, actions=actions,
             dt=settings.action_dt, observation_age=self._now() - chunk.stamp, prefill_ms=chunk.prefill_ms,
             action_ms=chunk.action_ms, frame_ms=(published - started) * 1e3, deadline_met=deadline_met,
             clipped_values=clipped,
@@ -584,7 +589,8 @@ class OxygenNode(LifecycleNode):
             status(f"{name}: language", "oxygen_ros", DiagnosticStatus.OK, f"{token_rate:.1f} tok/s", language),
             status(f"{name}: kv memory", "oxygen_ros", DiagnosticStatus.OK,
                    f"{memory.get('kv_bytes_in_use', 0)} bytes in use", memory),
-            status(f"{name}: inputs", "oxygen_ros", DiagnosticStatus.OK, f"{len(inputs) // 3} topics", inputs),
+            status(f"{name}: inputs", "oxygen_ros", DiagnosticStatus.OK,
+                   f"{len(assembler.latest) if assembler else 0} topics", inputs),
             status(f"{name}: errors", "oxygen_ros",
                    DiagnosticStatus.WARN if counters else DiagnosticStatus.OK,
                    f"{sum(counters.values())} events counted", counters),

@@ -14,7 +14,9 @@ inputs that are fresh enough:
   publishes no action and says why (never a stale chunk).
 
 An input's age is the larger of the time since it was received and, for stamped messages, the
-time since its header stamp on the node's clock.
+time since its header stamp on the node's clock. Stamps are kept as integer nanoseconds so the
+observation's stamp is exactly the newest input's header stamp (a float of epoch seconds is only
+good to about 0.2 us).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..engine.types import Observation
-from .convert import InputError, compressed_to_rgb, image_to_rgb, joint_state_to_positions, stamp_to_seconds
+from .convert import InputError, compressed_to_rgb, image_to_rgb, joint_state_to_positions
 from .diagnostics import Counters
 from .params import CameraInput
 
@@ -35,14 +37,20 @@ Warn = Callable[[str, str], None]
 """warn(throttle key, message): a throttled warning."""
 
 JOINT_STATES_TOPIC = "joint_states"
+NS_PER_S = 1_000_000_000
+
+
+def stamp_to_ns(stamp: Any) -> int:
+    """A builtin_interfaces/Time as integer nanoseconds."""
+    return stamp.sec * NS_PER_S + stamp.nanosec
 
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """A stored message: its header stamp (0.0 when unstamped), receive time and sequence number."""
+    """A stored message: its header stamp (ns, 0 when unstamped), receive time and sequence number."""
 
     msg: Any
-    stamp: float
+    stamp: int
     received: float  # monotonic seconds
     seq: int
 
@@ -71,16 +79,16 @@ class LatestMessage:
 
     def store(self, msg: Any) -> None:
         """Keep ``msg`` (a message with a std_msgs/Header) unless it is a duplicate or out of order."""
-        stamp = stamp_to_seconds(msg.header.stamp)
+        stamp = stamp_to_ns(msg.header.stamp)
         received = self._clock()
         with self._lock:
             previous = self._sample
-            if previous is not None and stamp > 0.0 and previous.stamp > 0.0:
+            if previous is not None and stamp > 0 and previous.stamp > 0:
                 if stamp == previous.stamp:
                     self._counters.add("duplicate_messages")
                     return
                 if stamp < previous.stamp:
-                    if previous.stamp - stamp <= self.reset_after_s:
+                    if (previous.stamp - stamp) / NS_PER_S <= self.reset_after_s:
                         self._counters.add("stamp_backwards")
                         return
                     self._counters.add("stamp_resets")
@@ -93,7 +101,7 @@ class _Good:
     """The last successfully converted value of a topic."""
 
     value: np.ndarray
-    stamp: float
+    stamp: int  # ns, 0 when unstamped
     received: float
     seq: int
 
@@ -104,11 +112,13 @@ class Assembly:
 
     observation: None when no action may be computed; then ``reason`` (a counter key suffix) and
         ``detail`` (a sentence for the log) say why.
+    stamp_ns: the observation's stamp, exactly the newest used input's header stamp.
     ages: input age in seconds per topic (None when never received usable data).
     masked: camera topics left out of this observation.
     """
 
     observation: Optional[Observation]
+    stamp_ns: int = 0
     reason: str = ""
     detail: str = ""
     ages: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
@@ -145,18 +155,19 @@ class ObservationAssembler:
         for latest in self.latest.values():
             latest.reset_after_s = seconds
 
-    def assemble(self, task: str, max_age_s: float, now_ros: float) -> Assembly:
+    def assemble(self, task: str, max_age_s: float, now_ros_ns: int) -> Assembly:
         """Build this tick's observation from fresh, usable inputs (see the module docstring).
 
         Args:
             task: prompt text.
             max_age_s: inputs older than this are not used.
-            now_ros: the node clock now, in seconds (compared with header stamps).
+            now_ros_ns: the node clock now, in nanoseconds (compared with header stamps).
         """
         now = self._clock()
+        now_ros = now_ros_ns / NS_PER_S
         assembly = Assembly(observation=None)
         images: Dict[str, np.ndarray] = {}
-        stamps: List[float] = []
+        stamps: List[int] = []
         for cam in self.cameras:
             convert = compressed_to_rgb if cam.compressed else image_to_rgb
             good, age = self._fresh(cam.topic, "image", convert, max_age_s, now, now_ros)
@@ -167,7 +178,7 @@ class ObservationAssembler:
                 self._counters.add("camera_masked")
                 continue
             images[cam.slot] = good.value
-            stamps.append(self._ros_stamp(good, now, now_ros))
+            stamps.append(self._ros_stamp(good, now, now_ros_ns))
         joints, age = self._fresh(JOINT_STATES_TOPIC, "joint", self._positions, max_age_s, now, now_ros)
         assembly.ages[JOINT_STATES_TOPIC] = age
         if joints is None:
@@ -185,8 +196,10 @@ class ObservationAssembler:
                 for topic, a in assembly.ages.items() if topic != JOINT_STATES_TOPIC
             ) + f" (max_observation_age_s {max_age_s:g})"
             return assembly
-        stamps.append(self._ros_stamp(joints, now, now_ros))
-        assembly.observation = Observation(images=images, state=joints.value, prompt=task, stamp=max(stamps))
+        stamps.append(self._ros_stamp(joints, now, now_ros_ns))
+        assembly.stamp_ns = max(stamps)
+        assembly.observation = Observation(images=images, state=joints.value, prompt=task,
+                                           stamp=assembly.stamp_ns / NS_PER_S)
         return assembly
 
     def current_positions(self) -> Optional[np.ndarray]:
@@ -226,11 +239,11 @@ class ObservationAssembler:
     @staticmethod
     def _age(good: _Good, now: float, now_ros: float) -> float:
         received_age = now - good.received
-        if good.stamp <= 0.0:
+        if good.stamp <= 0:
             return received_age
-        return max(received_age, now_ros - good.stamp)
+        return max(received_age, now_ros - good.stamp / NS_PER_S)
 
     @staticmethod
-    def _ros_stamp(good: _Good, now: float, now_ros: float) -> float:
-        """The input's header stamp, or its receive time on the node clock when unstamped."""
-        return good.stamp if good.stamp > 0.0 else now_ros - (now - good.received)
+    def _ros_stamp(good: _Good, now: float, now_ros_ns: int) -> int:
+        """The input's header stamp (ns), or its receive time on the node clock when unstamped."""
+        return good.stamp if good.stamp > 0 else now_ros_ns - int((now - good.received) * NS_PER_S)

@@ -87,7 +87,8 @@ class ParamSpec:
             descriptor.type = ParameterType.PARAMETER_NOT_SET
             descriptor.dynamic_typing = True
         if self.range is not None and self.type == ParameterType.PARAMETER_INTEGER:
-            descriptor.integer_range = [IntegerRange(from_value=int(self.range[0]), to_value=int(self.range[1]), step=1)]
+            low, high = int(self.range[0]), int(self.range[1])
+            descriptor.integer_range = [IntegerRange(from_value=low, to_value=high, step=1)]
         elif self.range is not None:
             descriptor.floating_point_range = [
                 FloatingPointRange(from_value=float(self.range[0]), to_value=float(self.range[1]), step=0.0)

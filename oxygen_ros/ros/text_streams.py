@@ -11,7 +11,7 @@ the stamp of the observation the request reads.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..engine.types import TextDelta
 
@@ -19,7 +19,7 @@ from ..engine.types import TextDelta
 @dataclasses.dataclass
 class _OpenRequest:
     kind: str
-    stamp: Optional[float] = None
+    stamp: Any = None  # builtin_interfaces/Time
     pieces: List[str] = dataclasses.field(default_factory=list)
 
 
@@ -28,7 +28,7 @@ class StreamUpdate:
     """What to publish for one delta."""
 
     delta: TextDelta
-    stamp: float  # stamp of the observation the request reads
+    stamp: Any  # builtin_interfaces/Time of the observation the request reads
     full_text: Optional[str]  # "[kind] text" once the request has finished, else None
 
 
@@ -50,7 +50,7 @@ class LanguageStreams:
         """Whether a request of ``kind`` is still queued or decoding."""
         return any(r.kind == kind for r in self._open.values())
 
-    def update(self, delta: TextDelta, frame_stamp: float) -> StreamUpdate:
+    def update(self, delta: TextDelta, frame_stamp: Any) -> StreamUpdate:
         """Account for ``delta``; ``frame_stamp`` is the stamp of the engine's newest frame."""
         request = self._open.setdefault(delta.request_id, _OpenRequest(delta.kind))
         if request.stamp is None:

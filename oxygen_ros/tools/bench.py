@@ -6,6 +6,14 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench realtime --rate-hz 60             # OxyGen under a 60 Hz timer
     oxygen-bench overload --requests-per-frame 8   # KV exhausted: refusals, action latency
     oxygen-bench soak --frames 20000               # KV and RSS drift over a long run
+    oxygen-bench action --preset pi05 --device cuda --dtype bfloat16 --cuda-graphs
+                                                   # prefill + chunk latency, 1/2/3 cameras
+    oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
+
+GPU fast path: ``--static-shapes`` runs the fixed-shape steps (engine/static_paths.py),
+``--cuda-graphs`` captures them in CUDA graphs, ``--gpu-preprocess`` resizes images on the device,
+``--init device`` draws random weights on the device (seconds for pi05). scripts/gpu_bench.sh runs
+the whole GPU measurement.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import numpy as np
 import torch
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
+from oxygen_ros.engine.frames import timed_action
 from oxygen_ros.engine.metrics import percentile
+from oxygen_ros.engine.scheduler import make_pool, make_runner
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
@@ -44,6 +54,10 @@ def _common(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument("--steps", type=int, default=10, help="flow-matching denoising steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write results as JSON here")
+    parser.add_argument("--static-shapes", action="store_true", help="fixed-shape prefill/action/decode steps")
+    parser.add_argument("--cuda-graphs", action="store_true", help="capture the fixed-shape steps in CUDA graphs (CUDA only)")
+    parser.add_argument("--gpu-preprocess", action="store_true", help="resize/scale images on the model device")
+    parser.add_argument("--init", default="cpu", choices=["cpu", "device"], help="where random weights are drawn")
 
 
 def _workload_args(parser: argparse.ArgumentParser, frames: int) -> None:
@@ -78,6 +92,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     _common(soak, "tiny")
     _workload_args(soak, 20_000)
     soak.add_argument("--rate-hz", type=float, default=30.0, help="deadline for miss counting (not paced)")
+    action = sub.add_parser("action", help="action path alone (prefill + chunk) for 1, 2, 3 cameras")
+    _common(action, "small")
+    action.add_argument("--repeats", type=int, default=30)
+    action.add_argument("--warmup", type=int, default=3)
+    action.add_argument("--camera-counts", type=int, nargs="+", default=[1, 2, 3])
+    action.add_argument("--no-dynamic", action="store_true", help="skip the eager (dynamic-shape) reference")
+    summary = sub.add_parser("summary", help="combine action/engines/realtime JSON of one run, check targets")
+    summary.add_argument("--dir", type=Path, required=True, help="folder with action.json, engines.json, realtime.json")
+    summary.add_argument("--json", type=Path, help="write the summary here (default DIR/summary.json)")
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["engines", *(argv or [])])
@@ -100,31 +123,47 @@ def _print_table(rows: List[Dict[str, object]], columns: List[str]) -> None:
 def _policy(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
-    return random_policy(args.preset, args.device, args.dtype, args.seed, action_dim=7)
+    return random_policy(args.preset, args.device, args.dtype, args.seed, action_dim=7, init=args.init)
+
+
+def _fast_path(args: argparse.Namespace) -> Dict[str, bool]:
+    """The EngineConfig switches of the GPU fast path given on the command line."""
+    return {"static_shapes": args.static_shapes, "cuda_graphs": args.cuda_graphs, "gpu_preprocess": args.gpu_preprocess}
+
+
+def _path_name(config: EngineConfig) -> str:
+    return "cuda-graphs" if config.cuda_graphs else "static" if config.static_shapes else "dynamic"
 
 
 def _write_json(path: Optional[Path], data: Dict[str, object]) -> None:
     if path:
-        path.write_text(json.dumps(data, indent=2))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str))
         print(f"wrote {path}")
 
 
 def bench_engines(args: argparse.Namespace) -> Dict[str, object]:
     policy = _policy(args)
     observations = synthetic_observations(args.cameras)
-    config = EngineConfig(num_steps=args.steps, decode_mode="fixed", decode_steps_per_frame=args.decode_steps, seed=args.seed)
+    config = EngineConfig(num_steps=args.steps, decode_mode="fixed", decode_steps_per_frame=args.decode_steps, seed=args.seed, **_fast_path(args))
     workload = Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens)
     print(
         f"workload: preset={args.preset} device={args.device} dtype={args.dtype} cameras={args.cameras} steps={args.steps} "
-        f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} frames={args.frames}+{args.warmup} warm-up"
+        f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} frames={args.frames}+{args.warmup} warm-up "
+        f"path={_path_name(config)}"
     )
     results: Dict[str, Dict[str, float]] = {}
+    errors: Dict[str, str] = {}
     for name in args.engines:
-        engine = make_engine(name, policy, config)
-        try:
-            results[name] = run_frames(engine, observations, workload)
-        finally:
-            engine.close()
+        try:  # one engine failing (e.g. on a new GPU) must not cost the others' numbers
+            engine = make_engine(name, policy, config)
+            try:
+                results[name] = run_frames(engine, observations, workload)
+            finally:
+                engine.close()
+        except Exception as exc:  # noqa: BLE001 - reported in the table and the JSON
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {errors[name]}", file=sys.stderr)
     base = results.get("isolated-sequential", {}).get("frames_per_s")
     rows = []
     for name, r in results.items():
@@ -134,9 +173,9 @@ def bench_engines(args: argparse.Namespace) -> Dict[str, object]:
     checks = _oxygen_checks(args, policy, config, observations, workload, results)
     for line in checks.pop("lines"):
         print(line)
-    out = {"workload": vars(args) | {"json": str(args.json), "plot": str(args.plot)}, "engines": results, "checks": checks}
+    out = {"workload": vars(args) | {"json": str(args.json), "plot": str(args.plot)}, "engines": results, "errors": errors, "checks": checks}
     _write_json(args.json, out)
-    if args.plot:
+    if args.plot and results:
         _plot(results, args.plot)
     return out
 
@@ -235,21 +274,71 @@ def bench_model(args: argparse.Namespace) -> Dict[str, object]:
 
 
 def _engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
-    return EngineConfig(num_steps=args.steps, seed=args.seed, decode_steps_per_frame=args.decode_steps, default_max_tokens=args.tokens, **overrides)
+    return EngineConfig(
+        num_steps=args.steps, seed=args.seed, decode_steps_per_frame=args.decode_steps, default_max_tokens=args.tokens, **_fast_path(args), **overrides
+    )
 
 
 def bench_realtime(args: argparse.Namespace) -> Dict[str, object]:
     policy = _policy(args)
+    cuda = policy.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()  # not the weight-init scratch: weights + KV + run
     engine = OxygenEngine(policy, _engine_config(args, decode_mode="deadline", max_active_requests=32))
     try:
         result = run_realtime(engine, synthetic_observations(args.cameras), Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens), args.rate_hz)
+        result["path"] = _path_name(engine.config)
+        result["kv_capacity_bytes"] = engine.memory()["capacity_bytes"]
     finally:
         engine.close()
-    if policy.device.type == "cuda":
+    result["weight_bytes"] = weight_bytes(policy)
+    if cuda:
         result["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
     _print_table([result], list(result))
     _write_json(args.json, result)
     return result
+
+
+def bench_action(args: argparse.Namespace) -> Dict[str, object]:
+    """Latency of the action path alone, observation in, robot actions on the host out: host
+    preprocessing, upload, prefill (KV into the pool) and the denoised chunk, per camera count."""
+    policy = _policy(args)
+    fast = EngineConfig(num_steps=args.steps, seed=args.seed, **_fast_path(args))
+    configs = [fast] if args.no_dynamic or not fast.uses_static_paths else [EngineConfig(num_steps=args.steps, seed=args.seed), fast]
+    rows = []
+    for cameras in args.camera_counts:
+        observations = synthetic_observations(cameras)
+        for config in configs:
+            pool = make_pool(policy, config)
+            runner = make_runner(policy, pool, config)
+            if runner is not None:
+                runner.warm_up(observations[0], num_steps=config.num_steps)
+            total: List[float] = []
+            prefill: List[float] = []
+            action: List[float] = []
+            for i in range(args.warmup + args.repeats):
+                start = time.perf_counter()
+                frame, chunk = timed_action(policy, pool, observations[i % len(observations)], i, config.seed, config.num_steps, time.perf_counter, runner)
+                elapsed = (time.perf_counter() - start) * 1e3
+                pool.release(frame.segment)
+                if i >= args.warmup:
+                    total.append(elapsed)
+                    prefill.append(chunk.prefill_ms)
+                    action.append(chunk.action_ms)
+            rows.append({
+                "cameras": cameras,
+                "path": _path_name(config),
+                "p50_ms": percentile(total, 50),
+                "p99_ms": percentile(total, 99),
+                "prefill_p50_ms": percentile(prefill, 50),
+                "chunk_p50_ms": percentile(action, 50),
+                "repeats": args.repeats,
+            })
+    print(f"action path: preset={args.preset} device={args.device} dtype={args.dtype} steps={args.steps} (observation -> robot actions on the host)")
+    _print_table(rows, ["cameras", "path", "p50_ms", "p99_ms", "prefill_p50_ms", "chunk_p50_ms", "repeats"])
+    out = {"preset": args.preset, "device": args.device, "dtype": args.dtype, "rows": rows}
+    _write_json(args.json, out)
+    return out
 
 
 def bench_overload(args: argparse.Namespace) -> Dict[str, object]:
@@ -337,7 +426,71 @@ def bench_soak(args: argparse.Namespace) -> Dict[str, object]:
     return result
 
 
-COMMANDS = {"engines": bench_engines, "model": bench_model, "realtime": bench_realtime, "overload": bench_overload, "soak": bench_soak}
+# Issue 6 targets on one H200 with the pi05 preset.
+TARGETS = {
+    "action_2cam_p99_ms": 10.0,
+    "oxygen_speedup_vs_isolated": 3.7,
+    "realtime_frames_per_s": 60.0,
+    "realtime_p99_frame_ms": 1000.0 / 60.0,
+    "realtime_tokens_per_s": 1000.0,
+    "realtime_mean_active_requests": 8.0,
+}
+
+
+def bench_summary(args: argparse.Namespace) -> Dict[str, object]:
+    """One table from the three GPU measurements, each figure next to its target."""
+
+    def load(name: str) -> Optional[Dict[str, object]]:
+        path = args.dir / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    action, engines, realtime = load("action"), load("engines"), load("realtime")
+    figures: Dict[str, object] = {}
+    if action:
+        for row in action["rows"]:
+            figures[f"action_{row['cameras']}cam_{row['path']}_p50_ms"] = row["p50_ms"]
+            figures[f"action_{row['cameras']}cam_{row['path']}_p99_ms"] = row["p99_ms"]
+        fast = [r for r in action["rows"] if r["cameras"] == 2 and r["path"] != "dynamic"] or [r for r in action["rows"] if r["cameras"] == 2]
+        if fast:
+            figures["action_2cam_p99_ms"] = fast[-1]["p99_ms"]
+    if engines:
+        for name, r in engines["engines"].items():
+            figures[f"engines_{name}_frames_per_s"] = r["frames_per_s"]
+            figures[f"engines_{name}_tokens_per_s"] = r["tokens_per_s"]
+            figures[f"engines_{name}_speedup_vs_isolated"] = r.get("speedup_vs_isolated")
+        if "oxygen" in engines["engines"]:
+            figures["oxygen_speedup_vs_isolated"] = engines["engines"]["oxygen"].get("speedup_vs_isolated")
+        for name, error in engines.get("errors", {}).items():
+            figures[f"engines_{name}_error"] = error
+    if realtime:
+        for key in ("frames_per_s", "p99_frame_ms", "deadline_misses", "tokens_per_s", "mean_active_requests", "max_active_requests", "peak_gpu_memory_bytes"):
+            if key in realtime:
+                figures[f"realtime_{key}"] = realtime[key]
+    checks = {}
+    for key, target in TARGETS.items():
+        value = figures.get(key)
+        if isinstance(value, (int, float)) and value == value:
+            higher_is_better = not key.endswith("_ms")
+            checks[key] = {"value": value, "target": target, "met": value >= target if higher_is_better else value <= target}
+    print(f"summary of {args.dir} (targets: issue 6, pi05 on one H200)")
+    _print_table([{"figure": k, "value": v} for k, v in figures.items()], ["figure", "value"])
+    for key, check in checks.items():
+        sign = ">=" if not key.endswith("_ms") else "<="
+        print(f"  {'MET ' if check['met'] else 'MISS'} {key} = {check['value']:.2f} (target {sign} {check['target']:.1f})")
+    out = {"figures": figures, "targets": checks}
+    _write_json(args.json or args.dir / "summary.json", out)
+    return out
+
+
+COMMANDS = {
+    "engines": bench_engines,
+    "model": bench_model,
+    "realtime": bench_realtime,
+    "overload": bench_overload,
+    "soak": bench_soak,
+    "action": bench_action,
+    "summary": bench_summary,
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

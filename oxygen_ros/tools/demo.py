@@ -252,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"oxygen-demo: the node did not come up; last lines of {log_path}:", file=sys.stderr)
             print("".join(log_path.read_text().splitlines(True)[-15:]), file=sys.stderr)
             return 1
-        print(f"oxygen-demo: node ready; playing {bag.name} ({player.duration_s:.1f} s)")
+        print(f"oxygen-demo: node ready; playing {bag.name} ({player.duration_s:.1f} s). The model has random "
+              "weights: its actions and text are meaningless, the timing is real.")
         started = time.monotonic()
         reporter_stop = threading.Event()
         reporter = threading.Thread(target=_report, args=(monitor, started, reporter_stop), daemon=True)

@@ -186,19 +186,25 @@ def random_policy(
     seed: int = 0,
     action_dim: Optional[int] = None,
     tokenizer_dir: Optional[Path] = None,
+    init: str = "cpu",
 ):
     """A random-weight policy of any preset built in memory (benchmarks; nothing written but a
     tiny tokenizer, cached in ``tokenizer_dir``).
 
     Presets with PaliGemma's vocabulary get the 512-piece tiny tokenizer too: text then only uses
     its first 512 ids, which changes nothing about the cost of a decode step.
+
+    init: "cpu" draws the weights on the CPU (identical on every device; minutes for ``pi05``);
+    "device" draws them where the model lives (seconds on a GPU; other values than "cpu").
     """
     from oxygen_ros.model.policy import Pi05Policy
     from oxygen_ros.model.tokenizer import Pi05Tokenizer
 
+    if init not in ("cpu", "device"):
+        raise ValueError(f"init must be 'cpu' or 'device', got {init!r}")
     config = get_preset(preset)
     model = build_model(config, device, as_dtype(dtype))
-    init_random_weights(model, seed)
+    init_random_weights(model, seed, on_device=init == "device")
     vocab = min(config.vocab_size, 512)
     tokenizer_dir = Path(tokenizer_dir or Path.home() / ".cache" / "oxygen_ros")
     path = tokenizer_dir / f"tiny_tokenizer_{vocab}.model"

@@ -1,0 +1,496 @@
+"""Fixed-shape versions of the engine's model calls: prefill, action chunk, text step.
+
+The eager paths (``frames``, ``language``) size every tensor to the data: the prompt's length, the
+present cameras, the longest request in the batch. That is ideal on a CPU and fatal for CUDA graphs,
+which replay fixed kernels on fixed addresses. Each class below owns preallocated input and output
+buffers for one *shape bucket* and a ``run`` that reads and writes only those buffers and the KV
+pool, with no host sync anywhere; `GraphedStep` runs it eagerly (CPU, tests) or captures it once in
+a CUDA graph and replays it. Tests check every path against its dynamic counterpart on CPU.
+
+* `StaticPrefill` (present image slots, prompt bucket): SigLIP on the present slots only (a static
+  slot list, so no ``nonzero``), the backbone over [images, prompt padded to the bucket] with an
+  explicit mask, and the K/V written straight into the frame's pool segment *inside* the step:
+  valid columns go to the segment's slots, padding columns to the pool's scratch slots. The prefix
+  is thus written once, where every task reads it, with no staging copy.
+* `StaticActionChunk` (context bucket, steps): gathers the prefix K/V from the pool by slot index,
+  then runs all flow-matching Euler steps on a precomputed float32 time schedule.
+* `StaticTextStep` (batch bucket B, new-token bucket T, context bucket C): gathers each row's
+  context (frame prefix + its own tokens, any frames) from the pool by slot index, runs T new tokens
+  per row, writes their K/V into the pool (``index_copy_``) and produces logits of each row's last
+  new token and the greedy token. T = 1 is the decode step; T > 1 prefills a kind's prompt text at
+  admission. Padding rows feed token 0 from an empty context and write to scratch: harmless.
+
+All integer inputs of a step are packed into one int64 buffer (one upload per call) and masks are
+derived from lengths on the device. `StaticRunner` owns the buckets of one KV pool, packs inputs on
+the host, uploads them through pinned memory, and creates (and on CUDA captures) a bucket on first
+use or in `StaticRunner.warm_up`.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import math
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model.config import IMAGE_SLOTS
+from ..model.mot import KVContext, Stream, joint_forward
+from ..model.pi05 import Pi05Model, flow_schedule
+from ..model.policy import Pi05Policy
+from ..model.preprocess import resize_with_pad, to_model_range
+from ..model.preprocess_torch import resize_with_pad_torch
+from .cuda_graphs import GraphedStep, HostStager, new_graph_pool
+from .kv_cache import KVPool, KVSegment
+from .types import Observation
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+GraphPool = Optional[Tuple[int, int]]
+
+
+def round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n; ValueError when n exceeds the largest."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def prompt_buckets(max_token_len: int) -> Tuple[int, ...]:
+    """Powers of two from 16 below max_token_len, then max_token_len (pi05: 16 32 64 128 200)."""
+    buckets = [b for b in (16, 32, 64, 128, 256, 512, 1024) if b < max_token_len]
+    return tuple(buckets) + (max_token_len,)
+
+
+class PackedInts:
+    """Named int64 inputs of one step in one device buffer, mirrored by a host array to fill."""
+
+    def __init__(self, fields: Sequence[Tuple[str, Tuple[int, ...]]], device: torch.device) -> None:
+        sizes = [math.prod(shape) for _, shape in fields]
+        self.host = np.zeros(sum(sizes), dtype=np.int64)
+        self.device = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
+        self.views: Dict[str, Tensor] = {}
+        self.host_views: Dict[str, np.ndarray] = {}
+        start = 0
+        for (name, shape), size in zip(fields, sizes):
+            self.views[name] = self.device[start : start + size].view(shape)
+            self.host_views[name] = self.host[start : start + size].reshape(shape)
+            start += size
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.views[name]
+
+
+class _LayerGather(collections.abc.Sequence):
+    """``source[layer][index]`` computed when a layer asks for it, so a text step holds one layer's
+    gathered context at a time instead of all of them."""
+
+    def __init__(self, source: Tensor, index: Tensor) -> None:
+        self.source, self.index = source, index
+
+    def __len__(self) -> int:
+        return self.source.shape[0]
+
+    def __getitem__(self, layer: int) -> Tensor:  # type: ignore[override]
+        return self.source[layer][self.index]
+
+
+class _StaticStep:
+    """Buffers + a sync-free ``_forward`` + the graph wrapper."""
+
+    def __init__(self, model: Pi05Model, pool: KVPool, use_graph: bool, graph_pool: GraphPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = pool.keys.device
+        self.step = GraphedStep(self._forward, self.device, use_graph, graph_pool)
+
+    def __call__(self) -> None:
+        self.step()
+
+    def _forward(self) -> None:
+        raise NotImplementedError
+
+    def _write_kv(self, keys: Sequence[Tensor], values: Sequence[Tensor], slots: Tensor) -> None:
+        """Write per-layer new K/V [B, T, KVH, D] to pool ``slots`` [B * T] (all layers, one op)."""
+        pool = self.pool
+        k = torch.stack(list(keys)).flatten(1, 2).to(pool.keys.dtype)  # [L, B*T, KVH, D]
+        v = torch.stack(list(values)).flatten(1, 2).to(pool.values.dtype)
+        pool.keys.index_copy_(1, slots, k)
+        pool.values.index_copy_(1, slots, v)
+
+
+class StaticPrefill(_StaticStep):
+    """Prefix of one observation with the image slots ``slots`` present and the prompt padded to
+    ``prompt_len``: S = len(slots) * image_tokens + prompt_len columns, K/V written to the pool."""
+
+    def __init__(self, model: Pi05Model, pool: KVPool, images: Tensor, slots: Tuple[int, ...], prompt_len: int, use_graph: bool, graph_pool: GraphPool) -> None:
+        cfg = model.config
+        self.slots = slots
+        self.prompt_len = prompt_len
+        self.image_columns = len(slots) * cfg.image_tokens
+        self.columns = self.image_columns + prompt_len
+        device = pool.keys.device
+        self.images = images  # [n_present, 3, size, size] float32 in [-1, 1], shared per slot set
+        self.inputs = PackedInts([("tokens", (1, prompt_len)), ("write", (self.columns,)), ("n_tokens", (1,))], device)
+        self.last_hidden = torch.zeros(1, cfg.backbone.width, dtype=model.compute_dtype, device=device)
+        self._token_index = torch.arange(prompt_len, device=device)
+        self._image_valid = torch.ones(1, self.image_columns, dtype=torch.bool, device=device)
+        super().__init__(model, pool, use_graph, graph_pool)
+
+    def _forward(self) -> None:
+        model = self.model
+        pg = model.paligemma_with_expert.paligemma.model
+        n_tokens = self.inputs["n_tokens"]
+        features = pg.multi_modal_projector(pg.vision_tower(self.images))  # [n, patches, width]
+        image_emb = features.to(model.compute_dtype).reshape(1, self.image_columns, -1)
+        embs = torch.cat([image_emb, model.embed_tokens(self.inputs["tokens"])], dim=1)
+        valid = torch.cat([self._image_valid, self._token_index[None] < n_tokens[:, None]], dim=1)
+        positions = valid.long().cumsum(dim=1) - 1  # padding is at the end: valid positions unchanged
+        allowed = valid[:, None, :].expand(-1, self.columns, -1)
+        out = joint_forward([Stream(model.backbone, embs)], positions, allowed, None, model.config.rope_base, dense_mask=False)
+        self._write_kv(out.keys, out.values, self.inputs["write"])
+        last = n_tokens + (self.image_columns - 1)  # index of the last valid column, [1]
+        self.last_hidden.copy_(out.hidden[0][0].index_select(0, last))
+
+
+class StaticActionChunk(_StaticStep):
+    """Action chunk over a prefix of up to ``context`` tokens read from the pool by slot index."""
+
+    def __init__(self, model: Pi05Model, pool: KVPool, context: int, num_steps: int, use_graph: bool, graph_pool: GraphPool) -> None:
+        cfg = model.config
+        device = pool.keys.device
+        self.context = context
+        self.inputs = PackedInts([("gather", (context,)), ("n_valid", (1,))], device)
+        self.noise = torch.zeros(1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device)
+        self.actions = torch.zeros_like(self.noise)
+        self._times = torch.stack(flow_schedule(num_steps)).to(device)  # openpi's float32 accumulation
+        self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
+        self._context_index = torch.arange(context, device=device)
+        self._horizon_index = torch.arange(cfg.action_horizon, device=device)
+        self._actions_see_actions = torch.ones(1, cfg.action_horizon, cfg.action_horizon, dtype=torch.bool, device=device)
+        super().__init__(model, pool, use_graph, graph_pool)
+
+    def _forward(self) -> None:
+        model, pool = self.model, self.pool
+        gather, n_valid = self.inputs["gather"], self.inputs["n_valid"]
+        keys = pool.keys[:, gather][:, None]  # [L, 1, C, KVH, D]: read once, used by every step
+        values = pool.values[:, gather][:, None]
+        valid = self._context_index[None] < n_valid[:, None]  # [1, C]
+        context = KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
+        horizon = self._horizon_index.shape[0]
+        positions = n_valid[:, None] + self._horizon_index[None]
+        allowed = torch.cat([valid[:, None, :].expand(1, horizon, -1), self._actions_see_actions], dim=2)
+        x_t = self.noise
+        for i in range(self._times.shape[0]):
+            stream = Stream(model.expert, model.embed_actions(x_t), model.time_condition(self._times[i : i + 1]))
+            out = joint_forward([stream], positions, allowed, context, model.config.rope_base, dense_mask=False)
+            x_t = x_t + self._dt * model.velocity(out.hidden[0])
+        self.actions.copy_(x_t)
+
+
+class StaticTextStep(_StaticStep):
+    """``batch`` rows of ``new_tokens`` text tokens over contexts of up to ``context`` pool slots."""
+
+    def __init__(self, model: Pi05Model, pool: KVPool, batch: int, new_tokens: int, context: int, vocab_limit: int, use_graph: bool, graph_pool: GraphPool) -> None:
+        device = pool.keys.device
+        self.batch, self.new_tokens, self.context = batch, new_tokens, context
+        self.vocab_limit = vocab_limit  # greedy picks only ids the tokenizer can decode
+        self.inputs = PackedInts(
+            [
+                ("gather", (batch, context)),
+                ("tokens", (batch, new_tokens)),
+                ("write", (batch * new_tokens,)),
+                ("context_len", (batch,)),
+                ("new_len", (batch,)),
+                ("first_pos", (batch,)),
+            ],
+            device,
+        )
+        self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, device=device)
+        self.greedy = torch.zeros(batch, dtype=torch.int64, device=device)
+        self._context_index = torch.arange(context, device=device)
+        self._new_index = torch.arange(new_tokens, device=device)
+        self._causal = torch.ones(new_tokens, new_tokens, dtype=torch.bool, device=device).tril()
+        super().__init__(model, pool, use_graph, graph_pool)
+
+    def _forward(self) -> None:
+        model, pool = self.model, self.pool
+        x = self.inputs
+        b, t = self.batch, self.new_tokens
+        context_valid = self._context_index[None] < x["context_len"][:, None]  # [B, C]
+        new_valid = self._new_index[None] < x["new_len"][:, None]  # [B, T]
+        context = KVContext(_LayerGather(pool.keys, x["gather"]), _LayerGather(pool.values, x["gather"]), context_valid)
+        positions = x["first_pos"][:, None] + self._new_index[None]
+        own = self._causal[None] & new_valid[:, None, :]
+        allowed = torch.cat([context_valid[:, None, :].expand(b, t, -1), own], dim=2)
+        out = joint_forward([Stream(model.backbone, model.embed_tokens(x["tokens"]))], positions, allowed, context, model.config.rope_base, dense_mask=False)
+        self._write_kv(out.keys, out.values, x["write"])
+        hidden = out.hidden[0]
+        last = (x["new_len"] - 1)[:, None, None].expand(b, 1, hidden.shape[-1])
+        logits = model.logits(hidden.gather(1, last)[:, 0])
+        self.logits.copy_(logits)
+        self.greedy.copy_(logits[:, : self.vocab_limit].argmax(dim=-1))
+
+
+@dataclasses.dataclass
+class TextRow:
+    """One request's part of a text step."""
+
+    context: Sequence[Tuple[KVSegment, int]]  # (segment, tokens) pieces read, in order
+    tokens: Sequence[int]  # new tokens fed this step
+    position: int  # RoPE position of the first new token
+    target: KVSegment  # the new tokens' K/V are appended here
+
+
+class StaticRunner:
+    """The static paths of one KV pool: buckets created on first use, inputs packed and uploaded.
+
+    Args:
+        policy: the model and its tokenizer/normalisation.
+        pool: the engine's KV pool; needs scratch slots (``make_pool`` adds them).
+        cuda_graphs: capture every bucket in a CUDA graph (policy on a CUDA device only).
+        gpu_preprocess: resize and scale images on the model's device (`resize_with_pad_torch`)
+            instead of openpi's PIL path on the host.
+        context_bucket: text and action contexts are padded to a multiple of this many tokens.
+        batch_buckets: batch sizes of text steps; larger batches run in several steps.
+    """
+
+    def __init__(
+        self,
+        policy: Pi05Policy,
+        pool: KVPool,
+        *,
+        cuda_graphs: bool = False,
+        gpu_preprocess: bool = False,
+        context_bucket: int = 128,
+        batch_buckets: Sequence[int] = BATCH_BUCKETS,
+    ) -> None:
+        device = policy.device
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(
+                f"cuda_graphs=True needs the model on a CUDA device, but it is on {device}; "
+                "use static_shapes=True alone to run the fixed-shape paths without graphs"
+            )
+        if pool.scratch_tokens < 1:
+            raise ValueError("static paths need a KV pool with scratch slots (KVPool(scratch_tokens=...))")
+        if context_bucket < 1 or not batch_buckets:
+            raise ValueError("context_bucket must be >= 1 and batch_buckets non-empty")
+        self.policy = policy
+        self.model = policy.model
+        self.pool = pool
+        self.device = device
+        self.cuda_graphs = cuda_graphs
+        self.gpu_preprocess = gpu_preprocess
+        self.context_bucket = context_bucket
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.prompt_buckets = prompt_buckets(policy.config.max_token_len)
+        self._graph_pool = new_graph_pool(device, cuda_graphs)
+        self._stager = HostStager(device)
+        self._images: Dict[Tuple[int, ...], Tensor] = {}
+        self._prefills: Dict[Tuple[Tuple[int, ...], int], StaticPrefill] = {}
+        self._actions: Dict[Tuple[int, int], StaticActionChunk] = {}
+        self._texts: Dict[Tuple[int, int, int], StaticTextStep] = {}
+
+    # -- buckets ---------------------------------------------------------------------------------
+    @property
+    def num_paths(self) -> int:
+        return len(self._prefills) + len(self._actions) + len(self._texts)
+
+    def _image_buffer(self, slots: Tuple[int, ...]) -> Tensor:
+        if slots not in self._images:
+            size = self.policy.config.vision.image_size
+            self._images[slots] = torch.zeros(len(slots), 3, size, size, dtype=torch.float32, device=self.device)
+        return self._images[slots]
+
+    def prefill_path(self, slots: Tuple[int, ...], prompt_len: int) -> StaticPrefill:
+        key = (slots, bucket_for(prompt_len, self.prompt_buckets))
+        if key not in self._prefills:
+            self._prefills[key] = StaticPrefill(self.model, self.pool, self._image_buffer(slots), slots, key[1], self.cuda_graphs, self._graph_pool)
+        return self._prefills[key]
+
+    def action_path(self, prefix_len: int, num_steps: int) -> StaticActionChunk:
+        key = (round_up(prefix_len, self.context_bucket), num_steps)
+        if key not in self._actions:
+            self._actions[key] = StaticActionChunk(self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool)
+        return self._actions[key]
+
+    def text_path(self, batch: int, new_tokens: int, context: int) -> StaticTextStep:
+        key = (bucket_for(batch, self.batch_buckets), next_power_of_two(new_tokens), round_up(context, self.context_bucket))
+        if key not in self._texts:
+            vocab = min(self.policy.tokenizer.vocab_size, self.model.config.vocab_size)
+            self._texts[key] = StaticTextStep(self.model, self.pool, *key, vocab, self.cuda_graphs, self._graph_pool)
+        return self._texts[key]
+
+    def _upload(self, name: str, packed: PackedInts) -> None:
+        self._stager.upload(name, packed.host, packed.device)
+
+    def synchronize(self) -> None:
+        """Wait for the device (CUDA) so that host timings attribute work to the right phase."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    # -- prefill -----------------------------------------------------------------------------------
+    def stage_images(self, observation: Observation) -> Tuple[int, ...]:
+        """Preprocess and upload the observation's images into the buffer of its slot set."""
+        slots = self.policy.present_slots(observation.images)
+        buffer = self._image_buffer(slots)
+        size = self.policy.config.vision.image_size
+        if self.gpu_preprocess:
+            for i, slot in enumerate(slots):
+                raw = self._stager.to_device(f"raw {i}", np.asarray(observation.images[IMAGE_SLOTS[slot]]))
+                resize_with_pad_torch(raw, size, size, out=buffer[i : i + 1])
+        else:  # openpi's PIL path on the host, one pinned upload
+            pixels = np.stack([to_model_range(resize_with_pad(observation.images[IMAGE_SLOTS[s]], size, size)) for s in slots])
+            self._stager.upload(f"images {slots}", pixels, buffer)
+        return slots
+
+    def prefill(self, observation: Observation, owner: str) -> Tuple[KVSegment, Tensor]:
+        """Encode an observation into a new pool segment (one reference, held by the caller).
+
+        Returns the segment and the last prefix token's final-normed hidden state [width].
+        """
+        slots = self.stage_images(observation)  # the upload overlaps the tokenization below
+        tokens, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
+        n_tokens = int(mask.sum())
+        path = self.prefill_path(slots, n_tokens)
+        n_valid = path.image_columns + n_tokens
+        segment = self.pool.allocate(n_valid, owner)
+        try:
+            host = path.inputs.host_views
+            host["tokens"][0, :n_tokens] = tokens[:n_tokens]
+            host["tokens"][0, n_tokens:] = 0
+            host["write"][:n_valid] = self.pool.claim(segment, n_valid)
+            host["write"][n_valid:] = self.pool.scratch_slots(path.columns - n_valid)
+            host["n_tokens"][0] = n_tokens
+            self._upload("prefill", path.inputs)
+            path()
+        except BaseException:
+            self.pool.release(segment)
+            raise
+        return segment, path.last_hidden[0].clone()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Tensor:
+        """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32."""
+        n_valid = prefix.length
+        path = self.action_path(n_valid, num_steps)
+        host = path.inputs.host_views
+        host["gather"][:n_valid] = self.pool.host_slots(prefix, 0, n_valid)
+        host["gather"][n_valid:] = self.pool.scratch_start
+        host["n_valid"][0] = n_valid
+        self._upload("action", path.inputs)
+        path.noise.copy_(noise.reshape(path.noise.shape))
+        path()
+        return path.actions[0].clone()
+
+    # -- text --------------------------------------------------------------------------------------
+    def text(self, rows: Sequence[TextRow], want_logits: Optional[Sequence[bool]] = None) -> Tuple[np.ndarray, Dict[int, Tensor]]:
+        """Feed each row's new tokens, append their K/V to the row's target segment.
+
+        Returns the greedy next token of every row (host int64 [rows]) and float32 logits [vocab]
+        of the rows flagged in ``want_logits`` (for sampling with a temperature).
+        """
+        greedy = np.zeros(len(rows), dtype=np.int64)
+        logits: Dict[int, Tensor] = {}
+        for start, chunk in self._chunks(rows):
+            path = self._run_text(chunk)
+            greedy[start : start + len(chunk)] = path.greedy[: len(chunk)].cpu().numpy()
+            for i in range(len(chunk)):
+                if want_logits is not None and want_logits[start + i]:
+                    logits[start + i] = path.logits[i].clone()
+        return greedy, logits
+
+    def _chunks(self, rows: Sequence[TextRow]) -> Iterator[Tuple[int, Sequence[TextRow]]]:
+        largest = self.batch_buckets[-1]
+        for start in range(0, len(rows), largest):
+            yield start, rows[start : start + largest]
+
+    def _run_text(self, rows: Sequence[TextRow]) -> StaticTextStep:
+        pool = self.pool
+        reads = [np.concatenate([pool.host_slots(seg, 0, n) for seg, n in row.context]) for row in rows]
+        path = self.text_path(len(rows), max(len(r.tokens) for r in rows), max(len(r) for r in reads))
+        host = path.inputs.host_views
+        t = path.new_tokens
+        host["gather"][:] = pool.scratch_start
+        host["tokens"][:] = 0
+        host["write"][:] = pool.scratch_slots(path.batch * t)
+        host["context_len"][:] = 0
+        host["new_len"][:] = 1  # padding rows: one token over an empty context, K/V to scratch
+        host["first_pos"][:] = 0
+        for i, (row, read) in enumerate(zip(rows, reads)):
+            n = len(row.tokens)
+            host["gather"][i, : len(read)] = read
+            host["context_len"][i] = len(read)
+            host["tokens"][i, :n] = row.tokens
+            host["new_len"][i] = n
+            host["first_pos"][i] = row.position
+            host["write"][i * t : i * t + n] = pool.claim(row.target, n)
+        self._upload("text", path.inputs)
+        path()
+        return path
+
+    # -- capture ahead of time -----------------------------------------------------------------------
+    def warm_up(
+        self,
+        observation: Observation,
+        *,
+        num_steps: Optional[int],
+        max_batch: int = 0,
+        text_tokens: int = 0,
+        attach_tokens: Sequence[int] = (),
+    ) -> int:
+        """Create (and on CUDA capture) the buckets a workload like ``observation`` will use, so no
+        capture lands inside a real-time frame: every bucket runs once on harmless inputs that read
+        and write only scratch slots. Returns the number of buckets created.
+
+        num_steps: the action chunk's steps (None: this runner only prefills). max_batch: the most
+        concurrent text rows. text_tokens: tokens a request appends after admission (its prompt
+        plus generated ones). attach_tokens: lengths of the kind prompts prefilled at admission.
+        """
+        before = self.num_paths
+        pool = self.pool
+        slots = self.policy.present_slots(observation.images)
+        _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
+        prefill = self.prefill_path(slots, int(mask.sum()))
+        n_valid = prefill.image_columns + int(mask.sum())
+        host = prefill.inputs.host_views
+        host["tokens"][:] = 0
+        host["write"][:] = pool.scratch_slots(prefill.columns)
+        host["n_tokens"][0] = prefill.prompt_len
+        self._upload("prefill", prefill.inputs)
+        prefill()
+        if num_steps is not None:
+            action = self.action_path(n_valid, num_steps)
+            action.inputs.host_views["gather"][:] = pool.scratch_start
+            action.inputs.host_views["n_valid"][0] = 1
+            self._upload("action", action.inputs)
+            action()
+        if max_batch > 0:
+            batches = [b for b in self.batch_buckets if b <= bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)]
+            contexts = range(round_up(n_valid, self.context_bucket), round_up(n_valid + text_tokens, self.context_bucket) + 1, self.context_bucket)
+            shapes = {(b, 1, c) for b in batches for c in contexts}
+            shapes |= {(b, k, n_valid) for b in batches for k in attach_tokens}
+            for batch, new_tokens, context in sorted(shapes):
+                path = self.text_path(batch, new_tokens, context)
+                host = path.inputs.host_views
+                host["gather"][:] = pool.scratch_start
+                host["tokens"][:] = 0
+                host["write"][:] = pool.scratch_slots(path.batch * path.new_tokens)
+                host["context_len"][:] = 0
+                host["new_len"][:] = 1
+                host["first_pos"][:] = 0
+                self._upload("text", path.inputs)
+                path()
+        self.synchronize()
+        return self.num_paths - before

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The GPU measurement of issue 6: pi0.5 (random weights, pi05 preset) with the OxyGen engine on the
+# static-shape + CUDA-graph fast path. Run from anywhere on a machine with an NVIDIA GPU:
+#
+#     bash scripts/gpu_bench.sh                       # ~2-3 min on one H200, prints everything
+#
+# It installs NOTHING: it needs a Python whose torch has CUDA, plus this repo's Python dependencies
+# (numpy, sentencepiece, pillow, safetensors). The interpreter is $PYTHON if set, else the repo's
+# .venv/bin/python if present, else python3. Do not use scripts/setup_env.sh to make that
+# environment on the GPU machine: it installs a CPU-only torch.
+#
+# Steps (each a `python -m oxygen_ros.tools.bench` subcommand, JSON + log under $OUT):
+#   1. action    action path alone (observation -> prefill -> 10-step chunk -> robot actions on the
+#                host), p50/p99 ms for 1, 2, 3 cameras; eager dynamic path vs. fast path
+#   2. engines   the paper's workload (1 request/frame, 30 tokens, k=5, 10 steps, 2 cameras) for every
+#                engine: frames/s, tokens/s, ratio to isolated-sequential
+#   3. realtime  OxyGen under a 60 Hz timer, 2 cameras, a new narration every frame: achieved rate, p99
+#                frame latency, deadline misses, tokens/s, concurrent requests, peak GPU memory
+#   4. summary   all figures side by side with the issue's targets -> $OUT/summary.json
+# A failing step is reported and the others still run; the exit status is non-zero if any failed.
+#
+# Environment overrides (defaults in brackets):
+#   PYTHON  interpreter [.venv/bin/python or python3]     OUT       output folder [/tmp/oxygen_gpu_bench]
+#   PRESET  model preset [pi05]     DEVICE [cuda]     DTYPE [bfloat16]     INIT  weight init [device]
+#   FRAMES  engines: measured frames per engine [50]  WARMUP    engines: warm-up frames [10]
+#   REPEATS action: timed runs per camera count [FRAMES]
+#   RT_FRAMES realtime: measured ticks [12*FRAMES]    RT_WARMUP realtime: warm-up ticks [6*WARMUP]
+#   FAST_FLAGS fast-path flags [--static-shapes --cuda-graphs --gpu-preprocess; no graphs off CUDA]
+#   STEP_TIMEOUT seconds per step [240]
+# CPU dry run (what test/test_gpu_bench_script.py runs):
+#   PRESET=tiny DEVICE=cpu DTYPE=float32 FRAMES=5 bash scripts/gpu_bench.sh
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ -n "${PYTHON:-}" ]]; then
+    PY="$PYTHON"
+elif [[ -x .venv/bin/python ]]; then
+    PY=.venv/bin/python
+else
+    PY=python3
+fi
+PRESET=${PRESET:-pi05}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bfloat16}
+INIT=${INIT:-device}
+FRAMES=${FRAMES:-50}
+WARMUP=${WARMUP:-10}
+REPEATS=${REPEATS:-$FRAMES}
+RT_FRAMES=${RT_FRAMES:-$((12 * FRAMES))}
+RT_WARMUP=${RT_WARMUP:-$((6 * WARMUP))}
+OUT=${OUT:-/tmp/oxygen_gpu_bench}
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}
+if [[ "$DEVICE" == cuda* ]]; then
+    FAST_FLAGS=${FAST_FLAGS:---static-shapes --cuda-graphs --gpu-preprocess}
+else
+    FAST_FLAGS=${FAST_FLAGS:---static-shapes --gpu-preprocess}  # CUDA graphs need CUDA
+fi
+
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_bench.log") 2>&1
+
+echo "oxygen_ros GPU benchmark: $(date -u +%Y-%m-%dT%H:%M:%SZ), python $PY, out $OUT"
+echo "preset=$PRESET device=$DEVICE dtype=$DTYPE init=$INIT frames=$FRAMES warmup=$WARMUP repeats=$REPEATS" \
+    "rt_frames=$RT_FRAMES rt_warmup=$RT_WARMUP fast='$FAST_FLAGS'"
+
+# Fail early and clearly when the interpreter cannot run the benchmark on $DEVICE.
+if ! "$PY" - "$DEVICE" >"$OUT/env.txt" 2>&1 <<'EOF'
+import sys
+device = sys.argv[1]
+try:
+    import torch
+except ImportError:
+    sys.exit("torch is not installed in this Python; point PYTHON at an environment with CUDA torch")
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA runtime {torch.version.cuda}")
+if device.startswith("cuda"):
+    if not torch.cuda.is_available():
+        sys.exit(
+            "torch.cuda.is_available() is False: this torch has no CUDA support or sees no GPU. "
+            "Use a Python with a CUDA build of torch (PYTHON=...), not scripts/setup_env.sh (CPU torch)."
+        )
+    index = torch.device(device).index or 0
+    props = torch.cuda.get_device_properties(index)
+    print(f"GPU {index}: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}")
+import oxygen_ros.engine.static_paths  # noqa: F401  (the repo and its dependencies import)
+EOF
+then
+    cat "$OUT/env.txt"
+    echo "gpu_bench.sh: cannot run on $DEVICE with $PY (see above)" >&2
+    exit 2
+fi
+cat "$OUT/env.txt"
+if command -v nvidia-smi >/dev/null 2>&1 && [[ "$DEVICE" == cuda* ]]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,power.limit --format=csv | tee -a "$OUT/env.txt"
+fi
+
+COMMON=(--preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" --init "$INIT")
+read -r -a FAST <<<"$FAST_FLAGS"
+TIMEOUT=()
+if command -v timeout >/dev/null 2>&1; then
+    TIMEOUT=(timeout "$STEP_TIMEOUT")
+fi
+FAILED=()
+
+run_step() {
+    local name=$1
+    shift
+    local start=$SECONDS rc
+    echo
+    echo "=== $name: $*"
+    set +e
+    ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    echo "=== $name: exit $rc after $((SECONDS - start)) s"
+    if [[ $rc -ne 0 ]]; then
+        FAILED+=("$name (exit $rc)")
+    fi
+}
+
+BENCH=("$PY" -m oxygen_ros.tools.bench)
+run_step action "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
+run_step engines "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
+    --tokens 30 -k 5 --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/engines.json"
+run_step realtime "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
+    --requests-per-frame 1 --tokens 30 --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
+run_step summary "${BENCH[@]}" summary --dir "$OUT"
+
+echo
+echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json summary.json, *.log)"
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+    echo "FAILED steps: ${FAILED[*]}" >&2
+    exit 1
+fi

@@ -1,0 +1,256 @@
+"""Helpers for tests that run the real node in a subprocess and talk to it over DDS.
+
+* :class:`NodeProcess` starts ``python -m oxygen_ros.ros.node`` with a params file, keeps its log,
+  and stops it with SIGINT;
+* :class:`Probe` is the test's own ROS node: it records the node's outputs (chunks, trajectories,
+  narration, /diagnostics), the header stamps of the inputs the test publishes, calls the node's
+  lifecycle and parameter services, and replays bags with :class:`BagPlayer`.
+
+The ROS environment (localhost discovery, a random domain id) comes from conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.msg import SetParametersResult
+from rcl_interfaces.srv import GetParameters, SetParameters
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter, parameter_value_to_python
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.msg import ActionChunk, Narration
+from oxygen_ros.tools.replay import BagPlayer
+
+NODE = "oxygen_node"
+STATE_UNCONFIGURED, STATE_INACTIVE, STATE_ACTIVE = 1, 2, 3
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def stamp_ns(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+class NodeProcess:
+    """``oxygen_node`` in a subprocess of this venv's Python, with ``parameters`` as its params file."""
+
+    def __init__(self, parameters: Dict[str, Any], work: Path, name: str = NODE) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.params_file = work / f"{name}_params.yaml"
+        self.params_file.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
+        self.log_path = work / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", "--params-file", str(self.params_file),
+                 "-r", f"__node:={name}"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0, signum: int = signal.SIGINT) -> int:
+        """Send ``signum``, then wait; kill if it does not exit in time. Returns the exit status."""
+        if self.alive():
+            self.process.send_signal(signum)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(f"node did not exit within {timeout} s of signal {signum}; "
+                                     f"log:\n{self.log()[-3000:]}")
+        return self.process.returncode
+
+
+class Probe:
+    """The test's ROS node (own context, spun in a background thread), watching node ``target``."""
+
+    def __init__(self, input_topics: Sequence[str] = (), target: str = NODE) -> None:
+        self.target = target
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node(f"probe_of_{target}", context=self.context)
+        self.lock = threading.Lock()
+        self.chunks: List[Tuple[float, ActionChunk]] = []
+        self.trajectories: List[Tuple[float, JointTrajectory]] = []
+        self.narrations: List[Narration] = []
+        self.texts: List[str] = []
+        self.diagnostics: Dict[str, str] = {}
+        self.diagnostics_count = 0
+        self.input_stamps: set = set()
+        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        node = self.node
+        node.create_subscription(ActionChunk, f"/{target}/action_chunk", self._on_chunk, reliable)
+        node.create_subscription(JointTrajectory, f"/{target}/joint_trajectory", self._on_trajectory, reliable)
+        node.create_subscription(Narration, f"/{target}/narration", self._append(self.narrations), reliable)
+        node.create_subscription(String, f"/{target}/narration_text", lambda m: self._append(self.texts)(m.data),
+                                 reliable)
+        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, reliable)
+        for topic in input_topics:
+            self._record_stamps(topic)
+        self.ask = node.create_publisher(String, f"/{target}/ask", 10)
+        self.instruction = node.create_publisher(String, f"/{target}/instruction", 10)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(node)
+        self._spinner = threading.Thread(target=self.executor.spin, daemon=True)
+        self._spinner.start()
+
+    # -- recording --------------------------------------------------------------------------------
+    def _append(self, target: list) -> Callable[[Any], None]:
+        def append(item: Any) -> None:
+            with self.lock:
+                target.append(item)
+        return append
+
+    def _on_chunk(self, msg: ActionChunk) -> None:
+        with self.lock:
+            self.chunks.append((time.monotonic(), msg))
+
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        with self.lock:
+            self.trajectories.append((time.monotonic(), msg))
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        values = {kv.key: kv.value for status in msg.status if status.name.startswith(f"{self.target}:")
+                  for kv in status.values}
+        if values:
+            with self.lock:
+                self.diagnostics = values
+                self.diagnostics_count += 1
+
+    def _record_stamps(self, topic: str) -> None:
+        """Record header stamps (ns) of every message on ``topic`` from its raw CDR bytes."""
+        def on_raw(raw: bytes) -> None:
+            order = "<" if raw[1:2] == b"\x01" else ">"
+            sec, nanosec = struct.unpack_from(f"{order}iI", raw, 4)
+            with self.lock:
+                self.input_stamps.add(sec * 1_000_000_000 + nanosec)
+
+        from oxygen_ros.tools.replay import message_class, qos_for
+        msg_type = "sensor_msgs/msg/JointState" if "joint" in topic else (
+            "sensor_msgs/msg/CompressedImage" if topic.endswith("compressed") else "sensor_msgs/msg/Image")
+        qos = qos_for(msg_type)
+        qos = QoSProfile(depth=100, reliability=qos.reliability)
+        self.node.create_subscription(message_class(msg_type), topic, on_raw, qos, raw=True)
+
+    def chunks_since(self, since: float) -> List[ActionChunk]:
+        with self.lock:
+            return [msg for t, msg in self.chunks if t >= since]
+
+    def trajectories_since(self, since: float) -> List[JointTrajectory]:
+        with self.lock:
+            return [msg for t, msg in self.trajectories if t >= since]
+
+    def fresh_diagnostics(self, timeout: float = 5.0) -> Dict[str, str]:
+        """The first /diagnostics message that arrives after this call."""
+        with self.lock:
+            seen = self.diagnostics_count
+        assert wait_for(lambda: self.diagnostics_count > seen, timeout), "no /diagnostics from the node"
+        with self.lock:
+            return dict(self.diagnostics)
+
+    def counter(self, key: str, timeout: float = 5.0) -> int:
+        """An error counter from a fresh /diagnostics message (0 when never counted)."""
+        return int(self.fresh_diagnostics(timeout).get(key, 0))
+
+    # -- services ---------------------------------------------------------------------------------
+    def call(self, srv_type: Any, name: str, request: Any, timeout: float = 20.0) -> Any:
+        client = self.node.create_client(srv_type, name)
+        try:
+            assert client.wait_for_service(timeout_sec=timeout), f"service {name} not available"
+            future = client.call_async(request)
+            assert wait_for(future.done, timeout), f"no reply from {name} within {timeout} s"
+            return future.result()
+        finally:
+            self.node.destroy_client(client)
+
+    def get_state(self) -> int:
+        return self.call(GetState, f"/{self.target}/get_state", GetState.Request()).current_state.id
+
+    def change_state(self, transition_id: int, timeout: float = 60.0) -> bool:
+        request = ChangeState.Request(transition=Transition(id=transition_id))
+        return self.call(ChangeState, f"/{self.target}/change_state", request, timeout).success
+
+    def set_parameters(self, *parameters: Parameter) -> List[SetParametersResult]:
+        request = SetParameters.Request(parameters=[p.to_parameter_msg() for p in parameters])
+        return list(self.call(SetParameters, f"/{self.target}/set_parameters", request).results)
+
+    def set(self, name: str, value: Any, type_: Optional[Parameter.Type] = None) -> SetParametersResult:
+        parameter = Parameter(name, type_, value) if type_ is not None else Parameter(name, value=value)
+        return self.set_parameters(parameter)[0]
+
+    def get_parameter(self, name: str) -> Any:
+        reply = self.call(GetParameters, f"/{self.target}/get_parameters", GetParameters.Request(names=[name]))
+        return parameter_value_to_python(reply.values[0])
+
+    def wait_active(self, node: NodeProcess, timeout: float = 90.0) -> None:
+        """Wait until the node reports 'active' (it configures itself with autostart)."""
+        def active() -> bool:
+            assert node.alive(), f"node exited; log:\n{node.log()[-3000:]}"
+            try:
+                return self.get_state() == STATE_ACTIVE
+            except AssertionError:
+                return False
+        assert wait_for(active, timeout, interval=0.5), f"node not active; log:\n{node.log()[-3000:]}"
+
+    # -- playback ---------------------------------------------------------------------------------
+    def player(self, bag: Path, loop: bool = False, restamp: bool = True) -> BagPlayer:
+        return BagPlayer(self.node, bag, loop=loop, restamp=restamp)
+
+    def play_in_background(self, bag: Path) -> "Playback":
+        return Playback(self.player(bag, loop=True))
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+        self._spinner.join(timeout=5)
+
+
+class Playback:
+    """A looping bag player in a background thread; ``stop()`` ends it."""
+
+    def __init__(self, player: BagPlayer) -> None:
+        self.player = player
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=player.play, args=(self._stop,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> "Playback":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,70 @@
+"""oxygen_ros.ros.params: single-value checks and cross-parameter consistency (no DDS needed)."""
+
+from __future__ import annotations
+
+import pytest
+from rcl_interfaces.msg import ParameterType
+
+from oxygen_ros.ros.params import PARAMETERS, SPECS, NodeSettings, SettingsError, check_value
+
+DEFAULTS = {spec.name: spec.default for spec in PARAMETERS}
+
+
+def settings(**changes) -> NodeSettings:
+    return NodeSettings.from_values({**DEFAULTS, **changes})
+
+
+def test_defaults_are_valid():
+    s = settings()
+    assert [c.slot for c in s.cameras] == ["base_0_rgb", "left_wrist_0_rgb"]
+    assert s.action_joint_names == s.joint_names and s.period_s == pytest.approx(1 / 60)
+
+
+def test_every_parameter_has_a_description_and_numbers_have_ranges():
+    for spec in PARAMETERS:
+        descriptor = spec.descriptor()
+        assert len(descriptor.description) > 20, spec.name
+        if spec.type in (ParameterType.PARAMETER_INTEGER, ParameterType.PARAMETER_DOUBLE):
+            assert descriptor.integer_range or descriptor.floating_point_range, spec.name
+    assert SPECS["autostart"].descriptor().read_only
+    assert SPECS["rate_hz"].range == (1.0, 200.0) and SPECS["rate_hz"].default == 60.0
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(camera_slots=["base_0_rgb"]), "1 entries for 2 camera_topics"),
+    (dict(camera_slots=["base_0_rgb", "base_0_rgb"]), "unique"),
+    (dict(camera_slots=["base_0_rgb", "top_rgb"]), "top_rgb"),
+    (dict(camera_compressed=[True]), "camera_compressed has 1"),
+    (dict(action_joint_names=["joint_1", "gripper"]), "gripper"),
+    (dict(joint_lower_limits=[0.0] * 3), "joint_lower_limits has 3 values but there are 7"),
+    (dict(joint_lower_limits=[1.0] * 7, joint_upper_limits=[0.0] * 7), "exceed"),
+    (dict(max_joint_velocity=[0.0] * 7), "positive"),
+    (dict(preset="pi05"), "set checkpoint_dir"),
+    (dict(preset="huge"), "preset must be one of"),
+    (dict(rate_hz=0.5), "rate_hz must be within [1, 200]"),
+    (dict(rate_hz="fast"), "rate_hz must be a number"),
+    (dict(joint_names=[]), "at least one joint"),
+    (dict(task=" "), "task must not be empty"),
+    (dict(dtype="int8"), "dtype must be one of"),
+])
+def test_inconsistent_parameters_are_refused_with_a_reason(changes, message):
+    with pytest.raises(SettingsError, match=None) as error:
+        settings(**changes)
+    assert message in str(error.value)
+
+
+def test_integers_are_accepted_for_float_parameters_and_empty_yaml_lists_for_arrays():
+    s = settings(rate_hz=20, joint_lower_limits=None, action_joint_names=None)
+    assert s.rate_hz == 20.0 and isinstance(s.rate_hz, float)
+    assert s.joint_lower_limits == () and s.action_joint_names == s.joint_names
+
+
+def test_compressed_transport_is_inferred_from_the_topic_name():
+    s = settings(camera_topics=["/a/image_raw/compressed", "/b/image_raw"])
+    assert [c.compressed for c in s.cameras] == [True, False]
+
+
+def test_check_value_checks_one_value_alone():
+    check_value("rate_hz", 30.0)
+    with pytest.raises(SettingsError, match="numbers"):
+        check_value("joint_upper_limits", ["a"])
