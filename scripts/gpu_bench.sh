@@ -23,6 +23,7 @@
 #   PYTHON  interpreter [.venv/bin/python or python3]     OUT       output folder [/tmp/oxygen_gpu_bench]
 #   PRESET  model preset [pi05]     DEVICE [cuda]     DTYPE [bfloat16]     INIT  weight init [device]
 #   FRAMES  engines: measured frames per engine [50]  WARMUP    engines: warm-up frames [10]
+#   TOKENS  max tokens per language request [30]
 #   REPEATS action: timed runs per camera count [FRAMES]
 #   RT_FRAMES realtime: measured ticks [12*FRAMES]    RT_WARMUP realtime: warm-up ticks [6*WARMUP]
 #   FAST_FLAGS fast-path flags [--static-shapes --cuda-graphs --gpu-preprocess; no graphs off CUDA]
@@ -46,6 +47,7 @@ DTYPE=${DTYPE:-bfloat16}
 INIT=${INIT:-device}
 FRAMES=${FRAMES:-50}
 WARMUP=${WARMUP:-10}
+TOKENS=${TOKENS:-30}
 REPEATS=${REPEATS:-$FRAMES}
 RT_FRAMES=${RT_FRAMES:-$((12 * FRAMES))}
 RT_WARMUP=${RT_WARMUP:-$((6 * WARMUP))}
@@ -61,7 +63,7 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_bench.log") 2>&1
 
 echo "oxygen_ros GPU benchmark: $(date -u +%Y-%m-%dT%H:%M:%SZ), python $PY, out $OUT"
-echo "preset=$PRESET device=$DEVICE dtype=$DTYPE init=$INIT frames=$FRAMES warmup=$WARMUP repeats=$REPEATS" \
+echo "preset=$PRESET device=$DEVICE dtype=$DTYPE init=$INIT frames=$FRAMES warmup=$WARMUP tokens=$TOKENS repeats=$REPEATS" \
     "rt_frames=$RT_FRAMES rt_warmup=$RT_WARMUP fast='$FAST_FLAGS'"
 
 # Fail early and clearly when the interpreter cannot run the benchmark on $DEVICE.
@@ -121,9 +123,9 @@ run_step() {
 BENCH=("$PY" -m oxygen_ros.tools.bench)
 run_step action "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
 run_step engines "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
-    --tokens 30 -k 5 --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/engines.json"
+    --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/engines.json"
 run_step realtime "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
-    --requests-per-frame 1 --tokens 30 --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
+    --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
 run_step summary "${BENCH[@]}" summary --dir "$OUT"
 
 echo

@@ -223,8 +223,8 @@ class Probe:
         assert wait_for(active, timeout, interval=0.5), f"node not active; log:\n{node.log()[-3000:]}"
 
     # -- playback ---------------------------------------------------------------------------------
-    def player(self, bag: Path, loop: bool = False, restamp: bool = True) -> BagPlayer:
-        return BagPlayer(self.node, bag, loop=loop, restamp=restamp)
+    def player(self, bag: Path, loop: bool = False, restamp: bool = True, rate: float = 1.0) -> BagPlayer:
+        return BagPlayer(self.node, bag, rate=rate, loop=loop, restamp=restamp)
 
     def play_in_background(self, bag: Path) -> "Playback":
         return Playback(self.player(bag, loop=True))

@@ -87,8 +87,8 @@ def _between(t: float, start: float, end: float) -> bool:
 
 
 def write_fault_bag(path: Path) -> Path:
-    """6 s: base camera always good; the wrist camera sends an unsupported encoding, truncated data
-    and a too-small step, then good images, then stops at 4 s; the compressed camera sends corrupt
+    """6 s: base camera always good; the wrist camera sends an unsupported encoding, truncated data,
+    a too-small step and zero-size images, then good images, then stops at 4 s; the compressed camera sends corrupt
     jpeg for 0.5 s; joint states carry NaN, missing joints and short position arrays in 0.2 s
     windows (shorter than max_observation_age_s, so actions keep flowing)."""
     b = _BagBuilder()
@@ -103,6 +103,8 @@ def write_fault_bag(path: Path) -> Path:
             events.append((ns, WRIST, b.image(ns, data=np.zeros(48 * 64 * 3 - 500, dtype=np.uint8))))
         elif _between(t, 2.0, 2.5):
             events.append((ns, WRIST, b.image(ns, step=100)))  # < 64 * 3
+        elif _between(t, 2.5, 3.0):
+            events.append((ns, WRIST, b.image(ns, width=0, height=0, data=np.zeros(0, dtype=np.uint8))))
         elif t < 4.0:
             events.append((ns, WRIST, b.image(ns)))
         events.append((ns, RIGHT, b.jpeg(ns, corrupt=_between(t, 2.5, 3.0))))
@@ -204,8 +206,8 @@ def test_bad_inputs_are_counted_and_chunks_keep_flowing(node, probe, fault_bag):
     started = time.monotonic()
     player.play()
     tail = probe.chunks_since(started + FAULT_BAG_S - 1.5)
-    keys = ["image_unsupported_encoding", "image_truncated_data", "image_bad_step", "image_corrupt_compressed",
-            "joint_non_finite", "joint_missing_joints", "joint_length_mismatch", "camera_masked"]
+    keys = ["image_unsupported_encoding", "image_truncated_data", "image_bad_step", "image_zero_size",
+            "image_corrupt_compressed", "joint_non_finite", "joint_missing_joints", "joint_length_mismatch", "camera_masked"]
     values = _counters_after(probe, keys)
     for key in keys:
         assert int(values.get(key, 0)) > 0, f"{key} not counted: {values}"
@@ -217,6 +219,15 @@ def test_bad_inputs_are_counted_and_chunks_keep_flowing(node, probe, fault_bag):
     assert f"dropping a message on {RIGHT}: CompressedImage" in log
 
 
+def test_a_burst_at_ten_times_the_bag_rate_is_absorbed(probe, good_bag):
+    player = probe.player(good_bag, rate=10.0)
+    player.play()  # 3 s of bag in 0.3 s
+    assert _chunks_flow(probe, count=1, timeout=5)
+    with probe.play_in_background(good_bag):
+        assert _chunks_flow(probe)
+    assert probe.counter("tick_exceptions") == 0
+
+
 def test_out_of_order_and_duplicate_stamps_are_dropped(probe, good_bag):
     publisher = probe.node.create_publisher(CompressedImage, RIGHT, qos_profile_sensor_data)
     keys = ("duplicate_messages", "stamp_backwards", "stamp_resets")
@@ -226,7 +237,7 @@ def test_out_of_order_and_duplicate_stamps_are_dropped(probe, good_bag):
         now = probe.node.get_clock().now().nanoseconds
         for offset_s in (0.0, 0.1, 0.1, 0.05, -10.0, 0.2):  # ok, ok, duplicate, backwards, reset, ok
             publisher.publish(_compressed(now + int(offset_s * 1e9)))
-            time.sleep(0.1)
+            time.sleep(0.3)  # the camera queue holds one message: let the node take each
         values = _counters_after(probe, keys)
         for key in keys:
             assert int(values.get(key, 0)) == int(before.get(key, 0)) + 1, f"{key}: {before} -> {values}"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -304,8 +304,18 @@ class StaticRunner:
 
     # -- buckets ---------------------------------------------------------------------------------
     @property
+    def paths(self) -> List[_StaticStep]:
+        """Every bucket created so far (prefills, action chunks, text steps)."""
+        return [*self._prefills.values(), *self._actions.values(), *self._texts.values()]
+
+    @property
     def num_paths(self) -> int:
         return len(self._prefills) + len(self._actions) + len(self._texts)
+
+    @property
+    def text_buckets(self) -> List[Tuple[int, int, int]]:
+        """(batch, new tokens, context) of the text steps created so far."""
+        return sorted(self._texts)
 
     def _image_buffer(self, slots: Tuple[int, ...]) -> Tensor:
         if slots not in self._images:

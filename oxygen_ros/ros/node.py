@@ -49,7 +49,7 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -80,6 +80,12 @@ from .params import (
 from .safety import SafetyFilter, UnsafeChunkError
 from .text_streams import LanguageStreams, PeriodicSchedule
 
+try:
+    from rclpy.executors import ExternalShutdownException
+except ImportError:  # rclpy releases that predate it end spin() with KeyboardInterrupt only
+    class ExternalShutdownException(Exception):  # type: ignore[no-redef]
+        """Stand-in; never raised."""
+
 NODE_NAME = "oxygen_node"
 
 # Cameras: newest frame only, lost frames are fine (best effort matches every publisher).
@@ -95,6 +101,10 @@ JOINT_QOS = QoSProfile(
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)  # ~/ask, ~/instruction, outputs
 TEXT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)  # never drop a text delta
 MAX_PENDING_QUESTIONS = 32
+# Counters (see /diagnostics "counters") that mean something went wrong; the rest count normal events.
+FAULT_COUNTER_PREFIXES = ("image_", "joint_", "no_action_", "tick_", "non_finite", "stale", "stamp_",
+                          "duplicate", "deadline", "late_ticks", "requests_refused", "ask_rejected",
+                          "instruction_rejected")
 LOG_THROTTLE_S = 5.0
 
 _thread_state = threading.local()
@@ -146,7 +156,7 @@ class OxygenNode(LifecycleNode):
         self._engine_stats: Dict[str, int] = {}
         self._frame_rate = RateMeter()
         self._token_rate = RateMeter()
-        self._previous_misses = 0
+        self._previous_counts: Dict[str, int] = {}
 
         self._tick_group = MutuallyExclusiveCallbackGroup()
         self._input_group = MutuallyExclusiveCallbackGroup()
@@ -529,7 +539,11 @@ class OxygenNode(LifecycleNode):
         frame_rate = self._frame_rate.rate(self._chunks_published)
         token_rate = self._token_rate.rate(engine.get("tokens_generated", 0))
         misses = counters.get("deadline_misses", 0)
-        new_misses, self._previous_misses = misses - self._previous_misses, misses
+        new = {key: n - self._previous_counts.get(key, 0) for key, n in counters.items()
+               if n > self._previous_counts.get(key, 0)}
+        self._previous_counts = counters
+        new_misses = new.get("deadline_misses", 0)
+        new_faults = sorted(key for key in new if key.startswith(FAULT_COUNTER_PREFIXES))
         action_p50, action_p99 = self._action_ms.percentiles(50, 99)
         prefill_p50, prefill_p99 = self._prefill_ms.percentiles(50, 99)
         (tick_p99,) = self._tick_ms.percentiles(99)
@@ -591,15 +605,19 @@ class OxygenNode(LifecycleNode):
                    f"{memory.get('kv_bytes_in_use', 0)} bytes in use", memory),
             status(f"{name}: inputs", "oxygen_ros", DiagnosticStatus.OK,
                    f"{len(assembler.latest) if assembler else 0} topics", inputs),
-            status(f"{name}: errors", "oxygen_ros",
-                   DiagnosticStatus.WARN if counters else DiagnosticStatus.OK,
-                   f"{sum(counters.values())} events counted", counters),
+            status(f"{name}: counters", "oxygen_ros",
+                   DiagnosticStatus.WARN if new_faults else DiagnosticStatus.OK,
+                   f"in the last second: {', '.join(new_faults)}" if new_faults else "no new faults", counters),
         ]
         return array
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``oxygen_node``: run until SIGINT/SIGTERM; returns the exit status."""
+    """Entry point of ``oxygen_node``: run until SIGINT/SIGTERM; returns the exit status.
+
+    ``argv`` is a full command line like ``sys.argv`` (program name first, ROS arguments after
+    ``--ros-args``); the default is ``sys.argv``.
+    """
     args = list(sys.argv if argv is None else argv)
     rclpy.init(args=args)
     try:

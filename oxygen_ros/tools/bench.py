@@ -311,7 +311,7 @@ def bench_action(args: argparse.Namespace) -> Dict[str, object]:
         for config in configs:
             pool = make_pool(policy, config)
             runner = make_runner(policy, pool, config)
-            if runner is not None:
+            if config.cuda_graphs:
                 runner.warm_up(observations[0], num_steps=config.num_steps)
             total: List[float] = []
             prefill: List[float] = []

@@ -58,7 +58,8 @@ def _submit_due(engine: EngineBase, due: float, workload: Workload) -> float:
 def run_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> Dict[str, float]:
     """The paper's loop: frames back to back, a new request every 1/rate frames, measured after
     warm-up. Returns frames/s, tokens/s, frame latency percentiles, peak KV and batch sizes."""
-    engine.warm_up(observations[0])  # static paths: capture every bucket before measuring
+    if engine.config.cuda_graphs:
+        engine.warm_up(observations[0])  # capture every CUDA graph before measuring
     due = 0.0
     frame_ms: List[float] = []
     active: List[int] = []
@@ -97,7 +98,8 @@ def run_realtime(
     A tick that starts late (the previous one overran) counts as a miss; the schedule then
     restarts from now instead of bursting to catch up.
     """
-    engine.warm_up(observations[0])  # static paths: no CUDA-graph capture inside a tick
+    if engine.config.cuda_graphs:
+        engine.warm_up(observations[0])  # no CUDA-graph capture inside a tick
     period = 1.0 / rate_hz
     due = 0.0
     frame_ms: List[float] = []
@@ -161,7 +163,8 @@ def component_times(policy: Pi05Policy, config: EngineConfig, observation: Obser
     like the paper workload's steady state.
     """
     engine = OxygenEngine(policy, config)
-    engine.warm_up(observation)
+    if config.cuda_graphs:
+        engine.warm_up(observation)
     pool, runner = engine.pool, engine.runner  # runner: the static paths when the config asks for them
     frames = [prefill_frame(policy, pool, observation, i, runner) for i in range(2)]
     noise = frame_noise(policy.config, 0, 0, policy.device)
