@@ -490,7 +490,8 @@ class StaticRunner:
             batches = [b for b in self.batch_buckets if b <= bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)]
             contexts = range(round_up(n_valid, self.context_bucket), round_up(n_valid + text_tokens, self.context_bucket) + 1, self.context_bucket)
             shapes = {(b, 1, c) for b in batches for c in contexts}
-            shapes |= {(b, k, n_valid) for b in batches for k in attach_tokens}
+            # admissions come a few at a time; a larger burst captures its bucket when it happens
+            shapes |= {(b, k, n_valid) for b in batches if b <= 4 for k in attach_tokens}
             for batch, new_tokens, context in sorted(shapes):
                 path = self.text_path(batch, new_tokens, context)
                 host = path.inputs.host_views
