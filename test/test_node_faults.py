@@ -207,7 +207,8 @@ def test_bad_inputs_are_counted_and_chunks_keep_flowing(node, probe, fault_bag):
     player.play()
     tail = probe.chunks_since(started + FAULT_BAG_S - 1.5)
     keys = ["image_unsupported_encoding", "image_truncated_data", "image_bad_step", "image_zero_size",
-            "image_corrupt_compressed", "joint_non_finite", "joint_missing_joints", "joint_length_mismatch", "camera_masked"]
+            "image_corrupt_compressed", "joint_non_finite", "joint_missing_joints", "joint_length_mismatch",
+            "camera_masked"]
     values = _counters_after(probe, keys)
     for key in keys:
         assert int(values.get(key, 0)) > 0, f"{key} not counted: {values}"

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence
 NODE_NAME = "oxygen_node"
 QUESTION = "what is on the table?"
 STARTUP_TIMEOUT_S = 60.0
+ANSWER_WAIT_S = 5.0  # after the bag ends
 
 
 def _positive(text: str) -> float:
@@ -264,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         player.play(stop)
         played = time.monotonic() - started
         question.cancel()
-        answer_deadline = time.monotonic() + 3.0
+        answer_deadline = time.monotonic() + ANSWER_WAIT_S
         while not monitor.answer and time.monotonic() < answer_deadline and not stop.is_set():
             time.sleep(0.05)
         reporter_stop.set()
