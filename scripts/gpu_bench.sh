@@ -10,6 +10,7 @@
 # environment on the GPU machine: it installs a CPU-only torch.
 #
 # Steps (each a `python -m oxygen_ros.tools.bench` subcommand, JSON + log under $OUT):
+#   0. selfcheck (CUDA only, if pytest is installed) tiny model: graph replay == eager static path
 #   1. action    action path alone (observation -> prefill -> 10-step chunk -> robot actions on the
 #                host), p50/p99 ms for 1, 2, 3 cameras; eager dynamic path vs. fast path
 #   2. engines   the paper's workload (1 request/frame, 30 tokens, k=5, 10 steps, 2 cameras) for every
@@ -27,7 +28,7 @@
 #   REPEATS action: timed runs per camera count [FRAMES]
 #   RT_FRAMES realtime: measured ticks [12*FRAMES]    RT_WARMUP realtime: warm-up ticks [6*WARMUP]
 #   FAST_FLAGS fast-path flags [--static-shapes --cuda-graphs --gpu-preprocess; no graphs off CUDA]
-#   STEP_TIMEOUT seconds per step [240]
+#   STEP_TIMEOUT seconds per step [selfcheck 120, action 120, engines 180, realtime 120, summary 60]
 # CPU dry run (what test/test_gpu_bench_script.py runs):
 #   PRESET=tiny DEVICE=cpu DTYPE=float32 FRAMES=5 bash scripts/gpu_bench.sh
 set -euo pipefail
@@ -52,7 +53,6 @@ REPEATS=${REPEATS:-$FRAMES}
 RT_FRAMES=${RT_FRAMES:-$((12 * FRAMES))}
 RT_WARMUP=${RT_WARMUP:-$((6 * WARMUP))}
 OUT=${OUT:-/tmp/oxygen_gpu_bench}
-STEP_TIMEOUT=${STEP_TIMEOUT:-240}
 if [[ "$DEVICE" == cuda* ]]; then
     FAST_FLAGS=${FAST_FLAGS:---static-shapes --cuda-graphs --gpu-preprocess}
 else
@@ -98,20 +98,21 @@ fi
 
 COMMON=(--preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" --init "$INIT")
 read -r -a FAST <<<"$FAST_FLAGS"
-TIMEOUT=()
-if command -v timeout >/dev/null 2>&1; then
-    TIMEOUT=(timeout "$STEP_TIMEOUT")
-fi
 FAILED=()
 
+# run_step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record a failure, never abort the script.
 run_step() {
-    local name=$1
-    shift
+    local name=$1 limit=${STEP_TIMEOUT:-$2}
+    shift 2
     local start=$SECONDS rc
+    local timeout=()
+    if command -v timeout >/dev/null 2>&1; then
+        timeout=(timeout "$limit")
+    fi
     echo
-    echo "=== $name: $*"
+    echo "=== $name (limit $limit s): $*"
     set +e
-    ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$@" 2>&1 | tee "$OUT/$name.log"
+    ${timeout[@]+"${timeout[@]}"} "$@" 2>&1 | tee "$OUT/$name.log"
     rc=${PIPESTATUS[0]}
     set -e
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
@@ -120,13 +121,17 @@ run_step() {
     fi
 }
 
+# 0. On a GPU, first prove on the tiny model that CUDA-graph replay equals eager (seconds).
+if [[ "$DEVICE" == cuda* ]] && "$PY" -c "import pytest" >/dev/null 2>&1; then
+    run_step selfcheck 120 "$PY" -m pytest -q -p no:cacheprovider test/test_static_paths.py -k cuda_graph_replay -rs
+fi
 BENCH=("$PY" -m oxygen_ros.tools.bench)
-run_step action "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
-run_step engines "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
+run_step action 120 "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
+run_step engines 180 "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
     --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/engines.json"
-run_step realtime "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
+run_step realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
     --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
-run_step summary "${BENCH[@]}" summary --dir "$OUT"
+run_step summary 60 "${BENCH[@]}" summary --dir "$OUT"
 
 echo
 echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json summary.json, *.log)"

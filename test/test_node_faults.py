@@ -221,9 +221,9 @@ def test_bad_inputs_are_counted_and_chunks_keep_flowing(node, probe, fault_bag):
 
 
 def test_a_burst_at_ten_times_the_bag_rate_is_absorbed(probe, good_bag):
-    player = probe.player(good_bag, rate=10.0)
-    player.play()  # 3 s of bag in 0.3 s
-    assert _chunks_flow(probe, count=1, timeout=5)
+    before = int(probe.fresh_diagnostics().get("received joint_states", 0))
+    probe.player(good_bag, rate=10.0).play()  # 3 s of bag in 0.3 s
+    assert int(probe.fresh_diagnostics().get("received joint_states", 0)) > before
     with probe.play_in_background(good_bag):
         assert _chunks_flow(probe)
     assert probe.counter("tick_exceptions") == 0
@@ -238,7 +238,7 @@ def test_out_of_order_and_duplicate_stamps_are_dropped(probe, good_bag):
         now = probe.node.get_clock().now().nanoseconds
         for offset_s in (0.0, 0.1, 0.1, 0.05, -10.0, 0.2):  # ok, ok, duplicate, backwards, reset, ok
             publisher.publish(_compressed(now + int(offset_s * 1e9)))
-            time.sleep(0.3)  # the camera queue holds one message: let the node take each
+            time.sleep(0.5)  # the camera queue holds one message: let the node take each
         values = _counters_after(probe, keys)
         for key in keys:
             assert int(values.get(key, 0)) == int(before.get(key, 0)) + 1, f"{key}: {before} -> {values}"

@@ -359,23 +359,29 @@ def test_engine_with_gpu_preprocessing_gives_identical_actions_for_224_images(po
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_replay_equals_eager_static_paths(tiny_checkpoint):
+    """On a GPU: CUDA-graph replay gives what the same fixed-shape steps give eagerly (same kernels,
+    so bit-for-bit up to scheduling), and both track the dynamic eager path."""
     policy = scaled_policy(tiny_checkpoint, device="cuda")
     results = {}
-    for graphs in (False, True):
-        config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=3, seed=3, static_shapes=True, cuda_graphs=graphs, gpu_preprocess=True)
+    for path in ("dynamic", "static", "graphs"):
+        config = EngineConfig(
+            decode_mode="fixed", decode_steps_per_frame=3, seed=3, static_shapes=path != "dynamic", cuda_graphs=path == "graphs", gpu_preprocess=path != "dynamic"
+        )
         engine = OxygenEngine(policy, config)
-        engine.warm_up(observation(0))
+        engine.warm_up(observation(0, size=(224, 224)))
         texts: Dict[int, str] = {}
         chunks = []
         for f in range(4):
             engine.submit("narration", sampling=SamplingParams(max_tokens=6))
-            result = engine.step(observation(f))
+            result = engine.step(observation(f, size=(224, 224)))  # 224 px: GPU preprocessing is exact
             chunks.append(result.action.actions)
             for d in result.deltas:
                 texts[d.request_id] = texts.get(d.request_id, "") + d.text
         engine.close()
-        results[graphs] = chunks, texts
-        assert engine.runner.paths and all(path.step.captured == graphs for path in engine.runner.paths)
-    for eager, replayed in zip(results[False][0], results[True][0]):
+        results[path] = chunks, texts
+        if path != "dynamic":
+            assert engine.runner.paths and all(p.step.captured == (path == "graphs") for p in engine.runner.paths)
+    for eager, replayed, dynamic in zip(results["static"][0], results["graphs"][0], results["dynamic"][0]):
         np.testing.assert_allclose(replayed, eager, atol=1e-5, rtol=1e-6)
-    assert results[True][1] == results[False][1]
+        np.testing.assert_allclose(replayed, dynamic, atol=2e-3, rtol=1e-4)  # other kernels (masked SDPA)
+    assert results["graphs"][1] == results["static"][1]

@@ -29,7 +29,14 @@ _CAPTURE_LOCK = threading.Lock()
 class GraphedStep:
     """Run ``fn`` eagerly, or capture it once into a CUDA graph and replay it."""
 
-    def __init__(self, fn: Callable[[], None], device: torch.device, use_graph: bool, pool: Optional[Tuple[int, int]] = None, warmup: int = 2) -> None:
+    def __init__(
+        self,
+        fn: Callable[[], None],
+        device: torch.device,
+        use_graph: bool,
+        pool: Optional[Tuple[int, int]] = None,
+        warmup: int = 2,
+    ) -> None:
         if use_graph and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.fn = fn

@@ -97,7 +97,9 @@ def make_runner(policy: Pi05Policy, pool: KVPool, config: EngineConfig) -> Optio
     """
     if not config.uses_static_paths:
         return None
-    return StaticRunner(policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket)
+    return StaticRunner(
+        policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket
+    )
 
 
 class EngineBase:
@@ -128,7 +130,8 @@ class EngineBase:
     def warm_up(self, observation: Observation) -> int:
         """Capture ahead of time the CUDA graphs that frames like ``observation`` will use (camera
         set, prompt length, batch and context buckets up to this engine's limits), so that no capture
-        stalls a real-time frame. Returns the number of buckets created (0 on the eager paths)."""
+        stalls a real-time frame. Returns the number of buckets created (always 0 on the dynamic paths,
+        which have no buckets)."""
         cfg = self.config
         tokenizer = self.policy.tokenizer
         kind_tokens = [len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()]
@@ -259,8 +262,9 @@ class OxygenEngine(EngineBase):
         if self._frame is not None:
             self.pool.release(self._frame.segment)  # stays alive while requests still read it
             self._frame = None
+        cfg = self.config
         self._frame, chunk = timed_action(
-            self.policy, self.pool, observation, self._new_frame_id(), self.config.seed, self.config.num_steps, self.clock, self.runner
+            self.policy, self.pool, observation, self._new_frame_id(), cfg.seed, cfg.num_steps, self.clock, self.runner
         )
         return chunk
 

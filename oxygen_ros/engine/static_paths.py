@@ -3,9 +3,9 @@
 The eager paths (``frames``, ``language``) size every tensor to the data: the prompt's length, the
 present cameras, the longest request in the batch. That is ideal on a CPU and fatal for CUDA graphs,
 which replay fixed kernels on fixed addresses. Each class below owns preallocated input and output
-buffers for one *shape bucket* and a ``run`` that reads and writes only those buffers and the KV
-pool, with no host sync anywhere; `GraphedStep` runs it eagerly (CPU, tests) or captures it once in
-a CUDA graph and replays it. Tests check every path against its dynamic counterpart on CPU.
+buffers for one *shape bucket* and a ``_forward`` that reads and writes only those buffers and the
+KV pool, with no host sync anywhere; `GraphedStep` runs it eagerly (CPU, tests) or captures it once
+in a CUDA graph and replays it. Tests check every path against its dynamic counterpart on CPU.
 
 * `StaticPrefill` (present image slots, prompt bucket): SigLIP on the present slots only (a static
   slot list, so no ``nonzero``), the backbone over [images, prompt padded to the bucket] with an
@@ -13,7 +13,9 @@ a CUDA graph and replays it. Tests check every path against its dynamic counterp
   valid columns go to the segment's slots, padding columns to the pool's scratch slots. The prefix
   is thus written once, where every task reads it, with no staging copy.
 * `StaticActionChunk` (context bucket, steps): gathers the prefix K/V from the pool by slot index,
-  then runs all flow-matching Euler steps on a precomputed float32 time schedule.
+  then runs all flow-matching Euler steps on a precomputed float32 time schedule. Reading the pool
+  (not the prefill's outputs) keeps the chunk independent of which prefill bucket wrote the prefix,
+  gives prefill and chunk separate timings, and lets baselines replay a prefill alone.
 * `StaticTextStep` (batch bucket B, new-token bucket T, context bucket C): gathers each row's
   context (frame prefix + its own tokens, any frames) from the pool by slot index, runs T new tokens
   per row, writes their K/V into the pool (``index_copy_``) and produces logits of each row's last
@@ -134,7 +136,16 @@ class StaticPrefill(_StaticStep):
     """Prefix of one observation with the image slots ``slots`` present and the prompt padded to
     ``prompt_len``: S = len(slots) * image_tokens + prompt_len columns, K/V written to the pool."""
 
-    def __init__(self, model: Pi05Model, pool: KVPool, images: Tensor, slots: Tuple[int, ...], prompt_len: int, use_graph: bool, graph_pool: GraphPool) -> None:
+    def __init__(
+        self,
+        model: Pi05Model,
+        pool: KVPool,
+        images: Tensor,
+        slots: Tuple[int, ...],
+        prompt_len: int,
+        use_graph: bool,
+        graph_pool: GraphPool,
+    ) -> None:
         cfg = model.config
         self.slots = slots
         self.prompt_len = prompt_len
@@ -167,7 +178,9 @@ class StaticPrefill(_StaticStep):
 class StaticActionChunk(_StaticStep):
     """Action chunk over a prefix of up to ``context`` tokens read from the pool by slot index."""
 
-    def __init__(self, model: Pi05Model, pool: KVPool, context: int, num_steps: int, use_graph: bool, graph_pool: GraphPool) -> None:
+    def __init__(
+        self, model: Pi05Model, pool: KVPool, context: int, num_steps: int, use_graph: bool, graph_pool: GraphPool
+    ) -> None:
         cfg = model.config
         device = pool.keys.device
         self.context = context
@@ -202,7 +215,17 @@ class StaticActionChunk(_StaticStep):
 class StaticTextStep(_StaticStep):
     """``batch`` rows of ``new_tokens`` text tokens over contexts of up to ``context`` pool slots."""
 
-    def __init__(self, model: Pi05Model, pool: KVPool, batch: int, new_tokens: int, context: int, vocab_limit: int, use_graph: bool, graph_pool: GraphPool) -> None:
+    def __init__(
+        self,
+        model: Pi05Model,
+        pool: KVPool,
+        batch: int,
+        new_tokens: int,
+        context: int,
+        vocab_limit: int,
+        use_graph: bool,
+        graph_pool: GraphPool,
+    ) -> None:
         device = pool.keys.device
         self.batch, self.new_tokens, self.context = batch, new_tokens, context
         self.vocab_limit = vocab_limit  # greedy picks only ids the tokenizer can decode
@@ -234,7 +257,8 @@ class StaticTextStep(_StaticStep):
         positions = x["first_pos"][:, None] + self._new_index[None]
         own = self._causal[None] & new_valid[:, None, :]
         allowed = torch.cat([context_valid[:, None, :].expand(b, t, -1), own], dim=2)
-        out = joint_forward([Stream(model.backbone, model.embed_tokens(x["tokens"]))], positions, allowed, context, model.config.rope_base, dense_mask=False)
+        stream = Stream(model.backbone, model.embed_tokens(x["tokens"]))
+        out = joint_forward([stream], positions, allowed, context, model.config.rope_base, dense_mask=False)
         self._write_kv(out.keys, out.values, x["write"])
         hidden = out.hidden[0]
         last = (x["new_len"] - 1)[:, None, None].expand(b, 1, hidden.shape[-1])
@@ -326,7 +350,8 @@ class StaticRunner:
     def prefill_path(self, slots: Tuple[int, ...], prompt_len: int) -> StaticPrefill:
         key = (slots, bucket_for(prompt_len, self.prompt_buckets))
         if key not in self._prefills:
-            self._prefills[key] = StaticPrefill(self.model, self.pool, self._image_buffer(slots), slots, key[1], self.cuda_graphs, self._graph_pool)
+            images = self._image_buffer(slots)
+            self._prefills[key] = StaticPrefill(self.model, self.pool, images, slots, key[1], self.cuda_graphs, self._graph_pool)
         return self._prefills[key]
 
     def action_path(self, prefix_len: int, num_steps: int) -> StaticActionChunk:
@@ -487,8 +512,10 @@ class StaticRunner:
             self._upload("action", action.inputs)
             action()
         if max_batch > 0:
-            batches = [b for b in self.batch_buckets if b <= bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)]
-            contexts = range(round_up(n_valid, self.context_bucket), round_up(n_valid + text_tokens, self.context_bucket) + 1, self.context_bucket)
+            top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
+            batches = [b for b in self.batch_buckets if b <= top]
+            step = self.context_bucket
+            contexts = range(round_up(n_valid, step), round_up(n_valid + text_tokens, step) + 1, step)
             shapes = {(b, 1, c) for b in batches for c in contexts}
             # admissions come a few at a time; a larger burst captures its bucket when it happens
             shapes |= {(b, k, n_valid) for b in batches if b <= 4 for k in attach_tokens}
