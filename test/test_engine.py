@@ -250,3 +250,23 @@ def test_temperature_sampling_is_reproducible_per_seed(policy):
 
     assert sample(1) == sample(1)
     assert len({sample(s) for s in range(4)}) > 1
+
+
+def test_requests_without_any_decode_slack_are_finished_as_stalled(policy):
+    clock = TickingClock(0.001)
+    config = EngineConfig(decode_mode="deadline", max_stall_frames=3)
+    engine = OxygenEngine(policy, config, clock=clock)
+    engine.submit("narration", sampling=SamplingParams(max_tokens=50))
+    engine.step(observation(0))  # no deadline: admitted, first token sampled
+    assert engine.active_requests == 1
+    finals = []
+    for f in range(1, 6):  # every tick already past its deadline
+        start = clock()
+        result = engine.step(observation(f), now=start, next_deadline=start)
+        assert result.action is not None
+        finals += [d for d in result.deltas if d.final]
+    assert [d.finish_reason for d in finals] == ["stalled"]
+    assert finals[0].frame_id == 1 and "no decode slack" in finals[0].detail
+    assert engine.active_requests == 0
+    engine.close()
+    assert engine.memory()["bytes_in_use"] == 0

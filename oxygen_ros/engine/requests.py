@@ -61,7 +61,8 @@ class LanguageRequest:
         self.pending_token: Optional[int] = None  # sampled, not yet fed back
         self.tokens: List[int] = []
         self.finish_reason = ""
-        self.waited_frames = 0
+        self.waited_frames = 0  # frames spent queued
+        self.stalled_frames = 0  # consecutive frames active without a decode step
         self._eos = tokenizer.eos_id
         self._vocab = tokenizer.vocab_size  # never sample an id the tokenizer cannot decode
         self._stream = StreamDecoder(tokenizer)
@@ -101,7 +102,7 @@ class LanguageRequest:
         if len(self.tokens) >= self.sampling.max_tokens:
             return self.finish("length", delta)
         self.pending_token = token
-        return TextDelta(self.request_id, self.kind, delta, token_count=len(self.tokens))
+        return TextDelta(self.request_id, self.kind, delta, token_count=len(self.tokens), frame_id=self.frame_id or 0)
 
     def finish(self, reason: str, delta: str = "") -> TextDelta:
         if reason in ("eos", "length"):
@@ -111,4 +112,7 @@ class LanguageRequest:
         self.state = RequestState.FINISHED
         self.finish_reason = reason
         self.pending_token = None
-        return TextDelta(self.request_id, self.kind, delta, final=True, token_count=len(self.tokens), finish_reason=reason)
+        return TextDelta(
+            self.request_id, self.kind, delta, final=True, token_count=len(self.tokens), finish_reason=reason,
+            frame_id=self.frame_id or 0,
+        )

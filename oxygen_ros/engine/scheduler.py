@@ -40,6 +40,8 @@ class EngineConfig:
     max_active_requests: int = 16
     max_queued_requests: int = 64
     max_wait_frames: int = 300  # a queued request waiting longer than this is refused
+    max_stall_frames: int = 100  # an active request that gets no decode step for this many frames
+    # in a row (every tick overran its deadline) is finished as "stalled", freeing its KV
     kv_capacity_tokens: int = 0  # 0 = room for max_active_requests frames of prefix plus their text
     kv_block_size: int = 16
     deadline_margin_ms: float = 1.0
@@ -294,6 +296,20 @@ class OxygenEngine(EngineBase):
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
             self.timer.record(batch, now - last)
             last = now
+        deltas += self._finish_stalled(progressed=steps > 0)
+        return deltas
+
+    def _finish_stalled(self, progressed: bool) -> List[TextDelta]:
+        """Under sustained overload deadline mode never finds slack: rather than hold KV forever
+        (or delay the action path), requests that made no progress for too long are finished."""
+        deltas: List[TextDelta] = []
+        for request in self._active:
+            request.stalled_frames = 0 if progressed else request.stalled_frames + 1
+            if request.stalled_frames > self.config.max_stall_frames:
+                delta = request.finish("stalled")
+                delta.detail = f"no decode slack for {request.stalled_frames} frames (every tick overran)"
+                deltas.append(delta)
+        self._retire_finished()
         return deltas
 
     def _fits(self, until: float, batch: int, now: Optional[float] = None) -> bool:

@@ -51,8 +51,9 @@ class TextDelta:
     text: str
     final: bool = False
     token_count: int = 0
-    finish_reason: str = ""  # eos | stop | length | refused | cancelled when final
-    detail: str = ""  # why, for refused requests
+    finish_reason: str = ""  # eos | stop | length | refused | stalled | cancelled when final
+    detail: str = ""  # why, for refused and stalled requests
+    frame_id: int = 0  # the frame whose prefix the request reads (0 while still queued)
 
 
 @dataclasses.dataclass
