@@ -102,6 +102,7 @@ def test_request_text_is_identical_alone_or_batched_across_frames(policy):
     assert tokens_of(crowd[1]) != tokens_of(crowd[3])  # other requests really differ
 
 
+@pytest.mark.timeout(1200)  # ~40 s idle on 2 cores; generous for a loaded CI host
 def test_thousand_frames_leave_no_leaked_kv(policy):
     config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=2, default_max_tokens=6, max_active_requests=8)
     engine = OxygenEngine(policy, config)
