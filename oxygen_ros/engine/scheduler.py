@@ -59,7 +59,7 @@ class EngineConfig:
             raise ValueError(f"decode_mode must be 'deadline' or 'fixed', got {self.decode_mode!r}")
         if self.gpu_preprocess and not self.uses_static_paths:
             raise ValueError("gpu_preprocess=True works on the static paths: set static_shapes=True (or cuda_graphs=True)")
-        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens", "context_bucket"):
+        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens", "context_bucket", "max_stall_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:

@@ -92,6 +92,9 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         deadline_margin_ms=settings.decode_margin_ms,
         seed=settings.seed,
         default_max_tokens=max(settings.narration_max_tokens, settings.answer_max_tokens),
+        static_shapes=settings.static_shapes,
+        cuda_graphs=settings.cuda_graphs,
+        gpu_preprocess=settings.gpu_preprocess,
     )
 
 

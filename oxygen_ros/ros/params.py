@@ -121,6 +121,15 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               "time kept free before the next tick (for taking the inputs that arrived meanwhile) when "
               "deciding whether one more decode step fits", CONFIGURE,
               (0.0, 1000.0)),
+    ParamSpec("static_shapes", _T.PARAMETER_BOOL, False,
+              "fixed-shape prefill / action / text steps (the GPU fast path; eager on CPU)", CONFIGURE),
+    ParamSpec("cuda_graphs", _T.PARAMETER_BOOL, False,
+              "capture the action path and batched decode steps in CUDA graphs (implies static_shapes; "
+              "needs device cuda)", CONFIGURE),
+    ParamSpec("gpu_preprocess", _T.PARAMETER_BOOL, False,
+              "resize_with_pad and scaling on the model device with pinned, non-blocking uploads (needs "
+              "static_shapes or cuda_graphs); exact for 224x224 images, within one uint8 level otherwise",
+              CONFIGURE),
     ParamSpec("max_active_requests", _T.PARAMETER_INTEGER, 16,
               "language requests decoded together; more wait in the queue", CONFIGURE, (1, 4096)),
     ParamSpec("kv_capacity_tokens", _T.PARAMETER_INTEGER, 0,
@@ -275,6 +284,9 @@ class NodeSettings:
     decode_mode: str
     decode_steps_per_frame: int
     decode_margin_ms: float
+    static_shapes: bool
+    cuda_graphs: bool
+    gpu_preprocess: bool
     max_active_requests: int
     kv_capacity_tokens: int
     cameras: Tuple[CameraInput, ...]
@@ -357,6 +369,9 @@ class NodeSettings:
             decode_mode=v["decode_mode"],
             decode_steps_per_frame=v["decode_steps_per_frame"],
             decode_margin_ms=v["decode_margin_ms"],
+            static_shapes=v["static_shapes"],
+            cuda_graphs=v["cuda_graphs"],
+            gpu_preprocess=v["gpu_preprocess"],
             max_active_requests=v["max_active_requests"],
             kv_capacity_tokens=v["kv_capacity_tokens"],
             cameras=cameras,
