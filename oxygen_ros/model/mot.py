@@ -90,6 +90,24 @@ def _join(parts: List[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+@dataclasses.dataclass
+class AttentionTables:
+    """What every layer of one pass shares: RoPE tables of the new tokens and the additive mask."""
+
+    cos: Tensor
+    sin: Tensor
+    bias: Optional[Tensor]
+
+
+def attention_tables(
+    cfg: GemmaConfig, positions: Tensor, allowed: Tensor, rope_base: float, dtype: torch.dtype, dense_mask: Optional[bool] = None
+) -> AttentionTables:
+    """Build the tables once; a loop that repeats a pass with the same layout (the denoising steps)
+    reuses them."""
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, rope_base, dtype)
+    return AttentionTables(cos, sin, attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask))
+
+
 def joint_forward(
     streams: Sequence[Stream],
     positions: Tensor,
@@ -97,12 +115,14 @@ def joint_forward(
     context: Optional[KVContext],
     rope_base: float,
     dense_mask: Optional[bool] = None,
+    tables: Optional[AttentionTables] = None,
 ) -> JointOutput:
     """Run all layers over the concatenated streams.
 
     positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in order).
     allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
     dense_mask: see `attention_bias`; False keeps the pass free of host syncs (CUDA-graph capture).
+    tables: `attention_tables` of (positions, allowed), when the caller already built them.
     """
     first = streams[0].expert.cfg
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
@@ -111,7 +131,6 @@ def joint_forward(
     hidden = [s.hidden for s in streams]
     new_keys: List[Tensor] = []
     new_values: List[Tensor] = []
-    cos = sin = bias = None
 
     for layer_idx in range(first.depth):
         layers = [s.expert.layers[layer_idx] for s in streams]
@@ -126,11 +145,10 @@ def joint_forward(
         q = _join(qs).transpose(1, 2)  # [B, H, T, D]
         k = _join(ks).transpose(1, 2)  # [B, KVH, T, D]
         v = _join(vs)  # [B, T, KVH, D]
-        if cos is None:
-            cos, sin = rope_cos_sin(positions, head_dim, rope_base, q.dtype)
-            bias = attention_bias(allowed, heads // kv_heads, q.dtype, dense_mask)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if tables is None:
+            tables = attention_tables(first, positions, allowed, rope_base, q.dtype, dense_mask)
+        q = apply_rope(q, tables.cos, tables.sin)
+        k = apply_rope(k, tables.cos, tables.sin)
         new_keys.append(k.transpose(1, 2))
         new_values.append(v)
 
@@ -139,7 +157,7 @@ def joint_forward(
             v_all = torch.cat([context.values[layer_idx].to(v.dtype), v], dim=1)
         else:
             k_all, v_all = k, v
-        out = attention(q, k_all, v_all.transpose(1, 2), bias, head_dim**-0.5)
+        out = attention(q, k_all, v_all.transpose(1, 2), tables.bias, head_dim**-0.5)
 
         start = 0
         for i, (layer, stream) in enumerate(zip(layers, streams)):

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .config import Pi05Config
 from .layers import sincos_time_embedding
-from .mot import GemmaStack, JointOutput, KVContext, Stream, joint_forward
+from .mot import AttentionTables, GemmaStack, JointOutput, KVContext, Stream, attention_tables, joint_forward
 from .siglip import MultiModalProjector, SiglipVisionTower
 
 
@@ -171,27 +171,43 @@ class Pi05Model(nn.Module):
         out = expert_hidden[:, -horizon:]
         return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
 
+    def _action_layout(self, prefix: Prefix, batch: int, horizon: int) -> Tuple[Tensor, Tensor]:
+        """Positions and visibility of the action tokens: after the prefix, seeing it and each other."""
+        ctx, device = prefix.context, prefix.num_valid.device
+        positions = prefix.num_valid[:, None] + torch.arange(horizon, device=device)
+        allowed = torch.cat(
+            [ctx.valid[:, None, :].expand(batch, horizon, -1), torch.ones(batch, horizon, horizon, dtype=torch.bool, device=device)],
+            dim=2,
+        )
+        return positions, allowed
+
+    def _velocity(self, prefix: Prefix, x_t: Tensor, cond: Tensor, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]) -> Tensor:
+        stream = Stream(self.expert, self.embed_actions(x_t), cond)
+        out = joint_forward([stream], positions, allowed, prefix.context, self.config.rope_base, tables=tables)
+        return self.velocity(out.hidden[0])
+
     def denoise_step(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
         """Velocity v(x_t, t) of the action chunk; attends to the prefix KV, never writes it."""
         b, horizon = x_t.shape[:2]
-        ctx = prefix.context
-        positions = prefix.num_valid[:, None] + torch.arange(horizon, device=x_t.device)
-        allowed = torch.cat(
-            [ctx.valid[:, None, :].expand(b, horizon, -1), torch.ones(b, horizon, horizon, dtype=torch.bool, device=x_t.device)],
-            dim=2,
-        )
-        stream = Stream(self.expert, self.embed_actions(x_t), self.time_condition(t.expand(b)))
-        out = joint_forward([stream], positions, allowed, ctx, self.config.rope_base)
-        return self.velocity(out.hidden[0])
+        positions, allowed = self._action_layout(prefix, b, horizon)
+        return self._velocity(prefix, x_t, self.time_condition(t.expand(b)), positions, allowed, None)
 
     @torch.no_grad()
     def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10) -> Tensor:
-        """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim]."""
-        times = flow_schedule(num_steps)
+        """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim].
+
+        What every step shares (time conditions, positions, RoPE tables, mask) is built once.
+        """
+        b, horizon = noise.shape[:2]
+        times = torch.stack(flow_schedule(num_steps)).to(noise.device)
+        conds = self.time_condition(times)  # [steps, width]: one batched MLP call
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+        positions, allowed = self._action_layout(prefix, b, horizon)
+        tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype)
         x_t = noise.float()
-        for t in times:
-            x_t = x_t + dt * self.denoise_step(prefix, x_t, t.to(x_t.device))
+        for step in range(len(times)):  # openpi's float32 loop condition decides the count
+            cond = conds[step : step + 1].expand(b, -1)
+            x_t = x_t + dt * self._velocity(prefix, x_t, cond, positions, allowed, tables)
         return x_t
 
     # -- language --------------------------------------------------------------------------------
