@@ -65,7 +65,9 @@ def test_gather_concatenates_segments_per_row_and_pads():
 
 def test_fragmented_pool_still_serves_reads_correctly():
     p = pool(capacity=64, block=8)
-    a, b, c = p.allocate(8, "a"), p.allocate(8, "b"), p.allocate(8, "c")
+    p.allocate(8, "a")
+    b = p.allocate(8, "b")
+    p.allocate(8, "c")
     p.release(b)  # leave a hole, so the next 16-token segment cannot be contiguous
     p.allocate(32, "d")  # blocks 3-6
     seg = p.allocate(16, "e")  # the hole (block 1) + block 7: non-contiguous

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 import torch
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine

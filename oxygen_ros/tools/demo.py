@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import signal
@@ -27,23 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from oxygen_ros.tools.cli import positive_float
+
 NODE_NAME = "oxygen_node"
 QUESTION = "what is on the table?"
 STARTUP_TIMEOUT_S = 60.0
 ANSWER_WAIT_S = 5.0  # after the bag ends
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxygen-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=_positive, default=15.0, help="bag length in seconds (default 15)")
-    parser.add_argument("--rate-hz", type=_positive, default=30.0, help="node loop rate (default 30)")
+    parser.add_argument("--duration", type=positive_float, default=15.0, help="bag length in seconds (default 15)")
+    parser.add_argument("--rate-hz", type=positive_float, default=30.0, help="node loop rate (default 30)")
     parser.add_argument("--preset", choices=("tiny", "small"), default="tiny", help="random-weight model size")
     parser.add_argument("--work", type=Path, default=None,
                         help="where checkpoint, bag and node log are kept (default ~/.cache/oxygen_ros/demo)")

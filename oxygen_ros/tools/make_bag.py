@@ -30,6 +30,8 @@ from PIL import Image as PILImage
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
+from oxygen_ros.tools.cli import positive_float, positive_int
+
 if TYPE_CHECKING:
     from rosbags.typesys.store import Typestore
 
@@ -263,18 +265,8 @@ def write_synthetic_bag(
 # ----------------------------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,12 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, default=Path("oxygen_synthetic_bag"),
                         help="bag directory to create (must not exist)")
-    parser.add_argument("--duration", type=_positive_float, default=10.0, help="seconds")
-    parser.add_argument("--width", type=_positive_int, default=224, help="image width")
-    parser.add_argument("--height", type=_positive_int, default=224, help="image height")
-    parser.add_argument("--joints", type=_positive_int, default=7, help="number of joints")
-    parser.add_argument("--camera-rate", type=_positive_float, default=30.0, help="Hz")
-    parser.add_argument("--joint-rate", type=_positive_float, default=100.0, help="Hz")
+    parser.add_argument("--duration", type=positive_float, default=10.0, help="seconds")
+    parser.add_argument("--width", type=positive_int, default=224, help="image width")
+    parser.add_argument("--height", type=positive_int, default=224, help="image height")
+    parser.add_argument("--joints", type=positive_int, default=7, help="number of joints")
+    parser.add_argument("--camera-rate", type=positive_float, default=30.0, help="Hz")
+    parser.add_argument("--joint-rate", type=positive_float, default=100.0, help="Hz")
     parser.add_argument("--compressed", action="store_true",
                         help="write jpeg CompressedImage on .../image_raw/compressed")
     parser.add_argument("--storage", choices=sorted(_STORAGES), default="mcap")

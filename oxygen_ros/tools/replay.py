@@ -30,6 +30,8 @@ from rclpy.serialization import deserialize_message, serialize_message
 from rclpy.utilities import remove_ros_args
 from rosbags.highlevel import AnyReader, AnyReaderError
 
+from oxygen_ros.tools.cli import positive_float
+
 SENSOR_TYPES = frozenset({"sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"})
 """Types published with the sensor-data QoS profile (best effort); others are reliable."""
 
@@ -240,11 +242,6 @@ class BagPlayer:
 # ----------------------------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(--ros-args ...) may follow.",
     )
     parser.add_argument("bag", type=Path, help="rosbag2 directory")
-    parser.add_argument("--rate", type=_positive_float, default=1.0,
+    parser.add_argument("--rate", type=positive_float, default=1.0,
                         help="playback speed factor (default 1; 4 plays 4x faster)")
     parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
     parser.add_argument("--topics", nargs="+", metavar="TOPIC", help="only these topics")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import torch
