@@ -40,6 +40,8 @@ class KVSegment:
     capacity: int
     length: int = 0
     ref_count: int = 1
+    # Pool slot of each reserved token, in order (host int64): reads and writes index it directly.
+    slot_table: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
 
 class KVPool:
@@ -121,7 +123,8 @@ class KVPool:
                 f"KV pool full: {owner} needs {need} blocks ({tokens} tokens), {len(self._free)} of {self.num_blocks} free"
             )
         blocks = self._take_contiguous(need) or self._take_lowest(need)
-        segment = KVSegment(self._next_id, owner, blocks, capacity=need * self.block_size)
+        table = (np.asarray(blocks, dtype=np.int64)[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)
+        segment = KVSegment(self._next_id, owner, blocks, capacity=need * self.block_size, slot_table=table)
         self._next_id += 1
         self._segments[segment.segment_id] = segment
         self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
@@ -163,14 +166,11 @@ class KVPool:
     # -- data ----------------------------------------------------------------------------------
     def slots(self, segment: KVSegment, start: int, stop: int) -> Tensor:
         """Pool slot index of the segment's tokens [start, stop)."""
-        pos = torch.arange(start, stop)
-        blocks = torch.tensor(segment.blocks)[pos // self.block_size]
-        return (blocks * self.block_size + pos % self.block_size).to(self.keys.device)
+        return torch.from_numpy(segment.slot_table[start:stop]).to(self.keys.device)
 
     def host_slots(self, segment: KVSegment, start: int, stop: int) -> np.ndarray:
-        """`slots` computed on the host (int64 numpy): for packing into a fixed-shape step's inputs."""
-        pos = np.arange(start, stop)
-        return np.asarray(segment.blocks, dtype=np.int64)[pos // self.block_size] * self.block_size + pos % self.block_size
+        """`slots` on the host (int64 numpy): for packing into a fixed-shape step's inputs."""
+        return segment.slot_table[start:stop]
 
     def scratch_slots(self, count: int, offset: int = 0) -> np.ndarray:
         """``count`` scratch slots (cycling when count > scratch_tokens): where padding K/V goes."""
@@ -229,14 +229,15 @@ class KVPool:
 
     def gather(self, rows: Sequence[Sequence[Tuple[KVSegment, int]]]) -> KVContext:
         """Batch context: row i is the concatenation of (segment, n_tokens) pieces, right-padded."""
-        pieces = [[self.slots(seg, 0, n) for seg, n in row] for row in rows]
-        row_slots = [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in pieces]
-        width = max(len(s) for s in row_slots)
-        idx = torch.zeros(len(rows), width, dtype=torch.long, device=self.keys.device)
-        valid = torch.zeros(len(rows), width, dtype=torch.bool, device=self.keys.device)
-        for i, s in enumerate(row_slots):
-            idx[i, : len(s)] = s
-            valid[i, : len(s)] = True
+        reads = [np.concatenate([seg.slot_table[:n] for seg, n in row]) if row else np.zeros(0, np.int64) for row in rows]
+        width = max(len(r) for r in reads)
+        host_idx = np.zeros((len(rows), width), dtype=np.int64)
+        host_valid = np.zeros((len(rows), width), dtype=bool)
+        for i, r in enumerate(reads):  # index building stays on the host: a few numpy ops per step
+            host_idx[i, : len(r)] = r
+            host_valid[i, : len(r)] = True
+        idx = torch.from_numpy(host_idx).to(self.keys.device)
+        valid = torch.from_numpy(host_valid).to(self.keys.device)
         keys = self.keys[:, idx]  # [L, B, C, KVH, D] scratch copy for this step only
         values = self.values[:, idx]
         return KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
