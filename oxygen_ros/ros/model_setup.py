@@ -157,6 +157,7 @@ def warm_up(engine: OxygenEngine, settings: NodeSettings, frames: int = 3) -> fl
     decode-step latency estimates exist before the first real deadline. Returns the mean frame ms.
     """
     observation = synthetic_observation(settings)
+    engine.warm_up(observation)  # capture the CUDA graphs now, not during a real tick (no-op on eager paths)
     sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=settings.seed)
     total = 0.0
     for frame in range(frames):
