@@ -17,7 +17,6 @@ from std_msgs.msg import String
 
 from node_harness import STATE_ACTIVE, STATE_INACTIVE, NodeProcess, Probe, stamp_ns, wait_for
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
-from oxygen_ros.tools.make_checkpoint import make_checkpoint
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -29,19 +28,14 @@ INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
 def bag(tmp_path_factory):
     return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)
 
 
 @pytest.fixture(scope="module")
-def node(checkpoint, tmp_path_factory):
+def node(tiny_checkpoint, tmp_path_factory):
     process = NodeProcess({
-        "checkpoint_dir": str(checkpoint),
+        "checkpoint_dir": str(tiny_checkpoint),
         "rate_hz": RATE_HZ,
         "camera_topics": [camera_topic("base"), camera_topic("wrist")],
         "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],

@@ -29,7 +29,6 @@ from sensor_msgs.msg import CompressedImage
 
 from node_harness import STATE_INACTIVE, STATE_UNCONFIGURED, NodeProcess, Probe, wait_for
 from oxygen_ros.tools.make_bag import joint_names, write_synthetic_bag
-from oxygen_ros.tools.make_checkpoint import make_checkpoint
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -135,11 +134,6 @@ def write_fault_bag(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
 def good_bag(tmp_path_factory):
     return write_synthetic_bag(tmp_path_factory.mktemp("good") / "bag", duration_s=3.0)
 
@@ -163,8 +157,8 @@ def _params(checkpoint: Path, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def node(checkpoint, tmp_path_factory):
-    process = NodeProcess(_params(checkpoint), tmp_path_factory.mktemp("node"))
+def node(tiny_checkpoint, tmp_path_factory):
+    process = NodeProcess(_params(tiny_checkpoint), tmp_path_factory.mktemp("node"))
     yield process
     assert process.stop() == 0, process.log()[-3000:]
 
@@ -307,9 +301,9 @@ def test_joint_limits_clip_the_published_trajectory(probe, good_bag):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_corrupt_checkpoint_fails_configure_and_the_node_stays_alive(checkpoint, tmp_path):
+def test_corrupt_checkpoint_fails_configure_and_the_node_stays_alive(tiny_checkpoint, tmp_path):
     broken = tmp_path / "broken_ckpt"
-    shutil.copytree(checkpoint, broken)
+    shutil.copytree(tiny_checkpoint, broken)
     (broken / "model.safetensors").write_bytes(b"\xff" * 1000)
     name = "oxygen_broken"
     process = NodeProcess(_params(broken), tmp_path, name=name)
@@ -320,7 +314,7 @@ def test_corrupt_checkpoint_fails_configure_and_the_node_stays_alive(checkpoint,
         assert process.alive()
         assert probe.get_state() == STATE_UNCONFIGURED
         assert "not a readable safetensors file" in probe.fresh_diagnostics()["last_error"]
-        assert probe.set("checkpoint_dir", str(checkpoint)).successful
+        assert probe.set("checkpoint_dir", str(tiny_checkpoint)).successful
         assert probe.change_state(Transition.TRANSITION_CONFIGURE)
         assert probe.get_state() == STATE_INACTIVE
         assert probe.fresh_diagnostics()["last_error"] == ""

@@ -21,15 +21,14 @@ from node_harness import wait_for
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.ros.convert import rgb_to_image
 from oxygen_ros.ros.node import OxygenNode
-from oxygen_ros.tools.make_checkpoint import make_checkpoint
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 RATE_HZ = 10.0
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
-    checkpoint = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+def running(tiny_checkpoint, tmp_path_factory):
+    checkpoint = tiny_checkpoint
     context = rclpy.Context()
     rclpy.init(context=context)
     node = OxygenNode("oxygen_loop_test", context=context, parameter_overrides=[
