@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint_dir": str(checkpoint),
         "rate_hz": float(args.rate_hz),
         "narration_period_s": float(args.narration_period),
+        # Random weights make near-flat logits: greedy decoding repeats one (blank) token, sampling
+        # shows the text streaming. Real weights: the config's temperature (0 = greedy) applies.
+        "temperature": 1.0,
         "camera_topics": ["/camera/base/image_raw", "/camera/wrist/image_raw"],
         "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
         "joint_names": [f"joint_{i}" for i in range(1, 8)],
@@ -272,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         code = _stop_node(process)
         print(f"oxygen-demo: node stopped (exit status {code})")
         executor.shutdown()
+        spinner.join(timeout=5.0)  # a spin thread still inside rcl at interpreter exit aborts the process
         node.destroy_node()
         context.try_shutdown()
         for signum, handler in previous.items():
