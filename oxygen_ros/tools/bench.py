@@ -29,15 +29,16 @@ import torch
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.frames import timed_action
+from oxygen_ros.engine.frames import max_prefix_tokens
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.scheduler import make_pool, make_runner
-from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
     Workload,
     component_times,
     run_frames,
     run_realtime,
+    submit_due,
     synthetic_observations,
     time_ms,
     weight_bytes,
@@ -344,20 +345,15 @@ def bench_overload(args: argparse.Namespace) -> Dict[str, object]:
     """Action latency with no language vs. with far more requests than KV memory can hold."""
     policy = _policy(args)
     observations = synthetic_observations(args.cameras)
-    from oxygen_ros.engine.frames import max_prefix_tokens
-
     capacity = args.kv_prefixes * max_prefix_tokens(policy)
     rows = []
     for label, rate in (("action only", 0.0), ("overloaded", args.requests_per_frame)):
         engine = OxygenEngine(policy, _engine_config(args, decode_mode="fixed", kv_capacity_tokens=capacity, max_wait_frames=5))
         refused = 0
         action_ms: List[float] = []
-        due = 0.0
+        workload, due = Workload(requests_per_frame=rate, max_tokens=args.tokens), 0.0
         for i in range(args.warmup + args.frames):
-            due += rate
-            while due >= 1:
-                engine.submit("narration", sampling=SamplingParams(max_tokens=args.tokens))
-                due -= 1
+            due = submit_due(engine, due, workload)
             result = engine.step(observations[i % len(observations)])
             refused += sum(d.finish_reason == "refused" for d in result.deltas)
             if i >= args.warmup:
@@ -388,16 +384,14 @@ def bench_soak(args: argparse.Namespace) -> Dict[str, object]:
     observations = synthetic_observations(args.cameras)
     engine = OxygenEngine(policy, _engine_config(args, decode_mode="deadline"))
     period = 1.0 / args.rate_hz
+    workload = Workload(requests_per_frame=args.requests_per_frame, max_tokens=args.tokens)
     due, misses, finals = 0.0, 0, 0
     kv_start = rss_start = 0
     started = time.perf_counter()
     for i in range(args.warmup + args.frames):
         if i == args.warmup:
             kv_start, rss_start = engine.memory()["bytes_in_use"], _rss_bytes()
-        due += args.requests_per_frame
-        while due >= 1:
-            engine.submit("narration", sampling=SamplingParams(max_tokens=args.tokens))
-            due -= 1
+        due = submit_due(engine, due, workload)
         tick = time.perf_counter()
         result = engine.step(observations[i % len(observations)], now=tick, next_deadline=tick + period)
         misses += i >= args.warmup and not result.stats.deadline_met

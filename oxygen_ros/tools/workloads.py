@@ -47,7 +47,8 @@ class Workload:
     kind: str = "narration"
 
 
-def _submit_due(engine: EngineBase, due: float, workload: Workload) -> float:
+def submit_due(engine: EngineBase, due: float, workload: Workload) -> float:
+    """Submit this frame's share of ``workload.requests_per_frame``; returns the carried fraction."""
     due += workload.requests_per_frame
     while due >= 1.0:
         engine.submit(workload.kind, sampling=SamplingParams(max_tokens=workload.max_tokens))
@@ -68,7 +69,7 @@ def run_frames(engine: EngineBase, observations: List[Observation], workload: Wo
         if i == workload.warmup:
             gc.collect()
             start, tokens0 = time.perf_counter(), engine.tokens_generated
-        due = _submit_due(engine, due, workload)
+        due = submit_due(engine, due, workload)
         result = engine.step(observations[i % len(observations)])
         if i >= workload.warmup:
             frame_ms.append(result.stats.frame_ms)
@@ -117,7 +118,7 @@ def run_realtime(
             frame_ms, active = [], []
         if tick - next_tick > 0.5e-3:
             late_starts += 1
-        due = _submit_due(engine, due, workload)
+        due = submit_due(engine, due, workload)
         result = engine.step(observations[i % len(observations)], now=tick, next_deadline=tick + period)
         frame_ms.append(result.stats.frame_ms)
         active.append(result.stats.active_requests)
