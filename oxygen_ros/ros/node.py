@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import rclpy
 import torch
@@ -49,7 +49,7 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import SingleThreadedExecutor
+from rclpy.executors import ShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -104,7 +104,7 @@ MAX_PENDING_QUESTIONS = 32
 # Counters (see /diagnostics "counters") that mean something went wrong; the rest count normal events.
 FAULT_COUNTER_PREFIXES = ("image_", "joint_", "no_action_", "tick_", "non_finite", "stale", "stamp_",
                           "duplicate", "deadline", "late_ticks", "requests_refused", "ask_rejected",
-                          "instruction_rejected")
+                          "instruction_rejected", "executor_errors")
 LOG_THROTTLE_S = 5.0
 
 _thread_state = threading.local()
@@ -519,6 +519,12 @@ class OxygenNode(LifecycleNode):
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
+    def record_executor_error(self, exc: BaseException) -> None:
+        """An error raised inside the executor itself (e.g. rclpy failing to take a message): counted
+        and logged; the caller keeps spinning, so the action loop outlives it."""
+        self._counters.add("executor_errors")
+        self._warn(f"executor:{type(exc).__name__}", f"executor error, spinning on: {type(exc).__name__}: {exc}")
+
     def _warn(self, key: str, message: str) -> None:
         """A warning throttled per key (topic and reason), telling how many were held back."""
         allowed, held = self._throttle.allow(key)
@@ -612,6 +618,22 @@ class OxygenNode(LifecycleNode):
         return array
 
 
+def spin_forever(executor: SingleThreadedExecutor, on_error: Callable[[Exception], None]) -> None:
+    """``executor.spin()`` that survives errors raised inside rclpy's executor (seen once under CI
+    load: a subscription message rclpy could not take); ``on_error`` reports them, spinning goes on."""
+    while rclpy.ok(context=executor.context):
+        try:
+            executor.spin_once(timeout_sec=0.1)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            raise
+        except ShutdownException:  # the executor itself was shut down
+            return
+        except Exception as exc:  # noqa: BLE001 - the node must keep its action loop alive
+            if not rclpy.ok(context=executor.context):
+                return  # errors from callbacks torn down by shutdown
+            on_error(exc)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``oxygen_node``: run until SIGINT/SIGTERM; returns the exit status.
 
@@ -635,7 +657,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if node.autostart and not node.start():
             node.get_logger().error("autostart failed; the node stays up (fix the parameters, then configure "
                                     "and activate it through its lifecycle services)")
-        executor.spin()
+        spin_forever(executor, node.record_executor_error)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

@@ -230,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import String
 
+    from oxygen_ros.ros.node import spin_forever
     from oxygen_ros.tools.replay import BagPlayer
 
     with open(log_path, "w") as log:
@@ -241,7 +242,11 @@ def run(args: argparse.Namespace) -> int:
     node = rclpy.create_node("oxygen_demo", context=context)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
+
+    def report(exc: Exception) -> None:
+        print(f"oxygen-demo: executor error, spinning on: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    spinner = threading.Thread(target=spin_forever, args=(executor, report), daemon=True)
     spinner.start()
     monitor = Monitor()
     try:
