@@ -24,7 +24,7 @@ from ..model.policy import Pi05Policy
 from .frames import prefill_frame, timed_action
 from .kv_cache import KVPool
 from .language import LanguageDecoder
-from .requests import LanguageRequest, RequestState
+from .requests import LanguageRequest
 from .scheduler import Clock, EngineBase, EngineConfig, make_pool
 from .types import ActionChunk, Observation, TextDelta
 
@@ -58,24 +58,14 @@ class _SequentialEngine(EngineBase):
                 source = frame
             else:  # isolated: the language task encodes the same observation again, into its own KV
                 source = prefill_frame(self.policy, self.pool, observation, frame_id, self.runner)
-            deltas += self.decoder.attach([request], source)
+            out, steps = self.decoder.run_to_completion(request, source)
             if source is not frame:
-                self.pool.release(source.segment)  # the request holds its own reference
-            deltas += self._finish(request)
+                self.pool.release(source.segment)  # the isolated copy: the request released its reference
+            deltas += out
+            self.decode_steps += steps
+            self.tokens_generated += steps
         self.pool.release(frame.segment)
         return chunk, deltas
-
-    def _finish(self, request: LanguageRequest) -> List[TextDelta]:
-        """Decode one request to completion, batch of one."""
-        deltas: List[TextDelta] = []
-        self.decode_steps += 1  # the attach step
-        self.tokens_generated += 1
-        while request.state is RequestState.ACTIVE:
-            deltas += self.decoder.step([request])
-            self.decode_steps += 1
-            self.tokens_generated += 1
-        self.decoder.release(request)
-        return deltas
 
 
 class IsolatedSequentialEngine(_SequentialEngine):
@@ -150,12 +140,7 @@ class NaiveParallelEngine(EngineBase):
             observation, frame_id, requests = job
             frame = prefill_frame(self.policy, self.language_pool, observation, frame_id, self.language_runner)
             for request in requests:
-                out = self.decoder.attach([request], frame)
-                steps = 1
-                while request.state is RequestState.ACTIVE:
-                    out += self.decoder.step([request])
-                    steps += 1
-                self.decoder.release(request)
+                out, steps = self.decoder.run_to_completion(request, frame)
                 with self._lock:
                     self._done += out
                     self._busy -= 1

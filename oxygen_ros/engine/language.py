@@ -111,6 +111,17 @@ class LanguageDecoder:
         greedy, logits = self.runner.text(rows, sampled)
         return [r.choose(logits[i]) if sampled[i] else int(greedy[i]) for i, r in enumerate(requests)]
 
+    def run_to_completion(self, request: LanguageRequest, frame: FramePrefix) -> "tuple[List[TextDelta], int]":
+        """Attach one request to ``frame`` and decode it alone until it finishes, then release its KV
+        (the baselines' way). Returns its deltas and the model steps taken (= tokens sampled)."""
+        deltas = self.attach([request], frame)
+        steps = 1
+        while request.state is RequestState.ACTIVE:
+            deltas += self.step([request])
+            steps += 1
+        self.release(request)
+        return deltas, steps
+
     def release(self, request: LanguageRequest) -> None:
         """Return a finished request's KV: its own segment and its reference to the frame prefix."""
         if request.own is not None:
