@@ -139,7 +139,8 @@ def test_qos_sensor_data_for_images_reliable_otherwise():
     assert replay.qos_for("sensor_msgs/msg/Image").reliability == ReliabilityPolicy.BEST_EFFORT
     assert replay.qos_for("sensor_msgs/msg/CompressedImage") is qos_profile_sensor_data
     qos = replay.qos_for("sensor_msgs/msg/JointState")
-    assert qos.reliability == ReliabilityPolicy.RELIABLE and qos.depth == 10
+    assert qos.reliability == ReliabilityPolicy.RELIABLE
+    assert qos.depth == replay.RELIABLE_HISTORY_DEPTH >= 100
 
 
 def test_restamp_patch_changes_only_the_stamp():
@@ -177,8 +178,9 @@ class Recorder:
         self.node = rclpy.create_node("bag_tools_recorder", context=context)
         self.received = defaultdict(list)  # topic -> [message]
         for topic in topics:
+            # Joint states: a history as deep as the bag, so a slow spin loses nothing.
             msg_type, qos = (Image, qos_profile_sensor_data) if "camera" in topic else (
-                JointState, 10)
+                JointState, 1000)
             self.node.create_subscription(msg_type, topic, self._callback(topic), qos)
         self._executor = SingleThreadedExecutor(context=context)
         self._executor.add_node(self.node)

@@ -54,11 +54,16 @@ def message_class(type_name: str) -> Optional[type]:
         return None
 
 
+RELIABLE_HISTORY_DEPTH = 100
+"""Writer history for reliable topics: a fast (N×) replay publishes in bursts, and a deep
+history lets a reliable subscriber catch up instead of having unacknowledged samples overwritten."""
+
+
 def qos_for(type_name: str) -> QoSProfile:
-    """Sensor-data QoS for camera images, reliable depth 10 for everything else."""
+    """Sensor-data QoS for camera images, reliable with a deep history for everything else."""
     if type_name in SENSOR_TYPES:
         return qos_profile_sensor_data
-    return QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+    return QoSProfile(depth=RELIABLE_HISTORY_DEPTH, reliability=ReliabilityPolicy.RELIABLE)
 
 
 # ----------------------------------------------------------------------------------------------
