@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oxygen_ros.model.config import PRESETS, get_preset
+from oxygen_ros.model.layers import apply_rope, rope_tables
 from oxygen_ros.model.mot import KVContext, Stream, joint_forward
 from oxygen_ros.model.pi05 import Pi05Model, flow_schedule
 
@@ -116,7 +117,7 @@ def test_prefix_never_attends_to_action_tokens(model):
     assert allowed[:, s:, s:].all()  # actions see each other in both directions
 
     def prefix_out(x):
-        streams = [Stream(model.backbone, embs), Stream(model.expert, model.embed_actions(x), model.time_condition(torch.ones(b)))]
+        streams = [Stream(model.backbone, embs), Stream(model.expert, model.embed_actions(x), model.action_conditioning(torch.ones(b)))]
         return joint_forward(streams, positions, allowed, None, model.config.rope_base).hidden[0][valid]
 
     torch.testing.assert_close(prefix_out(noise), prefix_out(noise * 3 + 1), atol=0, rtol=0)
@@ -128,6 +129,38 @@ def test_positions_skip_masked_camera(model):
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     assert int(prefix.num_valid[0]) == 2 * model.config.image_tokens + int(token_masks.sum())
     assert prefix.context.length == int(prefix.num_valid[0])  # masked slot dropped from storage
+
+
+def hugging_face_rope(x, positions, base):
+    """transformers' Gemma rotary embedding, written out literally (rotate_half convention)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def test_rope_equals_hugging_face_rotate_half_exactly():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 16, generator=g)  # [B, heads, T, D]
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [5, 9, 200, 201, 202, 1000, 4095]])
+    ours = apply_rope(x, *rope_tables(positions, 16, 10_000.0, torch.float32))
+    assert torch.equal(ours, hugging_face_rope(x, positions, 10_000.0))
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+
+    def score(pq: int, pk: int) -> float:
+        rq = apply_rope(q, *rope_tables(torch.tensor([[pq]]), 16, 10_000.0, torch.float32))
+        rk = apply_rope(k, *rope_tables(torch.tensor([[pk]]), 16, 10_000.0, torch.float32))
+        return float((rq * rk).sum())
+
+    assert score(10, 3) == pytest.approx(score(107, 100), rel=1e-4)
+    assert score(10, 3) != pytest.approx(score(10, 4), rel=1e-3)
 
 
 def test_flow_schedule_uses_float32_accumulation():

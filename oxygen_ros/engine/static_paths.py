@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from ..model.config import IMAGE_SLOTS
-from ..model.mot import KVContext, Stream, attention_tables, joint_forward
+from ..model.mot import KVContext, Stream, attention_tables, condition_rows, joint_forward
 from ..model.pi05 import Pi05Model, flow_schedule
 from ..model.policy import Pi05Policy
 from ..model.preprocess import resize_with_pad, to_model_range
@@ -204,12 +204,12 @@ class StaticActionChunk(_StaticStep):
         horizon = self._horizon_index.shape[0]
         positions = n_valid[:, None] + self._horizon_index[None]
         allowed = torch.cat([valid[:, None, :].expand(1, horizon, -1), self._actions_see_actions], dim=2)
-        # As Pi05Model.sample_actions: conditions, RoPE tables and mask built once for all steps.
-        conds = model.time_condition(self._times)
+        # As Pi05Model.sample_actions: modulations, RoPE tables and mask built once for all steps.
+        conditionings = condition_rows(model.action_conditioning(self._times))
         tables = attention_tables(model.expert.cfg, positions, allowed, model.config.rope_base, model.compute_dtype, dense_mask=False)
         x_t = self.noise
-        for i in range(self._times.shape[0]):
-            stream = Stream(model.expert, model.embed_actions(x_t), conds[i : i + 1])
+        for conditioning in conditionings:
+            stream = Stream(model.expert, model.embed_actions(x_t), conditioning)
             out = joint_forward([stream], positions, allowed, context, model.config.rope_base, tables=tables)
             x_t = x_t + self._dt * model.velocity(out.hidden[0])
         self.actions.copy_(x_t)

@@ -6,8 +6,9 @@ attention softmax runs in float32, masked logits are filled with openpi's additi
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,16 +33,32 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(width))
 
-    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, x: Tensor, modulation: Optional["Modulation"] = None) -> Tuple[Tensor, Optional[Tensor]]:
         out = rms_normalize(x, self.eps) * (1.0 + self.weight.float())
         return out.type_as(x), None
 
 
-class AdaRMSNorm(nn.Module):
-    """pi0.5's adaptive RMSNorm: scale, shift and a residual gate are predicted from ``cond``.
+@dataclasses.dataclass
+class Modulation:
+    """What an `AdaRMSNorm` predicts from a condition: ``normed * scale + shift``, and the gate
+    that multiplies the sublayer's residual branch. Rows [N, 1, W] broadcast over tokens."""
 
-    ``dense(cond)`` is split into (scale, shift, gate) in that order; the norm returns
-    ``normed * (1 + scale) + shift`` and the gate that multiplies the sublayer's residual branch.
+    scale: Tensor  # 1 + predicted scale, float32
+    shift: Tensor  # float32
+    gate: Tensor  # hidden dtype
+
+    def rows(self) -> List["Modulation"]:
+        """One [1, 1, W] modulation per row (e.g. per step of a fixed denoising schedule)."""
+        parts = zip(self.scale.split(1), self.shift.split(1), self.gate.split(1))
+        return [Modulation(scale, shift, gate) for scale, shift, gate in parts]
+
+
+class AdaRMSNorm(nn.Module):
+    """pi0.5's adaptive RMSNorm: scale, shift and a residual gate are predicted from a condition.
+
+    ``dense(cond)`` is split into (scale, shift, gate) in that order. `modulate` runs the dense
+    layer; `forward` applies its result, so a loop over a fixed set of conditions (the denoising
+    steps) predicts them all in one call before the loop.
     """
 
     def __init__(self, width: int, cond_width: int, eps: float = 1e-6) -> None:
@@ -49,13 +66,17 @@ class AdaRMSNorm(nn.Module):
         self.eps = eps
         self.dense = nn.Linear(cond_width, 3 * width)
 
-    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-        if cond is None:
-            raise ValueError("AdaRMSNorm needs the flow-matching time condition")
-        modulation = self.dense(cond.to(self.dense.weight.dtype))[:, None, :]  # [B, 1, 3W]
+    def modulate(self, cond: Tensor, dtype: torch.dtype) -> Modulation:
+        """Conditions [N, cond_width] -> modulation rows [N, 1, W]; ``dtype`` is the hidden dtype."""
+        modulation = self.dense(cond.to(self.dense.weight.dtype))[:, None, :]
         scale, shift, gate = modulation.chunk(3, dim=-1)
-        out = rms_normalize(x, self.eps) * (1.0 + scale.float()) + shift.float()
-        return out.type_as(x), gate.to(x.dtype)
+        return Modulation(1.0 + scale.float(), shift.float(), gate.to(dtype))
+
+    def forward(self, x: Tensor, modulation: Optional[Modulation] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        if modulation is None:
+            raise ValueError("AdaRMSNorm needs the modulation of the flow-matching time condition")
+        out = rms_normalize(x, self.eps) * modulation.scale + modulation.shift
+        return out.type_as(x), modulation.gate
 
 
 def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
@@ -76,20 +97,22 @@ class GeGLU(nn.Module):
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """Rotary tables for integer positions [B, T] -> cos, sin [B, T, head_dim] (half-split layout)."""
+def rope_tables(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Rotary tables for integer positions [B, T] -> cos, signed sin [B, 1, T, head_dim].
+
+    Half-split layout (Hugging Face ``rotate_half``). The sign that ``rotate_half`` puts on the
+    second half of x is folded into the first half of sin, so `apply_rope` needs one roll.
+    """
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     freqs = positions.float()[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], dim=-1)[:, None].to(dtype), torch.cat([-sin, sin], dim=-1)[:, None].to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [B, heads, T, D] by the tables [B, T, D] (Hugging Face ``rotate_half`` convention)."""
-    cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotate x [B, heads, T, D] by `rope_tables`: ``x·cos + rotate_half(x)·sin`` with
+    ``rotate_half(x) = [-x2, x1]``, computed as ``x·cos + [x2, x1]·[-sin, sin]`` (exactly equal)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype, dense: Optional[bool] = None) -> Optional[Tensor]:

@@ -10,13 +10,13 @@ request's own tokens) is simply more keys and values to attend to.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .config import GemmaConfig
-from .layers import AdaRMSNorm, GeGLU, RMSNorm, apply_rope, attention, attention_bias, gated_residual, rope_cos_sin
+from .layers import AdaRMSNorm, GeGLU, Modulation, RMSNorm, apply_rope, attention, attention_bias, gated_residual, rope_tables
 
 
 class GemmaAttentionProjections(nn.Module):
@@ -51,6 +51,22 @@ class GemmaStack(nn.Module):
         self.layers = nn.ModuleList(GemmaLayer(cfg, adaptive, eps) for _ in range(cfg.depth))
         self.norm = AdaRMSNorm(cfg.width, cfg.width, eps) if adaptive else RMSNorm(cfg.width, eps)
 
+    def condition(self, cond: Tensor, dtype: torch.dtype) -> "Conditioning":
+        """The modulation of every adaptive norm for conditions [N, width]: one dense call each."""
+        norms = [norm for layer in self.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+        return {norm: norm.modulate(cond, dtype) for norm in norms + [self.norm] if isinstance(norm, AdaRMSNorm)}
+
+
+Conditioning = Dict[nn.Module, Modulation]
+"""adaRMS modulations of one expert, keyed by norm module (see `GemmaStack.condition`)."""
+
+
+def condition_rows(conditioning: Conditioning) -> List[Conditioning]:
+    """Split a conditioning of N rows into N conditionings of one row each (one per step)."""
+    per_norm = {norm: modulation.rows() for norm, modulation in conditioning.items()}
+    count = len(next(iter(per_norm.values())))
+    return [{norm: rows[i] for norm, rows in per_norm.items()} for i in range(count)]
+
 
 @dataclasses.dataclass
 class Stream:
@@ -58,7 +74,11 @@ class Stream:
 
     expert: GemmaStack
     hidden: Tensor  # [B, T, width]
-    cond: Optional[Tensor] = None  # adaRMS condition [B, width] for the action expert
+    conditioning: Optional[Conditioning] = None  # the action expert's adaRMS modulations
+
+    def normalize(self, norm: nn.Module, x: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+        """Apply one of this expert's norms -> (normed, residual gate or None)."""
+        return norm(x, None if self.conditioning is None else self.conditioning[norm])
 
 
 @dataclasses.dataclass
@@ -94,8 +114,8 @@ def _join(parts: List[Tensor]) -> Tensor:
 class AttentionTables:
     """What every layer of one pass shares: RoPE tables of the new tokens and the additive mask."""
 
-    cos: Tensor
-    sin: Tensor
+    cos: Tensor  # [B, 1, T, head_dim]
+    signed_sin: Tensor  # see layers.rope_tables
     bias: Optional[Tensor]
 
 
@@ -104,8 +124,8 @@ def attention_tables(
 ) -> AttentionTables:
     """Build the tables once; a loop that repeats a pass with the same layout (the denoising steps)
     reuses them."""
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, rope_base, dtype)
-    return AttentionTables(cos, sin, attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask))
+    cos, signed_sin = rope_tables(positions, cfg.head_dim, rope_base, dtype)
+    return AttentionTables(cos, signed_sin, attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask))
 
 
 def joint_forward(
@@ -136,7 +156,7 @@ def joint_forward(
         layers = [s.expert.layers[layer_idx] for s in streams]
         qs, ks, vs, gates = [], [], [], []
         for layer, x, stream in zip(layers, hidden, streams):
-            normed, gate = layer.input_layernorm(x, stream.cond)
+            normed, gate = stream.normalize(layer.input_layernorm, x)
             gates.append(gate)
             t = x.shape[1]
             qs.append(layer.self_attn.q_proj(normed).view(batch, t, heads, head_dim))
@@ -147,8 +167,8 @@ def joint_forward(
         v = _join(vs)  # [B, T, KVH, D]
         if tables is None:
             tables = attention_tables(first, positions, allowed, rope_base, q.dtype, dense_mask)
-        q = apply_rope(q, tables.cos, tables.sin)
-        k = apply_rope(k, tables.cos, tables.sin)
+        q = apply_rope(q, tables.cos, tables.signed_sin)
+        k = apply_rope(k, tables.cos, tables.signed_sin)
         new_keys.append(k.transpose(1, 2))
         new_values.append(v)
 
@@ -165,10 +185,10 @@ def joint_forward(
             x = hidden[i]
             o = layer.self_attn.o_proj(out[:, start:end].to(layer.self_attn.o_proj.weight.dtype))
             x = gated_residual(x, o, gates[i])
-            normed, gate = layer.post_attention_layernorm(x, stream.cond)
+            normed, gate = stream.normalize(layer.post_attention_layernorm, x)
             x = gated_residual(x, layer.mlp(normed.to(layer.mlp.up_proj.weight.dtype)), gate)
             hidden[i] = x
             start = end
 
-    final = [s.expert.norm(x, s.cond)[0] for s, x in zip(streams, hidden)]
+    final = [s.normalize(s.expert.norm, x)[0] for s, x in zip(streams, hidden)]
     return JointOutput(hidden=final, keys=new_keys, values=new_values)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .config import Pi05Config
 from .layers import sincos_time_embedding
-from .mot import AttentionTables, GemmaStack, JointOutput, KVContext, Stream, attention_tables, joint_forward
+from .mot import AttentionTables, Conditioning, GemmaStack, JointOutput, KVContext, Stream, attention_tables, condition_rows, joint_forward
 from .siglip import MultiModalProjector, SiglipVisionTower
 
 
@@ -181,8 +181,14 @@ class Pi05Model(nn.Module):
         )
         return positions, allowed
 
-    def _velocity(self, prefix: Prefix, x_t: Tensor, cond: Tensor, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]) -> Tensor:
-        stream = Stream(self.expert, self.embed_actions(x_t), cond)
+    def action_conditioning(self, t: Tensor) -> Conditioning:
+        """Flow times [N] -> the action expert's adaRMS modulations, N rows."""
+        return self.expert.condition(self.time_condition(t), self.compute_dtype)
+
+    def _velocity(
+        self, prefix: Prefix, x_t: Tensor, conditioning: Conditioning, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]
+    ) -> Tensor:
+        stream = Stream(self.expert, self.embed_actions(x_t), conditioning)
         out = joint_forward([stream], positions, allowed, prefix.context, self.config.rope_base, tables=tables)
         return self.velocity(out.hidden[0])
 
@@ -190,24 +196,24 @@ class Pi05Model(nn.Module):
         """Velocity v(x_t, t) of the action chunk; attends to the prefix KV, never writes it."""
         b, horizon = x_t.shape[:2]
         positions, allowed = self._action_layout(prefix, b, horizon)
-        return self._velocity(prefix, x_t, self.time_condition(t.expand(b)), positions, allowed, None)
+        return self._velocity(prefix, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None)
 
     @torch.no_grad()
     def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10) -> Tensor:
         """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim].
 
-        What every step shares (time conditions, positions, RoPE tables, mask) is built once.
+        What every step shares (positions, RoPE tables, mask) is built once, and every step's adaRMS
+        modulation is predicted up front (the schedule is fixed): one dense call per norm.
         """
         b, horizon = noise.shape[:2]
         times = torch.stack(flow_schedule(num_steps)).to(noise.device)
-        conds = self.time_condition(times)  # [steps, width]: one batched MLP call
+        conditionings = condition_rows(self.action_conditioning(times))  # one per step, batch-broadcast
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         positions, allowed = self._action_layout(prefix, b, horizon)
         tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype)
         x_t = noise.float()
-        for step in range(len(times)):  # openpi's float32 loop condition decides the count
-            cond = conds[step : step + 1].expand(b, -1)
-            x_t = x_t + dt * self._velocity(prefix, x_t, cond, positions, allowed, tables)
+        for conditioning in conditionings:  # openpi's float32 loop condition decides the count
+            x_t = x_t + dt * self._velocity(prefix, x_t, conditioning, positions, allowed, tables)
         return x_t
 
     # -- language --------------------------------------------------------------------------------
@@ -252,7 +258,7 @@ class Pi05Model(nn.Module):
         for t in flow_schedule(num_steps):
             streams = [
                 Stream(self.backbone, prefix_embs),
-                Stream(self.expert, self.embed_actions(x_t), self.time_condition(t.to(noise.device).expand(b))),
+                Stream(self.expert, self.embed_actions(x_t), self.action_conditioning(t.to(noise.device).expand(b))),
             ]
             out: JointOutput = joint_forward(streams, positions, allowed, None, self.config.rope_base)
             x_t = x_t + dt * self.velocity(out.hidden[1])
