@@ -20,7 +20,7 @@ from std_msgs.msg import String
 from node_harness import wait_for
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.ros.convert import rgb_to_image
-from oxygen_ros.ros.node import OxygenNode
+from oxygen_ros.ros.node import OxygenNode, spin_forever
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 RATE_HZ = 10.0
@@ -60,15 +60,17 @@ def running(tiny_checkpoint, tmp_path_factory):
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     executor.add_node(feeder)
-    thread = threading.Thread(target=executor.spin, daemon=True)
+    # The loop `oxygen_node` runs: errors raised inside the executor are reported to the node.
+    thread = threading.Thread(target=spin_forever, args=(executor, node.record_executor_error), daemon=True)
     thread.start()
-    yield node, chunks, instruction
+    yield node, chunks, instruction, feeder
     executor.shutdown()
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "spin_forever did not return after the executor shut down"
     node.release()
     node.destroy_node()
     feeder.destroy_node()
     context.try_shutdown()
-    thread.join(timeout=5)
 
 
 def _now(node):
@@ -76,7 +78,7 @@ def _now(node):
 
 
 def test_tick_exceptions_are_counted_and_the_loop_continues(running):
-    node, chunks, _ = running
+    node, chunks, *_ = running
     assert wait_for(lambda: len(chunks) >= 3, 20)
     engine = node._engine
     act = engine.act
@@ -99,7 +101,7 @@ def test_tick_exceptions_are_counted_and_the_loop_continues(running):
 
 
 def test_an_overrun_is_counted_and_the_next_tick_is_not_skipped_silently(running):
-    node, chunks, _ = running
+    node, chunks, *_ = running
     engine = node._engine
     act = engine.act
     stalled = []
@@ -122,7 +124,27 @@ def test_an_overrun_is_counted_and_the_next_tick_is_not_skipped_silently(running
 
 
 def test_an_empty_instruction_is_rejected_and_counted(running):
-    node, _, instruction = running
+    node, _, instruction, _ = running
     instruction.publish(String(data="  "))
     assert wait_for(lambda: node._counters.get("instruction_rejected") == 1, 5)
     assert node.get_parameter("task").value == "pick up the red block"
+
+
+def test_an_error_inside_the_executor_is_counted_and_spinning_goes_on(running):
+    """Any callback error escaping rclpy's executor (here a feeder timer that raises) must not end
+    the spin loop that also drives the node's action timer."""
+    node, chunks, _, feeder = running
+    raised = []
+
+    def explode():
+        if len(raised) < 2:
+            raised.append(1)
+            raise RuntimeError("injected executor error")
+
+    timer = feeder.create_timer(0.05, explode)
+    try:
+        assert wait_for(lambda: node._counters.get("executor_errors") == 2, 10)
+        count = len(chunks)
+        assert wait_for(lambda: len(chunks) >= count + 3, 10), "no chunks after the executor errors"
+    finally:
+        feeder.destroy_timer(timer)

@@ -620,8 +620,12 @@ class OxygenNode(LifecycleNode):
 
 def spin_forever(executor: SingleThreadedExecutor, on_error: Callable[[Exception], None]) -> None:
     """``executor.spin()`` that survives errors raised inside rclpy's executor (seen once under CI
-    load: a subscription message rclpy could not take); ``on_error`` reports them, spinning goes on."""
-    while rclpy.ok(context=executor.context):
+    load: a subscription message rclpy could not take); ``on_error`` reports them, spinning goes on.
+
+    Returns when the context shuts down or the executor does. (A shut-down executor holds no nodes
+    and its ``spin_once`` returns at once, so without that check this would busy-loop.)
+    """
+    while rclpy.ok(context=executor.context) and executor.get_nodes():
         try:
             executor.spin_once(timeout_sec=0.1)
         except (KeyboardInterrupt, ExternalShutdownException):
