@@ -182,6 +182,44 @@ def test_deadline_mode_stops_decoding_before_the_deadline(policy):
     engine.close()
 
 
+class ManualClock:
+    """A clock that only moves when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_deadline_mode_steps_the_oldest_requests_that_fit_when_all_do_not(policy, monkeypatch):
+    clock = ManualClock()
+    engine = OxygenEngine(policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0, max_active_requests=4), clock=clock)
+    real_step = engine.decoder.step
+
+    def step_costing(requests):  # a decode step takes 1 ms + 1 ms per request
+        clock.now += 0.001 * (1 + len(requests))
+        return real_step(requests)
+
+    monkeypatch.setattr(engine.decoder, "step", step_costing)
+    engine.warm_up(observation(0))  # times batch 1, 2 and 4 before any frame
+    assert engine.timer.measured_sizes() == [1, 2, 4]
+    assert engine.timer.estimate(2) == pytest.approx(0.003) and engine.timer.estimate(4) == pytest.approx(0.005)
+    ids = [engine.submit("narration", sampling=SamplingParams(max_tokens=50)) for _ in range(4)]
+    engine.step(observation(1))  # no deadline: all four admitted
+    assert engine.active_requests == 4
+
+    # 4.5 ms of slack with a 1 ms margin: batch 4 (5 ms) does not fit, batch 2 (3 ms) does.
+    result = engine.step(observation(2), now=clock(), next_deadline=clock() + 0.0045)
+    assert result.stats.decode_steps == 1 and result.stats.tokens == 2
+    assert sorted(d.request_id for d in result.deltas) == ids[:2]  # the oldest two
+    assert result.stats.deadline_met
+    # With no slack at all nothing runs, and the requests left behind are not lost.
+    starved = engine.step(observation(3), now=clock(), next_deadline=clock() + 0.0015)
+    assert starved.stats.decode_steps == 0 and engine.active_requests == 4
+    engine.close()
+
+
 def count_prefills(policy, monkeypatch) -> List[int]:
     calls: List[int] = []
     real = policy.model.prefill

@@ -16,7 +16,7 @@ from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVPool
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
-from oxygen_ros.engine.scheduler import make_pool
+from oxygen_ros.engine.scheduler import EngineBase, make_pool
 from oxygen_ros.engine.static_paths import StaticRunner, TextRow, bucket_for, next_power_of_two, prompt_buckets, round_up
 from oxygen_ros.engine.types import Observation, TextDelta
 from oxygen_ros.model.layers import attention_bias
@@ -301,14 +301,16 @@ def test_cuda_graphs_need_cuda_and_gpu_preprocess_needs_static_paths(policy):
     assert EngineConfig(cuda_graphs=True).uses_static_paths
 
 
-def test_warm_up_prepares_every_bucket_a_workload_uses_and_writes_only_scratch(policy):
+def test_warm_up_prepares_every_bucket_a_workload_uses_and_leaves_the_pool_empty(policy):
     config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=1, static_shapes=True, max_active_requests=6, default_max_tokens=8)
     engine = OxygenEngine(policy, config)
     before = snapshot(engine.pool)
-    created = engine.warm_up(observation(0))
+    created = EngineBase.warm_up(engine, observation(0))  # the bucket preparation alone
     assert created == engine.runner.num_paths > 0
-    assert engine.memory()["bytes_in_use"] == 0 and engine.memory()["live_segments"] == 0
     assert changed_slots(engine.pool, before) <= set(range(engine.pool.scratch_start, engine.pool.keys.shape[1]))
+    assert engine.warm_up(observation(0)) == 0  # + decode timing at batch 1, 2, 4, 6: no new bucket
+    assert engine.timer.measured_sizes() == [1, 2, 4, 6]
+    assert engine.memory()["bytes_in_use"] == 0 and engine.memory()["live_segments"] == 0
     most = 0
     for f in range(12):
         engine.submit("narration")

@@ -18,6 +18,9 @@ class StepTimer:
         old = self._ema.get(batch)
         self._ema[batch] = seconds if old is None else old + self.alpha * (seconds - old)
 
+    def measured_sizes(self) -> List[int]:
+        return sorted(self._ema)
+
     def estimate(self, batch: int) -> float:
         """Expected latency of a step at ``batch``; 0.0 when nothing has been measured yet.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Callable, Deque, Dict, List, Mapping, Optional
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Set
 
 from ..model.policy import Pi05Policy
 from .frames import FramePrefix, max_prefix_tokens, timed_action
@@ -254,6 +254,46 @@ class OxygenEngine(EngineBase):
     def pools(self) -> List[KVPool]:
         return [self.pool]
 
+    def warm_up(self, observation: Observation) -> int:
+        """As `EngineBase.warm_up`, then time decode steps at batch 1, 2, 4, … max_active_requests on
+        a throwaway frame. Deadline mode then knows from the first tick how large a batch fits in
+        the slack; without this, a size not yet seen is estimated from the next larger one."""
+        created = super().warm_up(observation)
+        self._calibrate_decode(observation)
+        return created
+
+    def _calibrate_decode(self, observation: Observation, repeats: int = 3) -> None:
+        if self._active or self._frame is not None:
+            raise RuntimeError("warm_up must run before the first frame")
+        cfg = self.config
+        repeats = min(repeats, cfg.default_max_tokens - 1)  # steps a request of the usual length takes
+        if repeats < 1:
+            return
+        sizes = sorted({min(1 << i, cfg.max_active_requests) for i in range(cfg.max_active_requests.bit_length() + 1)})
+        frame, _ = timed_action(self.policy, self.pool, observation, -1, cfg.seed, cfg.num_steps, self.clock, self.runner)
+        kind = next(iter(cfg.kind_prompts))
+        prompt = self.policy.tokenizer.encode_text(cfg.kind_prompts[kind].format(text=""))
+        sampling = SamplingParams(max_tokens=cfg.default_max_tokens)
+        try:
+            for size in sizes:
+                requests = [LanguageRequest(-1 - i, kind, prompt, sampling, self.policy.tokenizer) for i in range(size)]
+                if self.pool.blocks_for(requests[0].kv_tokens_needed) * size > self.pool.free_blocks - self._prefix_blocks:
+                    break  # the pool cannot hold this many requests beside a frame prefix
+                try:
+                    for request in requests:  # one by one: admission buckets exist for small bursts
+                        self.decoder.attach([request], frame)
+                    for _ in range(repeats):
+                        if any(r.state is not RequestState.ACTIVE for r in requests):
+                            break  # one sampled EOS: this size is measured at its next use instead
+                        start = self.clock()
+                        self.decoder.step(requests)
+                        self.timer.record(size, self.clock() - start)
+                finally:
+                    for request in requests:
+                        self.decoder.release(request)
+        finally:
+            self.pool.release(frame.segment)
+
     @property
     def active_requests(self) -> int:
         return len(self._active)
@@ -274,37 +314,48 @@ class OxygenEngine(EngineBase):
     def decode(self, until: Optional[float] = None, max_steps: Optional[int] = None) -> List[TextDelta]:
         """Admit queued requests onto the newest prefix, then run batched decode steps.
 
-        Deadline mode: steps continue while the measured latency of one more step fits before
-        ``until`` (clock seconds). Fixed mode (or no ``until``): ``max_steps`` or k steps.
+        Deadline mode: each step takes the largest batch of active requests, oldest first, whose
+        measured step latency fits before ``until`` (clock seconds); when all of them do not fit,
+        the oldest ones still progress. Fixed mode (or no ``until``): ``max_steps`` or k steps over
+        every active request.
         """
         deadline = until is not None and self.config.decode_mode == "deadline"
         if max_steps is None:
             max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
         deltas, self._outbox = self._outbox, []
         deltas += self._admit(until if deadline else None)
+        progressed: Set[int] = set()
         steps = 0
         last = self.clock()
         while self._active and steps < max_steps:
-            batch = len(self._active)
-            if deadline and not self._fits(until, batch, last):
+            batch = self._active[: self._batch_that_fits(until, last)] if deadline else list(self._active)
+            if not batch:
                 break
-            deltas += self.decoder.step(self._active)
+            deltas += self.decoder.step(batch)
+            progressed.update(request.request_id for request in batch)
             self._retire_finished()
             steps += 1
             self.decode_steps += 1
-            self.tokens_generated += batch
+            self.tokens_generated += len(batch)
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
-            self.timer.record(batch, now - last)
+            self.timer.record(len(batch), now - last)
             last = now
-        deltas += self._finish_stalled(progressed=steps > 0)
+        deltas += self._finish_stalled(progressed)
         return deltas
 
-    def _finish_stalled(self, progressed: bool) -> List[TextDelta]:
+    def _batch_that_fits(self, until: float, now: float) -> int:
+        """How many of the active requests (oldest first) one step can take before ``until``."""
+        size = len(self._active)
+        while size > 0 and not self._fits(until, size, now):
+            size -= 1
+        return size
+
+    def _finish_stalled(self, progressed: Set[int]) -> List[TextDelta]:
         """Under sustained overload deadline mode never finds slack: rather than hold KV forever
         (or delay the action path), requests that made no progress for too long are finished."""
         deltas: List[TextDelta] = []
         for request in self._active:
-            request.stalled_frames = 0 if progressed else request.stalled_frames + 1
+            request.stalled_frames = 0 if request.request_id in progressed else request.stalled_frames + 1
             if request.stalled_frames > self.config.max_stall_frames:
                 delta = request.finish("stalled")
                 delta.detail = f"no decode slack for {request.stalled_frames} frames (every tick overran)"

@@ -153,11 +153,12 @@ def synthetic_observation(settings: NodeSettings, size: int = 224) -> Observatio
 
 
 def warm_up(engine: OxygenEngine, settings: NodeSettings, frames: int = 3) -> float:
-    """Run a few frames with language requests so first-call costs are paid and the engine's
-    decode-step latency estimates exist before the first real deadline. Returns the mean frame ms.
+    """Prepare the engine before the first real deadline: `OxygenEngine.warm_up` captures the CUDA
+    graphs (if any) and times decode steps at every batch size it may use; a few frames with language
+    requests then pay the first-call costs of the whole tick. Returns the mean action ms.
     """
     observation = synthetic_observation(settings)
-    engine.warm_up(observation)  # capture the CUDA graphs now, not during a real tick (no-op on eager paths)
+    engine.warm_up(observation)
     sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=settings.seed)
     total = 0.0
     for frame in range(frames):

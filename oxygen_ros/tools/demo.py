@@ -7,7 +7,7 @@ bag in this process; print a line per second (frame rate, deadline misses, token
 requests, the latest narration); ask one question on ``~/ask`` half-way; when the bag ends, stop
 the node with SIGINT and print a summary.
 
-    oxygen-demo                       # tiny model, 15 s bag, 30 Hz loop
+    oxygen-demo                       # tiny model, 15 s bag, 60 Hz loop
     oxygen-demo --duration 30 --rate-hz 20 --preset small
 """
 
@@ -39,7 +39,7 @@ ANSWER_WAIT_S = 5.0  # after the bag ends
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxygen-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=positive_float, default=15.0, help="bag length in seconds (default 15)")
-    parser.add_argument("--rate-hz", type=positive_float, default=30.0, help="node loop rate (default 30)")
+    parser.add_argument("--rate-hz", type=positive_float, default=60.0, help="node loop rate (default 60, as the node)")
     parser.add_argument("--preset", choices=("tiny", "small"), default="tiny", help="random-weight model size")
     parser.add_argument("--work", type=Path, default=None,
                         help="where checkpoint, bag and node log are kept (default ~/.cache/oxygen_ros/demo)")
