@@ -5,8 +5,9 @@ batching of every active language request in the slack before the next deadline.
         prefill once -> prefix KV (unified pool)           } act(): the hard-deadline path,
         action expert over that KV -> action chunk         } never waits for language
         admit queued requests onto this frame's prefix
-        batched decode steps over ALL active requests, while a step still fits before the deadline
-        (or exactly k steps in fixed mode, the paper's setting)
+        batched decode steps over the active requests (whatever their frame), while a step still
+        fits before the deadline: all of them, or the oldest ones when all do not fit
+        (or exactly k steps over all of them in fixed mode, the paper's setting)
 
 ``EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
 counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven
