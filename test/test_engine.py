@@ -309,3 +309,16 @@ def test_requests_without_any_decode_slack_are_finished_as_stalled(policy):
     assert engine.active_requests == 0
     engine.close()
     assert engine.memory()["bytes_in_use"] == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"decode_mode": "eager"}, "decode_mode must be"),
+    ({"max_active_requests": 0}, "max_active_requests must be >= 1"),
+    ({"num_steps": 0}, "num_steps must be >= 1"),
+    ({"kv_capacity_tokens": -1}, "must be >= 0"),
+    ({"kind_prompts": {}}, "at least one language kind"),
+    ({"kind_prompts": {"narration": "  "}}, "must not be empty"),
+])
+def test_engine_config_rejects_bad_values_with_a_reason(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**fields)

@@ -65,6 +65,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:
             raise ValueError("decode_steps_per_frame, max_queued_requests and kv_capacity_tokens must be >= 0")
+        if not self.kind_prompts:
+            raise ValueError("kind_prompts must name at least one language kind")
         empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
         if empty:
             raise ValueError(f"kind prompts must not be empty: {empty}")
