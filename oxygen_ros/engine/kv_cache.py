@@ -76,6 +76,10 @@ class KVPool:
         self.peak_bytes = 0
 
     # -- accounting ----------------------------------------------------------------------------
+    def reset_peak(self) -> None:
+        """Count the peak afresh from the bytes in use now (after a warm-up, say)."""
+        self.peak_bytes = self.bytes_in_use
+
     @property
     def block_bytes(self) -> int:
         return self.block_size * self.bytes_per_token

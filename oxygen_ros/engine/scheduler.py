@@ -296,6 +296,7 @@ class OxygenEngine(EngineBase):
                         self.decoder.release(request)
         finally:
             self.pool.release(frame.segment)
+            self.pool.reset_peak()  # the throwaway frame and requests are not part of any workload
 
     @property
     def active_requests(self) -> int:

@@ -154,7 +154,7 @@ def time_ms(fn, policy: Pi05Policy, repeats: int) -> List[float]:
     return out
 
 
-def component_times(policy: Pi05Policy, config: EngineConfig, observation: Observation, batch: int, repeats: int = 10) -> Dict[str, float]:
+def component_times(policy: Pi05Policy, config: EngineConfig, observation: Observation, batch: int, repeats: int = 20) -> Dict[str, float]:
     """Prefill, action chunk, admitting one request and one decode step at ``batch`` requests, each
     timed alone (median ms).
 
