@@ -127,8 +127,10 @@ if [[ "$DEVICE" == cuda* ]] && "$PY" -c "import pytest" >/dev/null 2>&1; then
 fi
 BENCH=("$PY" -m oxygen_ros.tools.bench)
 run_step action 120 "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
+# --rounds 1: every round builds (and captures) each engine afresh; a dedicated GPU does not drift
+# the way the shared CPUs do that the default of 3 interleaved rounds is for
 run_step engines 180 "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
-    --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/engines.json"
+    --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --rounds 1 --json "$OUT/engines.json"
 run_step realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
     --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
 run_step summary 60 "${BENCH[@]}" summary --dir "$OUT"

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
@@ -32,9 +33,12 @@ from oxygen_ros.engine.frames import timed_action
 from oxygen_ros.engine.frames import max_prefix_tokens
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.scheduler import make_pool, make_runner
+from oxygen_ros.tools.cli import positive_int
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
+    FrameSamples,
     Workload,
+    compare_engines,
     component_times,
     run_frames,
     run_realtime,
@@ -75,6 +79,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     _common(engines, "small")
     _workload_args(engines, 50)
     engines.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    engines.set_defaults(warmup=6)  # per round; OxyGen's batch is steady after 30 tokens / k=5 = 6 frames
+    engines.add_argument("--rounds", type=positive_int, default=3,
+                         help="interleaved rounds: each engine runs frames/rounds frames (after its warm-up) per round, "
+                              "so drifting machine speed hits every engine alike (default 3)")
     engines.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     model = sub.add_parser("model", help="prefill, denoise-step and decode-step latency")
     _common(model, "small")
@@ -149,28 +157,30 @@ def bench_engines(args: argparse.Namespace) -> Dict[str, object]:
     workload = Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens)
     print(
         f"workload: preset={args.preset} device={args.device} dtype={args.dtype} cameras={args.cameras} steps={args.steps} "
-        f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} frames={args.frames}+{args.warmup} warm-up "
-        f"path={_path_name(config)}"
+        f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} frames={args.frames} "
+        f"in {args.rounds} interleaved round(s), each after {args.warmup} warm-up frames; path={_path_name(config)}"
     )
-    results: Dict[str, Dict[str, float]] = {}
-    errors: Dict[str, str] = {}
-    for name in args.engines:
-        try:  # one engine failing (e.g. on a new GPU) must not cost the others' numbers
-            engine = make_engine(name, policy, config)
-            try:
-                results[name] = run_frames(engine, observations, workload)
-            finally:
-                engine.close()
-        except Exception as exc:  # noqa: BLE001 - reported in the table and the JSON
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {errors[name]}", file=sys.stderr)
+    component_rounds: List[Dict[str, float]] = []
+
+    def time_components(name: str, part: FrameSamples) -> None:
+        """After OxyGen's part of each round: its components, each alone, in the same time window."""
+        if name == "oxygen":
+            batch = max(1, round(sum(part.active) / len(part.active)))
+            repeats = max(5, 20 // args.rounds)
+            component_rounds.append(component_times(policy, config, observations[0], batch, repeats) | {"batch": batch})
+
+    results, errors = compare_engines(
+        lambda name: make_engine(name, policy, config), args.engines, observations, workload, args.rounds, time_components
+    )
+    for name, error in errors.items():
+        print(f"{name}: FAILED {error}", file=sys.stderr)
     base = results.get("isolated-sequential", {}).get("frames_per_s")
     rows = []
     for name, r in results.items():
         r["speedup_vs_isolated"] = r["frames_per_s"] / base if base else float("nan")
         rows.append({"engine": name, **r})
     _print_table(rows, ["engine", "frames_per_s", "speedup_vs_isolated", "paper_action_hz", "tokens_per_s", "p50_frame_ms", "p99_frame_ms", "peak_kv_bytes", "mean_active_requests"])
-    checks = _oxygen_checks(args, policy, config, observations, workload, results)
+    checks = _oxygen_checks(args, policy, config, observations, results, component_rounds)
     for line in checks.pop("lines"):
         print(line)
     out = {"workload": vars(args) | {"json": str(args.json), "plot": str(args.plot)}, "engines": results, "errors": errors, "checks": checks}
@@ -180,14 +190,15 @@ def bench_engines(args: argparse.Namespace) -> Dict[str, object]:
     return out
 
 
-def _oxygen_checks(args, policy, config, observations, workload, results) -> Dict[str, object]:
-    """Scheduling overhead and language KV overhead of OxyGen, against components timed alone."""
+def _oxygen_checks(args, policy, config, observations, results, component_rounds) -> Dict[str, object]:
+    """Scheduling overhead and language KV overhead of OxyGen, against components timed alone
+    (``component_rounds``: one `component_times` per round, taken right after OxyGen's frames)."""
     checks: Dict[str, object] = {"lines": []}
     ox = results.get("oxygen")
     if not ox:
         return checks
-    batch = max(1, round(ox["mean_active_requests"]))
-    parts = component_times(policy, config, observations[0], batch)
+    parts = {key: float(np.median([c[key] for c in component_rounds])) for key in component_rounds[0]}
+    batch = int(parts["batch"])
     admits = args.requests_per_frame  # new requests per frame, each prefilling its kind text
     alone = parts["prefill_ms"] + parts["action_ms"] + admits * parts["admit_ms"] + args.decode_steps * parts["decode_step_ms"]
     checks["components_ms"] = parts | {"batch": batch, "sum_ms": alone}
@@ -206,7 +217,7 @@ def _oxygen_checks(args, policy, config, observations, workload, results) -> Dic
     lines.append(
         f"components alone: prefill {parts['prefill_ms']:.1f} ms + action {parts['action_ms']:.1f} ms + "
         f"{admits:g} x admit {parts['admit_ms']:.1f} ms + "
-        f"{args.decode_steps} x decode@{batch} {parts['decode_step_ms']:.1f} ms = {alone:.1f} ms; "
+        f"{args.decode_steps} x decode@{batch} {parts['decode_step_ms']:.1f} ms = {alone:.1f} ms (medians over {len(component_rounds)} rounds); "
         f"OxyGen p50 frame {ox['p50_frame_ms']:.1f} ms (mean {ox['mean_frame_ms']:.1f}) -> ratio {checks['frame_over_components']:.2f} (target <= 1.10)"
     )
     lines.append(

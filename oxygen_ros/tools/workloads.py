@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -56,13 +56,46 @@ def submit_due(engine: EngineBase, due: float, workload: Workload) -> float:
     return due
 
 
-def run_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> Dict[str, float]:
+@dataclasses.dataclass
+class FrameSamples:
+    """What `measure_frames` saw on one engine; samples of several rounds merge into one."""
+
+    frame_ms: List[float] = dataclasses.field(default_factory=list)
+    active: List[int] = dataclasses.field(default_factory=list)  # active requests after each frame
+    wall_s: float = 0.0
+    tokens: int = 0
+    peak_kv_bytes: int = 0
+
+    def merge(self, other: "FrameSamples") -> None:
+        self.frame_ms += other.frame_ms
+        self.active += other.active
+        self.wall_s += other.wall_s
+        self.tokens += other.tokens
+        self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
+
+    def summary(self) -> Dict[str, float]:
+        """Frames/s, tokens/s, frame latency percentiles, peak KV and batch sizes."""
+        fps = len(self.frame_ms) / self.wall_s
+        return {
+            "frames_per_s": fps,
+            "action_hz": fps,  # a fresh observation, prefill and chunk every frame
+            "paper_action_hz": 10 * fps,  # the paper's metric: a 10-step chunk executed per frame
+            "tokens_per_s": self.tokens / self.wall_s,
+            "p50_frame_ms": percentile(self.frame_ms, 50),
+            "p99_frame_ms": percentile(self.frame_ms, 99),
+            "mean_frame_ms": float(np.mean(self.frame_ms)),
+            "peak_kv_bytes": self.peak_kv_bytes,
+            "mean_active_requests": float(np.mean(self.active)),
+            "max_active_requests": int(max(self.active)),
+        }
+
+
+def measure_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> FrameSamples:
     """The paper's loop: frames back to back, a new request every 1/rate frames, measured after
-    warm-up. Returns frames/s, tokens/s, frame latency percentiles, peak KV and batch sizes."""
+    warm-up."""
     engine.warm_up(observations[0])  # as the node does: CUDA graphs captured, decode sizes timed
     due = 0.0
-    frame_ms: List[float] = []
-    active: List[int] = []
+    samples = FrameSamples()
     start = tokens0 = 0.0
     for i in range(workload.warmup + workload.frames):
         if i == workload.warmup:
@@ -71,23 +104,56 @@ def run_frames(engine: EngineBase, observations: List[Observation], workload: Wo
         due = submit_due(engine, due, workload)
         result = engine.step(observations[i % len(observations)])
         if i >= workload.warmup:
-            frame_ms.append(result.stats.frame_ms)
-            active.append(result.stats.active_requests)
-    wall = time.perf_counter() - start
-    tokens = engine.tokens_generated - tokens0
-    fps = workload.frames / wall
-    return {
-        "frames_per_s": fps,
-        "action_hz": fps,  # a fresh observation, prefill and chunk every frame
-        "paper_action_hz": 10 * fps,  # the paper's metric: a 10-step chunk executed per frame
-        "tokens_per_s": tokens / wall,
-        "p50_frame_ms": percentile(frame_ms, 50),
-        "p99_frame_ms": percentile(frame_ms, 99),
-        "mean_frame_ms": float(np.mean(frame_ms)),
-        "peak_kv_bytes": engine.memory()["peak_bytes"],
-        "mean_active_requests": float(np.mean(active)),
-        "max_active_requests": int(max(active)),
-    }
+            samples.frame_ms.append(result.stats.frame_ms)
+            samples.active.append(result.stats.active_requests)
+    samples.wall_s = time.perf_counter() - start
+    samples.tokens = engine.tokens_generated - tokens0
+    samples.peak_kv_bytes = engine.memory()["peak_bytes"]
+    return samples
+
+
+def run_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> Dict[str, float]:
+    """`measure_frames`, summarised."""
+    return measure_frames(engine, observations, workload).summary()
+
+
+AfterPart = Callable[[str, FrameSamples], None]
+"""Called after each engine's part of a round with the engine name and that part's samples."""
+
+
+def compare_engines(
+    make: Callable[[str], EngineBase],
+    names: Sequence[str],
+    observations: List[Observation],
+    workload: Workload,
+    rounds: int = 1,
+    after_part: Optional[AfterPart] = None,
+) -> "tuple[Dict[str, Dict[str, float]], Dict[str, str]]":
+    """Every engine on the same workload, in ``rounds`` interleaved rounds: each round gives each
+    engine a fresh instance, its warm-up and its share of the frames, in an order rotated per
+    round. A machine whose speed drifts (shared CPUs) then slows every engine alike, so the ratios
+    hold even when absolute numbers move. Returns (summary per engine, error per failed engine).
+    """
+    per_round = Workload(-(-workload.frames // rounds), workload.warmup, workload.requests_per_frame, workload.max_tokens, workload.kind)
+    samples: Dict[str, FrameSamples] = {name: FrameSamples() for name in names}
+    errors: Dict[str, str] = {}
+    for r in range(rounds):
+        for name in [*names[r % len(names):], *names[: r % len(names)]]:
+            if name in errors:
+                continue
+            try:  # one engine failing (e.g. on a new GPU) must not cost the others' numbers
+                engine = make(name)
+                try:
+                    part = measure_frames(engine, observations, per_round)
+                finally:
+                    engine.close()
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            samples[name].merge(part)
+            if after_part is not None:
+                after_part(name, part)
+    return {name: s.summary() for name, s in samples.items() if name not in errors}, errors
 
 
 def run_realtime(
