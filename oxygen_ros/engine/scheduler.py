@@ -45,7 +45,7 @@ class EngineConfig:
     # in a row (every tick overran its deadline) is finished as "stalled", freeing its KV
     kv_capacity_tokens: int = 0  # 0 = room for max_active_requests frames of prefix plus their text
     kv_block_size: int = 16
-    deadline_margin_ms: float = 1.0
+    deadline_margin_ms: float = 3.0  # slack left unused before the deadline (the node: decode_margin_ms)
     seed: int = 0
     default_max_tokens: int = 30
     kind_prompts: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_KIND_PROMPTS))
