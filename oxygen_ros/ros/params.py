@@ -359,40 +359,9 @@ class NodeSettings:
             crossed = [name for name, lo, hi in zip(action_joints, lower, upper) if lo > hi]
             if crossed:
                 raise SettingsError(f"joint_lower_limits exceed joint_upper_limits for joints {crossed}")
-        return cls(
-            checkpoint_dir=v["checkpoint_dir"],
-            preset=v["preset"],
-            tokenizer_path=v["tokenizer_path"],
-            device=v["device"],
-            dtype=v["dtype"],
-            seed=v["seed"],
-            decode_mode=v["decode_mode"],
-            decode_steps_per_frame=v["decode_steps_per_frame"],
-            decode_margin_ms=v["decode_margin_ms"],
-            static_shapes=v["static_shapes"],
-            cuda_graphs=v["cuda_graphs"],
-            gpu_preprocess=v["gpu_preprocess"],
-            max_active_requests=v["max_active_requests"],
-            kv_capacity_tokens=v["kv_capacity_tokens"],
-            cameras=cameras,
-            joint_names=joints,
-            action_joint_names=action_joints,
-            rate_hz=v["rate_hz"],
-            torch_threads=v["torch_threads"],
-            action_dt=v["action_dt"],
-            action_horizon=v["action_horizon"],
-            task=v["task"],
-            max_observation_age_s=v["max_observation_age_s"],
-            joint_lower_limits=lower,
-            joint_upper_limits=upper,
-            max_joint_velocity=limits["max_joint_velocity"],
-            dry_run=v["dry_run"],
-            narration_period_s=v["narration_period_s"],
-            narration_max_tokens=v["narration_max_tokens"],
-            answer_max_tokens=v["answer_max_tokens"],
-            temperature=v["temperature"],
-            autostart=v["autostart"],
-        )
+        # Every field named like a parameter takes its validated value; the rest are derived above.
+        direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
+        return cls(**{**direct, "cameras": cameras, "joint_names": joints, "action_joint_names": action_joints, **limits})
 
 
 def _cameras(topics: Sequence[str], slots: Sequence[str], compressed: Sequence[bool]) -> Tuple[CameraInput, ...]:

@@ -134,7 +134,7 @@ def compare_engines(
     round. A machine whose speed drifts (shared CPUs) then slows every engine alike, so the ratios
     hold even when absolute numbers move. Returns (summary per engine, error per failed engine).
     """
-    per_round = Workload(-(-workload.frames // rounds), workload.warmup, workload.requests_per_frame, workload.max_tokens, workload.kind)
+    per_round = dataclasses.replace(workload, frames=-(-workload.frames // rounds))  # frames rounded up
     samples: Dict[str, FrameSamples] = {name: FrameSamples() for name in names}
     errors: Dict[str, str] = {}
     for r in range(rounds):
