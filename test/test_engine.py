@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation, TextDelta

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
-from oxygen_ros.engine.kv_cache import KVPool
+from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
 from oxygen_ros.engine.scheduler import EngineBase, make_pool
@@ -80,7 +81,11 @@ def test_scratch_slots_sit_outside_the_accounting():
     assert pool.capacity_bytes == plain.capacity_bytes and pool.keys.shape[1] == 37
     assert pool.scratch_slots(7).tolist() == [32, 33, 34, 35, 36, 32, 33]
     segment = pool.allocate(10, "x")
-    assert pool.claim(segment, 10).tolist() == pool.slots(segment, 0, 10).tolist() and segment.length == 10
+    assert pool.next_slots(segment, 10).tolist() == pool.slots(segment, 0, 10).tolist() and segment.length == 0
+    pool.claim(segment, 10)  # counted as written only now
+    assert segment.length == 10
+    with pytest.raises(KVMemoryError, match="past its reserved"):
+        pool.next_slots(segment, 7)  # 16 reserved
     with pytest.raises(ValueError, match="no scratch"):
         plain.scratch_slots(1)
 

@@ -47,6 +47,10 @@ class _SequentialEngine(EngineBase):
     def active_requests(self) -> int:
         return 0  # nothing outlives its frame
 
+    def check_memory(self) -> None:
+        """Between frames these engines hold no KV at all: the pool must be empty."""
+        self.pool.check({})
+
     def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
         frame_id = self._new_frame_id()
         cfg = self.config
@@ -157,7 +161,10 @@ class NaiveParallelEngine(EngineBase):
             deltas, self._done = self._done, []
         return deltas
 
-    def close(self) -> None:
+    def close(self) -> List[TextDelta]:
         if self._worker.is_alive():
             self._jobs.put(None)
             self._worker.join(timeout=30)
+        with self._lock:
+            done, self._done = self._done, []
+        return done + super().close()

@@ -9,7 +9,8 @@ injector with no schedule never raises and costs one dictionary lookup per call.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional
+import contextlib
+from typing import Dict, Iterable, Iterator, Mapping, Optional
 
 STAGES = (
     "prefill",  # the frame's shared prefill
@@ -76,3 +77,37 @@ class FaultInjector:
 
 NO_FAULTS = FaultInjector()
 """The default: never raises."""
+
+
+def tag_stage(error: BaseException, name: str) -> None:
+    """Record on ``error`` the engine stage it came from, unless an inner stage already did."""
+    if not hasattr(error, "engine_stage"):
+        try:
+            error.engine_stage = name  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type without instance attributes
+            pass
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Tag an exception escaping this block with the engine stage it came from (the innermost tag
+    wins, see `tag_stage`), so that real faults are counted by stage like injected ones. The
+    exception is re-raised unchanged."""
+    try:
+        yield
+    except BaseException as error:
+        tag_stage(error, name)
+        raise
+
+
+def stage_of(error: BaseException, default: str) -> str:
+    """The stage an engine error came from: an InjectedFault's own stage, else the innermost
+    `stage` block it left, else ``default``."""
+    if isinstance(error, InjectedFault):
+        return error.stage
+    return getattr(error, "engine_stage", default)
+
+
+def describe(error: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``: what a failed request's final delta carries in ``detail``."""
+    return f"{type(error).__name__}: {error}"

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
+from .faults import NO_FAULTS, FaultInjector, stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
 from .types import ActionChunk, Observation
@@ -45,21 +46,35 @@ def max_prefix_tokens(policy: Pi05Policy) -> int:
 
 
 def prefill_frame(
-    policy: Pi05Policy, pool: KVPool, observation: Observation, frame_id: int, runner: Optional[StaticRunner] = None
+    policy: Pi05Policy,
+    pool: KVPool,
+    observation: Observation,
+    frame_id: int,
+    runner: Optional[StaticRunner] = None,
+    faults: FaultInjector = NO_FAULTS,
 ) -> FramePrefix:
     """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill.
 
-    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV.
+    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV, unless
+    the runner has no captured bucket for this observation (then the eager path does). On any
+    exception the frame's KV is released before the exception propagates.
     """
-    if runner is not None:
-        segment, last_hidden = runner.prefill(observation, owner=f"frame {frame_id} prefix")
-        return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
-    inputs = policy.encode(observation.images, observation.state, observation.prompt)
-    prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
-    # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
-    segment = pool.allocate(int(prefix.num_valid[0]), owner=f"frame {frame_id} prefix")
-    pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
-    return FramePrefix(frame_id, observation.stamp, segment, prefix.last_hidden[0])
+    owner = f"frame {frame_id} prefix"
+    with stage("prefill"):
+        prefilled = runner.prefill(observation, owner) if runner is not None else None
+        if prefilled is not None:
+            segment, last_hidden = prefilled
+        else:
+            inputs = policy.encode(observation.images, observation.state, observation.prompt)
+            prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+            # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
+            segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
+            last_hidden = prefix.last_hidden[0]
+        with pool.released_on_error(segment):
+            if prefilled is None:
+                pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
+            faults.check("prefill")
+    return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
 
 
 def act_on_frame(
@@ -67,7 +82,9 @@ def act_on_frame(
 ) -> Tensor:
     """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it)."""
     if runner is not None:
-        return runner.act(frame.segment, noise, num_steps)
+        actions = runner.act(frame.segment, noise, num_steps)
+        if actions is not None:
+            return actions
     context = pool.view(frame.segment)
     prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
     return policy.model.sample_actions(prefix, noise, num_steps)[0]
@@ -82,15 +99,22 @@ def timed_action(
     num_steps: int,
     clock: Clock,
     runner: Optional[StaticRunner] = None,
+    faults: FaultInjector = NO_FAULTS,
 ) -> "tuple[FramePrefix, ActionChunk]":
-    """Prefill + action for one frame, timed; the caller owns the returned frame's reference."""
+    """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
+
+    Transactional: on any exception (prefill or action) every block the frame took is back in the
+    pool and the original exception propagates, tagged with its stage (`faults.stage_of`).
+    """
     start = clock()
-    frame = prefill_frame(policy, pool, observation, frame_id, runner)
-    if runner is not None:
-        runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
-    prefilled = clock()
-    noise = frame_noise(policy.config, seed, frame_id, policy.device)
-    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
+    frame = prefill_frame(policy, pool, observation, frame_id, runner, faults)
+    with pool.released_on_error(frame.segment), stage("action"):
+        if runner is not None:
+            runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
+        prefilled = clock()
+        noise = frame_noise(policy.config, seed, frame_id, policy.device)
+        faults.check("action")
+        actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

@@ -16,8 +16,9 @@ is never duplicated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,6 +29,10 @@ from ..model.mot import KVContext
 
 class KVMemoryError(RuntimeError):
     """The pool has not enough free blocks for an allocation."""
+
+
+class KVInvariantError(RuntimeError):
+    """`KVPool.check` found the pool's bookkeeping broken (a leak, a double owner, a bad count)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -167,6 +172,63 @@ class KVPool:
         self._free.sort()
         return True
 
+    @contextlib.contextmanager
+    def released_on_error(self, segment: KVSegment) -> Iterator[KVSegment]:
+        """Hand ``segment``'s reference back if the block inside raises (then re-raise): the way
+        every path that takes KV stays transactional."""
+        try:
+            yield segment
+        except BaseException:
+            self.release(segment)
+            raise
+
+    def segments(self) -> List[KVSegment]:
+        """The live segments, oldest first."""
+        return list(self._segments.values())
+
+    def check(self, expected_refs: Optional[Mapping[int, int]] = None) -> None:
+        """Verify the pool's invariants; raise KVInvariantError naming every offending segment.
+
+        Always checked: each live segment has ref_count >= 1, length <= capacity = its blocks'
+        slots; no block belongs to two segments or is both in use and free; blocks in use plus free
+        blocks equal the pool's blocks. With ``expected_refs`` (segment id -> references its caller
+        knows of, e.g. the engine's live frame and requests), every live segment must be listed with
+        exactly that count and every listed one must be live: a segment nobody owns is a leak.
+        """
+        problems: List[str] = []
+        owner_of: Dict[int, KVSegment] = {}
+        for seg in self._segments.values():
+            name = f"segment {seg.segment_id} ({seg.owner})"
+            if seg.ref_count < 1:
+                problems.append(f"{name}: ref_count {seg.ref_count} < 1")
+            if not 0 <= seg.length <= seg.capacity or seg.capacity != len(seg.blocks) * self.block_size:
+                problems.append(f"{name}: length {seg.length}, capacity {seg.capacity} for {len(seg.blocks)} blocks")
+            for block in seg.blocks:
+                other = owner_of.setdefault(block, seg)
+                if other is not seg:
+                    problems.append(f"{name}: block {block} also in segment {other.segment_id} ({other.owner})")
+        free = set(self._free)
+        if len(free) != len(self._free):
+            problems.append("free list holds a block twice")
+        both = sorted(free & set(owner_of))
+        if both:
+            names = sorted({f"{owner_of[b].segment_id} ({owner_of[b].owner})" for b in both})
+            problems.append(f"blocks {both[:8]} are both free and in segments {names}")
+        if len(owner_of) + len(free) != self.num_blocks:
+            problems.append(f"{len(owner_of)} blocks in use + {len(free)} free != {self.num_blocks} blocks")
+        if expected_refs is not None:
+            for seg in self._segments.values():
+                want = expected_refs.get(seg.segment_id)
+                if want is None:
+                    problems.append(f"segment {seg.segment_id} ({seg.owner}) is live but owned by no live frame or request")
+                elif want != seg.ref_count:
+                    problems.append(f"segment {seg.segment_id} ({seg.owner}): ref_count {seg.ref_count}, {want} known references")
+            gone = sorted(set(expected_refs) - set(self._segments))
+            if gone:
+                problems.append(f"segments {gone} are referenced but already freed")
+        if problems:
+            raise KVInvariantError("KV pool invariants broken: " + "; ".join(problems))
+
     # -- data ----------------------------------------------------------------------------------
     def slots(self, segment: KVSegment, start: int, stop: int) -> Tensor:
         """Pool slot index of the segment's tokens [start, stop)."""
@@ -182,15 +244,25 @@ class KVPool:
             raise ValueError("this KV pool has no scratch slots (build it with scratch_tokens > 0)")
         return self.scratch_start + (np.arange(offset, offset + count) % self.scratch_tokens)
 
-    def claim(self, segment: KVSegment, tokens: int) -> np.ndarray:
-        """Reserve the segment's next ``tokens`` slots for a write done elsewhere (inside a
-        fixed-shape step) and count them as written; returns their slot ids. The caller must fill
-        them before any task reads the segment."""
+    def next_slots(self, segment: KVSegment, tokens: int) -> np.ndarray:
+        """Slot ids of the segment's next ``tokens`` unwritten tokens, for a write done elsewhere
+        (inside a fixed-shape step); nothing is counted as written until `claim`.
+
+        Raises KVMemoryError when they pass the segment's reserved capacity.
+        """
         if segment.length + tokens > segment.capacity:
             raise KVMemoryError(f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}")
-        slots = self.host_slots(segment, segment.length, segment.length + tokens)
+        return self.host_slots(segment, segment.length, segment.length + tokens)
+
+    def claim(self, segment: KVSegment, tokens: int) -> None:
+        """Count the segment's next ``tokens`` slots (see `next_slots`) as written: call it only
+        once the step that wrote them succeeded, so a failed step leaves no half-written length.
+
+        Raises KVMemoryError past the reserved capacity.
+        """
+        if segment.length + tokens > segment.capacity:
+            raise KVMemoryError(f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}")
         segment.length += tokens
-        return slots
 
     def write(self, segment: KVSegment, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
         """Append tokens to a segment: keys/values per layer, each [T, KVH, D]."""

@@ -1,5 +1,9 @@
 """Language decoding over the unified KV pool: admit requests onto a frame prefix, then advance any
 set of active requests — from any frames, of any lengths — by one token in one batched step.
+
+A fault inside a language stage (admission, decode step, detokenising, a static replay) never
+escapes: the requests it hit end with a final ``failed`` delta carrying the error, their KV goes
+back to the pool, and the fault is counted by stage; requests it did not hit go on.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..model.policy import Pi05Policy
+from .faults import NO_FAULTS, FaultInjector, describe, stage_of
 from .frames import FramePrefix
 from .kv_cache import KVPool
 from .requests import LanguageRequest, RequestState
@@ -28,38 +33,54 @@ class LanguageDecoder:
     With a ``runner`` the batched model calls go through the fixed-shape text steps
     (`StaticRunner.text`: one upload, one replay and one token readback per step); without, through
     the eager `Pi05Model.forward_text` over a padded gather. Both write the same KV and pick the
-    same tokens.
+    same tokens (the eager one also when a frozen runner has no captured bucket for the step).
+
+    faults: checked at "admission", "decode_step" and "detokenise". fault_counts: stage -> faults
+    caught here (shared with the engine that owns this decoder).
     """
 
-    def __init__(self, policy: Pi05Policy, pool: KVPool, runner: Optional[StaticRunner] = None) -> None:
+    def __init__(
+        self,
+        policy: Pi05Policy,
+        pool: KVPool,
+        runner: Optional[StaticRunner] = None,
+        faults: FaultInjector = NO_FAULTS,
+        fault_counts: Optional[Dict[str, int]] = None,
+    ) -> None:
         self.policy = policy
         self.pool = pool
         self.runner = runner
+        self.faults = faults
+        self.fault_counts: Dict[str, int] = {} if fault_counts is None else fault_counts
 
     def attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[TextDelta]:
         """Give requests a reference to ``frame``'s prefix and their own KV, prefill their kind text
         on top of the shared prefix (images are never re-encoded), and sample each first token.
 
-        The caller has checked that the pool can hold ``kv_tokens_needed`` for each request.
+        The caller has checked that the pool can hold ``kv_tokens_needed`` for each request. Never
+        raises for a fault in here: see the module docstring.
         """
         if not requests:
             return []
         pool = self.pool
+        try:
+            for r in requests:
+                r.frame_id = frame.frame_id
+                r.prefix = pool.retain(frame.segment)
+                r.own = pool.allocate(r.kv_tokens_needed, owner=f"request {r.request_id}")
+                r.state = RequestState.ACTIVE
+            tokens = None
+            if self.runner is not None:
+                rows = [TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own) for r in requests]
+                tokens = self._static_step(requests, rows)
+            if tokens is None:
+                tokens = self._eager_attach(requests, frame)
+            self.faults.check("admission")
+        except Exception as error:
+            return self.fail(requests, error, "admission")
         for r in requests:
-            r.frame_id = frame.frame_id
-            r.prefix = pool.retain(frame.segment)
-            r.own = pool.allocate(r.kv_tokens_needed, owner=f"request {r.request_id}")
-            r.state = RequestState.ACTIVE
-        if self.runner is not None:
-            rows = [TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own) for r in requests]
-            tokens = self._static_step(requests, rows)
-        else:
-            tokens = self._eager_attach(requests, frame)
-        deltas = []
-        for r, token in zip(requests, tokens):
             r.position = frame.length + len(r.prompt)
-            deltas.append(r.accept(token))
-        return deltas
+        return self._accept(requests, tokens)
 
     def _eager_attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[int]:
         model, pool = self.policy.model, self.pool
@@ -81,16 +102,44 @@ class LanguageDecoder:
         return [r.choose(logits[i]) for i, r in enumerate(requests)]
 
     def step(self, requests: Sequence[LanguageRequest]) -> List[TextDelta]:
-        """One batched decode step: feed each request's pending token, sample its next one."""
-        if self.runner is not None:
-            rows = [TextRow([(r.prefix, r.prefix.length), (r.own, r.own.length)], [r.pending_token], r.position, r.own) for r in requests]
-            tokens = self._static_step(requests, rows)
-        else:
-            tokens = self._eager_step(requests)
+        """One batched decode step: feed each request's pending token, sample its next one.
+
+        Never raises for a fault in here: see the module docstring.
+        """
+        try:
+            tokens = None
+            if self.runner is not None:
+                rows = [TextRow([(r.prefix, r.prefix.length), (r.own, r.own.length)], [r.pending_token], r.position, r.own) for r in requests]
+                tokens = self._static_step(requests, rows)
+            if tokens is None:
+                tokens = self._eager_step(requests)
+            self.faults.check("decode_step")
+        except Exception as error:
+            return self.fail(requests, error, "decode_step")
+        for r in requests:
+            r.position += 1
+        return self._accept(requests, tokens)
+
+    def _accept(self, requests: Sequence[LanguageRequest], tokens: Sequence[int]) -> List[TextDelta]:
+        """Each request records its sampled token; one whose detokenising raises fails alone."""
         deltas = []
         for r, token in zip(requests, tokens):
-            r.position += 1
-            deltas.append(r.accept(token))
+            try:
+                self.faults.check("detokenise")
+                deltas.append(r.accept(token))
+            except Exception as error:
+                deltas += self.fail([r], error, "detokenise")
+        return deltas
+
+    def fail(self, requests: Sequence[LanguageRequest], error: BaseException, default_stage: str) -> List[TextDelta]:
+        """End ``requests`` (hit by ``error``) with a final ``failed`` delta each, release their KV
+        and count the fault once under its stage. Returns the final deltas."""
+        name = stage_of(error, default_stage)
+        self.fault_counts[name] = self.fault_counts.get(name, 0) + 1
+        detail = describe(error)
+        deltas = [r.fail(detail) for r in requests if r.state is not RequestState.FINISHED]
+        for r in requests:
+            self.release(r)
         return deltas
 
     def _eager_step(self, requests: Sequence[LanguageRequest]) -> List[int]:
@@ -105,10 +154,14 @@ class LanguageDecoder:
         pool.append_one([r.own for r in requests], [k[:, 0] for k in out.keys], [v[:, 0] for v in out.values])
         return [r.choose(logits[i]) for i, r in enumerate(requests)]
 
-    def _static_step(self, requests: Sequence[LanguageRequest], rows: Sequence[TextRow]) -> List[int]:
-        """Greedy rows take the step's on-device argmax; sampling rows draw from its logits."""
+    def _static_step(self, requests: Sequence[LanguageRequest], rows: Sequence[TextRow]) -> Optional[List[int]]:
+        """Greedy rows take the step's on-device argmax; sampling rows draw from its logits. None:
+        the frozen runner has no bucket for these rows (run the eager step)."""
         sampled = [r.sampling.temperature > 0.0 for r in requests]
-        greedy, logits = self.runner.text(rows, sampled)
+        result = self.runner.text(rows, sampled)
+        if result is None:
+            return None
+        greedy, logits = result
         return [r.choose(logits[i]) if sampled[i] else int(greedy[i]) for i, r in enumerate(requests)]
 
     def run_to_completion(self, request: LanguageRequest, frame: FramePrefix) -> "tuple[List[TextDelta], int]":

@@ -1,41 +1,61 @@
-"""Latency bookkeeping: per-batch-size decode step estimates and run summaries."""
+"""Latency bookkeeping: step estimates per batch size and context, and run summaries."""
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Tuple
 
 import numpy as np
 
 
 class StepTimer:
-    """Exponential moving average of decode-step latency per batch size (seconds)."""
+    """Exponential moving average of step latency (seconds) per (batch size, context bucket).
 
-    def __init__(self, alpha: float = 0.2) -> None:
+    The context is the token count a step works over: for a decode step the longest context read
+    by a row (a batch of long contexts costs more than the same batch of short ones); for an
+    admission prefill its new tokens. Contexts are bucketed to multiples of ``context_step``.
+    """
+
+    def __init__(self, alpha: float = 0.2, context_step: int = 128) -> None:
+        if context_step < 1:
+            raise ValueError(f"context_step must be >= 1, got {context_step}")
         self.alpha = alpha
-        self._ema: Dict[int, float] = {}
+        self.context_step = context_step
+        self._ema: Dict[Tuple[int, int], float] = {}
 
-    def record(self, batch: int, seconds: float) -> None:
-        old = self._ema.get(batch)
-        self._ema[batch] = seconds if old is None else old + self.alpha * (seconds - old)
+    def key(self, batch: int, context: int = 0) -> Tuple[int, int]:
+        """(batch, context rounded up to the bucket: at least one bucket)."""
+        step = self.context_step
+        return batch, max(step, -(-context // step) * step)
+
+    def record(self, batch: int, seconds: float, context: int = 0) -> None:
+        key = self.key(batch, context)
+        old = self._ema.get(key)
+        self._ema[key] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def measured_sizes(self) -> List[int]:
+        """Batch sizes with at least one measurement."""
+        return sorted({batch for batch, _ in self._ema})
+
+    def measured_keys(self) -> List[Tuple[int, int]]:
         return sorted(self._ema)
 
-    def estimate(self, batch: int) -> float:
-        """Expected latency of a step at ``batch``; 0.0 when nothing has been measured yet.
+    def estimate(self, batch: int, context: int = 0) -> float:
+        """Expected latency of a step of ``batch`` rows over ``context`` tokens; 0.0 when nothing
+        has been measured yet.
 
-        An unmeasured size borrows the nearest measured larger size, or scales the largest measured
-        one linearly (pessimistic: batched decode grows sub-linearly).
+        An unmeasured key is estimated conservatively from its neighbours: each measured key
+        (b, c) bounds it by its latency scaled linearly up in batch and context where the wanted
+        key is larger (b/b', c/c' when > 1; batched steps grow sub-linearly in both), and the
+        tightest such bound is taken — so a measured larger neighbour is borrowed as it is.
         """
-        if batch in self._ema:
-            return self._ema[batch]
+        key = self.key(batch, context)
+        seconds = self._ema.get(key)
+        if seconds is not None:
+            return seconds
         if not self._ema:
             return 0.0
-        larger = [b for b in self._ema if b > batch]
-        if larger:
-            return self._ema[min(larger)]
-        top = max(self._ema)
-        return self._ema[top] * batch / top
+        b, c = key
+        return min(t * max(1.0, b / mb) * max(1.0, c / mc) for (mb, mc), t in self._ema.items())
 
 
 def percentile(values: Iterable[float], q: float) -> float:

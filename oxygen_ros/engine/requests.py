@@ -104,6 +104,12 @@ class LanguageRequest:
         self.pending_token = token
         return TextDelta(self.request_id, self.kind, delta, token_count=len(self.tokens), frame_id=self.frame_id or 0)
 
+    def fail(self, detail: str) -> TextDelta:
+        """End the request because a stage serving it raised: its final delta says why."""
+        delta = self.finish("failed")
+        delta.detail = detail
+        return delta
+
     def finish(self, reason: str, delta: str = "") -> TextDelta:
         if reason in ("eos", "length"):
             tail = self._stream.flush()

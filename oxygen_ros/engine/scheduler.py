@@ -7,7 +7,15 @@ batching of every active language request in the slack before the next deadline.
         admit queued requests onto this frame's prefix
         batched decode steps over the active requests (whatever their frame), while a step still
         fits before the deadline: all of them, or the oldest ones when all do not fit
-        (or exactly k steps over all of them in fixed mode, the paper's setting)
+        (or k steps over all of them in fixed mode, the paper's setting; with a deadline given,
+        a step that does not fit before it is skipped and counted)
+
+Step latency is estimated per batch size and context length (``metrics.StepTimer``), admission
+prefills by their own token count. KV ownership is transactional: a fault in the action path
+returns the frame's blocks and propagates; a fault in a language stage ends the requests it hit
+with a ``failed`` final delta (see ``language``). Faults are counted per stage in
+``faults_by_stage``; ``check_memory`` verifies that every live KV segment belongs to a live frame
+or request.
 
 ``EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
 counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven
@@ -18,12 +26,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 from typing import Callable, Deque, Dict, List, Mapping, Optional, Set
 
 from ..model.policy import Pi05Policy
+from .faults import NO_FAULTS, FaultInjector, stage_of
 from .frames import FramePrefix, max_prefix_tokens, timed_action
-from .kv_cache import KVPool
+from .kv_cache import KVInvariantError, KVPool
 from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
@@ -95,7 +105,9 @@ def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
     )
 
 
-def make_runner(policy: Pi05Policy, pool: KVPool, config: EngineConfig) -> Optional[StaticRunner]:
+def make_runner(
+    policy: Pi05Policy, pool: KVPool, config: EngineConfig, faults: FaultInjector = NO_FAULTS
+) -> Optional[StaticRunner]:
     """The static-shape runner of ``pool`` when the config asks for it, else None (eager paths).
 
     Raises ValueError for cuda_graphs=True with the model off CUDA.
@@ -103,19 +115,27 @@ def make_runner(policy: Pi05Policy, pool: KVPool, config: EngineConfig) -> Optio
     if not config.uses_static_paths:
         return None
     return StaticRunner(
-        policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket
+        policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket,
+        faults=faults,
     )
 
 
 class EngineBase:
-    """Request intake, ids and memory accounting shared by OxyGen and the baselines."""
+    """Request intake, ids and memory accounting shared by OxyGen and the baselines.
+
+    faults: where the engine's stages check for injected faults (default: never).
+    """
 
     name = "base"
 
-    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter, faults: FaultInjector = NO_FAULTS
+    ) -> None:
         self.policy = policy
         self.config = config or EngineConfig()
         self.clock = clock
+        self.faults = faults
+        self.faults_by_stage: Dict[str, int] = {}  # stage -> faults caught or propagated there
         self.frame_count = 0
         self._next_request_id = 1
         self._queue: Deque[LanguageRequest] = collections.deque()
@@ -127,16 +147,17 @@ class EngineBase:
     def _make_runner(self, pool: KVPool, acts: bool, text_batch: int) -> Optional[StaticRunner]:
         """A static runner for one of this engine's pools (None on the eager paths); ``acts`` and
         ``text_batch`` say what `warm_up` should prepare for it."""
-        runner = make_runner(self.policy, pool, self.config)
+        runner = make_runner(self.policy, pool, self.config, self.faults)
         if runner is not None:
             self._runners.append((runner, acts, text_batch))
         return runner
 
     def warm_up(self, observation: Observation) -> int:
         """Capture ahead of time the CUDA graphs that frames like ``observation`` will use (camera
-        set, prompt length, batch and context buckets up to this engine's limits), so that no capture
-        stalls a real-time frame. Returns the number of buckets created (always 0 on the dynamic paths,
-        which have no buckets)."""
+        set, prompt length, batch and context buckets up to this engine's limits), then freeze the
+        runners: from here on no bucket is created inside a frame (a shape not captured runs on the
+        nearest larger bucket or the eager path; `captures_during_frames` counts any capture anyway).
+        Returns the number of buckets created (always 0 on the dynamic paths, which have no buckets)."""
         cfg = self.config
         tokenizer = self.policy.tokenizer
         kind_tokens = [len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()]
@@ -149,7 +170,26 @@ class EngineBase:
                 text_tokens=max(kind_tokens) + cfg.default_max_tokens,
                 attach_tokens=kind_tokens if batch else (),
             )
+            runner.freeze()
         return created
+
+    @property
+    def captures_during_frames(self) -> int:
+        """Static buckets (CUDA graphs) created after warm-up froze the runners: must stay 0."""
+        return sum(runner.captures_during_frames for runner, _, _ in self._runners)
+
+    @property
+    def static_fallbacks(self) -> int:
+        """Frame steps a frozen runner had no captured bucket for (they ran on the eager path)."""
+        return sum(runner.fallbacks for runner, _, _ in self._runners)
+
+    def _count_fault(self, stage_name: str) -> None:
+        self.faults_by_stage[stage_name] = self.faults_by_stage.get(stage_name, 0) + 1
+
+    def check_memory(self) -> None:
+        """Verify the KV pools' invariants (`KVPool.check`). Raises KVInvariantError."""
+        for pool in self.pools():
+            pool.check()
 
     # -- intake --------------------------------------------------------------------------------
     def submit(self, kind: str, text: str = "", sampling: Optional[SamplingParams] = None) -> int:
@@ -230,8 +270,13 @@ class EngineBase:
             "live_segments": sum(p.live_segments for p in pools),
         }
 
-    def close(self) -> None:
-        """Finish everything and release all KV (idempotent)."""
+    def close(self) -> List[TextDelta]:
+        """Finish everything and release all KV (idempotent). Returns the final deltas not yet
+        delivered: refusals from `submit` and a ``cancelled`` one for each unfinished request."""
+        deltas, self._outbox = self._outbox, []
+        deltas += [request.finish("cancelled") for request in self._queue]
+        self._queue.clear()
+        return deltas
 
 
 class OxygenEngine(EngineBase):
@@ -239,12 +284,16 @@ class OxygenEngine(EngineBase):
 
     name = "oxygen"
 
-    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
-        super().__init__(policy, config, clock)
+    def __init__(
+        self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter, faults: FaultInjector = NO_FAULTS
+    ) -> None:
+        super().__init__(policy, config, clock, faults)
         self.pool = make_pool(policy, self.config)
         self.runner = self._make_runner(self.pool, acts=True, text_batch=self.config.max_active_requests)
-        self.decoder = LanguageDecoder(policy, self.pool, self.runner)
-        self.timer = StepTimer()
+        self.decoder = LanguageDecoder(policy, self.pool, self.runner, faults, self.faults_by_stage)
+        self.timer = StepTimer(context_step=self.config.context_bucket)  # decode steps: (batch, longest context)
+        self.admission_timer = StepTimer(context_step=16)  # admission prefills: (requests, their new tokens)
+        self.fixed_steps_skipped = 0  # fixed-mode steps left out because they did not fit before ``until``
         self._frame: Optional[FramePrefix] = None  # newest frame; the engine holds one reference
         self._active: List[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
@@ -284,13 +333,16 @@ class OxygenEngine(EngineBase):
                     break  # the pool cannot hold this many requests beside a frame prefix
                 try:
                     for request in requests:  # one by one: admission buckets exist for small bursts
+                        start = self.clock()
                         self.decoder.attach([request], frame)
+                        self.admission_timer.record(1, self.clock() - start, len(request.prompt))
                     for _ in range(repeats):
                         if any(r.state is not RequestState.ACTIVE for r in requests):
                             break  # one sampled EOS: this size is measured at its next use instead
+                        context = self._context(requests)
                         start = self.clock()
                         self.decoder.step(requests)
-                        self.timer.record(size, self.clock() - start)
+                        self.timer.record(size, self.clock() - start, context)
                 finally:
                     for request in requests:
                         self.decoder.release(request)
@@ -304,14 +356,24 @@ class OxygenEngine(EngineBase):
 
     # -- the action path -------------------------------------------------------------------------
     def act(self, observation: Observation) -> ActionChunk:
-        """Shared prefill + action chunk for a new frame. Language never runs inside this call."""
+        """Shared prefill + action chunk for a new frame. Language never runs inside this call.
+
+        On an exception (any stage) every block this frame took is back in the pool, the fault is
+        counted in ``faults_by_stage`` and the original exception propagates; the previous frame
+        is let go either way (requests still reading it keep it alive), so a retry starts clean.
+        """
         if self._frame is not None:
             self.pool.release(self._frame.segment)  # stays alive while requests still read it
             self._frame = None
         cfg = self.config
-        self._frame, chunk = timed_action(
-            self.policy, self.pool, observation, self._new_frame_id(), cfg.seed, cfg.num_steps, self.clock, self.runner
-        )
+        try:
+            self._frame, chunk = timed_action(
+                self.policy, self.pool, observation, self._new_frame_id(), cfg.seed, cfg.num_steps, self.clock, self.runner,
+                self.faults,
+            )
+        except Exception as error:
+            self._count_fault(stage_of(error, "action"))
+            raise
         return chunk
 
     # -- the language path -----------------------------------------------------------------------
@@ -319,38 +381,59 @@ class OxygenEngine(EngineBase):
         """Admit queued requests onto the newest prefix, then run batched decode steps.
 
         Deadline mode: each step takes the largest batch of active requests, oldest first, whose
-        measured step latency fits before ``until`` (clock seconds); when all of them do not fit,
-        the oldest ones still progress. Fixed mode (or no ``until``): ``max_steps`` or k steps over
-        every active request.
+        estimated step latency (by batch size and context) fits before ``until`` (clock seconds);
+        when all of them do not fit, the oldest ones still progress. Fixed mode (or no ``until``):
+        ``max_steps`` or k steps over every active request; with ``until`` a step that does not fit
+        before it is skipped (counted in ``fixed_steps_skipped``). Admission also waits for slack
+        when ``until`` is given.
+
+        Never raises for a fault in a language stage: the requests it hit end with a ``failed``
+        final delta, the others go on in later steps.
         """
         deadline = until is not None and self.config.decode_mode == "deadline"
         if max_steps is None:
             max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
         deltas, self._outbox = self._outbox, []
-        deltas += self._admit(until if deadline else None)
+        deltas += self._admit(until)
         progressed: Set[int] = set()
         steps = 0
         last = self.clock()
         while self._active and steps < max_steps:
-            batch = self._active[: self._batch_that_fits(until, last)] if deadline else list(self._active)
+            if deadline:
+                batch = self._active[: self._batch_that_fits(until, last)]
+            else:
+                batch = list(self._active)
+                if until is not None and not self._fits(until, self.timer.estimate(len(batch), self._context(batch)), last):
+                    self.fixed_steps_skipped += max_steps - steps
+                    break
             if not batch:
                 break
-            deltas += self.decoder.step(batch)
+            context = self._context(batch)
+            faults_before = sum(self.faults_by_stage.values())
+            step_deltas = self.decoder.step(batch)
+            deltas += step_deltas
             progressed.update(request.request_id for request in batch)
             self._retire_finished()
             steps += 1
             self.decode_steps += 1
-            self.tokens_generated += len(batch)
+            self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
-            self.timer.record(len(batch), now - last)
+            if sum(self.faults_by_stage.values()) == faults_before:  # a failed step's time says nothing
+                self.timer.record(len(batch), now - last, context)
             last = now
         deltas += self._finish_stalled(progressed)
         return deltas
 
+    @staticmethod
+    def _context(requests: List[LanguageRequest]) -> int:
+        """Tokens the longest row of a decode step over ``requests`` reads (prefix + its own)."""
+        return max(r.prefix.length + r.own.length for r in requests)
+
     def _batch_that_fits(self, until: float, now: float) -> int:
         """How many of the active requests (oldest first) one step can take before ``until``."""
+        contexts = list(itertools.accumulate((r.prefix.length + r.own.length for r in self._active), max))
         size = len(self._active)
-        while size > 0 and not self._fits(until, size, now):
+        while size > 0 and not self._fits(until, self.timer.estimate(size, contexts[size - 1]), now):
             size -= 1
         return size
 
@@ -367,16 +450,17 @@ class OxygenEngine(EngineBase):
         self._retire_finished()
         return deltas
 
-    def _fits(self, until: float, batch: int, now: Optional[float] = None) -> bool:
-        """Would one more step of ``batch`` requests end before ``until`` (minus the margin)?"""
+    def _fits(self, until: float, seconds: float, now: Optional[float] = None) -> bool:
+        """Would work estimated at ``seconds`` end before ``until`` (minus the margin)?"""
         now = self.clock() if now is None else now
-        return now + self.timer.estimate(batch) + self.config.deadline_margin_ms * 1e-3 <= until
+        return now + seconds + self.config.deadline_margin_ms * 1e-3 <= until
 
     def _admit(self, until: Optional[float]) -> List[TextDelta]:
         deltas: List[TextDelta] = []
         if self._frame is None:
             return deltas
         admitted: List[LanguageRequest] = []
+        new_tokens = 0  # kind-prompt tokens the admission prefill feeds
         language_blocks = self.pool.num_blocks - 2 * self._prefix_blocks  # keep: its prefix + the next frame's
         for request in list(self._queue):
             need = self.pool.blocks_for(request.kv_tokens_needed)
@@ -388,21 +472,25 @@ class OxygenEngine(EngineBase):
             room = self.pool.free_blocks - need - sum(self.pool.blocks_for(r.kv_tokens_needed) for r in admitted)
             if len(self._active) + len(admitted) >= self.config.max_active_requests or room < self._prefix_blocks:
                 break  # wait: concurrency or memory limit (the next frame's prefix is always kept free)
-            if until is not None and not self._fits(until, len(admitted) + 1):
+            if until is not None and not self._fits(until, self.admission_timer.estimate(len(admitted) + 1, new_tokens + len(request.prompt))):
                 break
             self._queue.remove(request)
             admitted.append(request)
+            new_tokens += len(request.prompt)
         for request in self._queue:
             request.waited_frames += 1
         for request in [r for r in self._queue if r.waited_frames > self.config.max_wait_frames]:
             self._queue.remove(request)
             deltas.append(self._refuse(request, f"waited {request.waited_frames} frames for KV memory or a decode slot"))
         if admitted:
+            faults_before = sum(self.faults_by_stage.values())
             start = self.clock()
-            deltas += self.decoder.attach(admitted, self._frame)
-            self.timer.record(len(admitted), self.clock() - start)
+            attached = self.decoder.attach(admitted, self._frame)
+            if sum(self.faults_by_stage.values()) == faults_before:
+                self.admission_timer.record(len(admitted), self.clock() - start, new_tokens)
+            deltas += attached
             self.decode_steps += 1
-            self.tokens_generated += len(admitted)
+            self.tokens_generated += sum(d.finish_reason != "failed" for d in attached)
             self._active += admitted
             self._retire_finished()
         return deltas
@@ -432,11 +520,31 @@ class OxygenEngine(EngineBase):
         chunk = self.act(observation)
         return chunk, self.decode(next_deadline)
 
-    def close(self) -> None:
-        for request in list(self._queue) + self._active:
-            request.finish("cancelled")
+    def check_memory(self) -> None:
+        """`KVPool.check` against the references this engine knows of: one to its newest frame's
+        prefix, and for each active request one to its frame's prefix and one to its own segment;
+        queued requests hold none. Raises KVInvariantError naming the offending segments or requests.
+        """
+        refs: Dict[int, int] = collections.Counter()
+        if self._frame is not None:
+            refs[self._frame.segment.segment_id] += 1
+        wrong = [r.request_id for r in self._queue if r.prefix is not None or r.own is not None]
+        for r in self._active:
+            if r.prefix is None or r.own is None:
+                wrong.append(r.request_id)
+                continue
+            refs[r.prefix.segment_id] += 1
+            refs[r.own.segment_id] += 1
+        if wrong:
+            raise KVInvariantError(f"requests {wrong}: queued ones holding KV or active ones without their KV")
+        self.pool.check(refs)
+
+    def close(self) -> List[TextDelta]:
+        deltas, self._outbox = self._outbox, []
+        deltas += [request.finish("cancelled") for request in list(self._queue) + self._active]
         self._queue.clear()
         self._retire_finished()
         if self._frame is not None:
             self.pool.release(self._frame.segment)
             self._frame = None
+        return deltas

@@ -25,7 +25,12 @@ in a CUDA graph and replays it. Tests check every path against its dynamic count
 All integer inputs of a step are packed into one int64 buffer (one upload per call) and masks are
 derived from lengths on the device. `StaticRunner` owns the buckets of one KV pool, packs inputs on
 the host, uploads them through pinned memory, and creates (and on CUDA captures) a bucket on first
-use or in `StaticRunner.warm_up`.
+use or in `StaticRunner.warm_up`. After `StaticRunner.freeze` (the engines freeze after their
+warm-up) no bucket is created any more: a shape not captured then runs on the nearest larger
+captured bucket, or the caller's eager path when none fits, so no capture stalls a real-time frame.
+
+Slots written inside a step are counted as written (`KVPool.claim`) only after the step ran, so
+a failed step leaves every segment's length as it was.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ..model.policy import Pi05Policy
 from ..model.preprocess import resize_with_pad, to_model_range
 from ..model.preprocess_torch import resize_with_pad_torch
 from .cuda_graphs import GraphedStep, HostStager, new_graph_pool
+from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
 from .types import Observation
 
@@ -291,6 +297,7 @@ class StaticRunner:
             instead of openpi's PIL path on the host.
         context_bucket: text and action contexts are padded to a multiple of this many tokens.
         batch_buckets: batch sizes of text steps; larger batches run in several steps.
+        faults: checked ("graph_replay") before every step replayed for a frame.
     """
 
     def __init__(
@@ -302,6 +309,7 @@ class StaticRunner:
         gpu_preprocess: bool = False,
         context_bucket: int = 128,
         batch_buckets: Sequence[int] = BATCH_BUCKETS,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
         device = policy.device
         if cuda_graphs and device.type != "cuda":
@@ -328,6 +336,15 @@ class StaticRunner:
         self._prefills: Dict[Tuple[Tuple[int, ...], int], StaticPrefill] = {}
         self._actions: Dict[Tuple[int, int], StaticActionChunk] = {}
         self._texts: Dict[Tuple[int, int, int], StaticTextStep] = {}
+        self.faults = faults
+        self.frozen = False  # set by `freeze`: no new bucket from then on
+        self.captures_during_frames = 0  # buckets created while frozen (must stay 0)
+        self.fallbacks = 0  # frame steps that found no captured bucket and ran eagerly
+
+    def freeze(self) -> None:
+        """From now on create no bucket: shapes not captured use the nearest larger captured
+        bucket, or the eager path (the `prefill` / `act` / `text` calls return None)."""
+        self.frozen = True
 
     # -- buckets ---------------------------------------------------------------------------------
     @property
@@ -350,25 +367,73 @@ class StaticRunner:
             self._images[slots] = torch.zeros(len(slots), 3, size, size, dtype=torch.float32, device=self.device)
         return self._images[slots]
 
+    def _created(self) -> None:
+        if self.frozen:
+            self.captures_during_frames += 1
+
     def prefill_path(self, slots: Tuple[int, ...], prompt_len: int) -> StaticPrefill:
+        """The prefill bucket of these image slots and prompt length (created when missing)."""
         key = (slots, bucket_for(prompt_len, self.prompt_buckets))
         if key not in self._prefills:
+            self._created()
             images = self._image_buffer(slots)
             self._prefills[key] = StaticPrefill(self.model, self.pool, images, slots, key[1], self.cuda_graphs, self._graph_pool)
         return self._prefills[key]
 
     def action_path(self, prefix_len: int, num_steps: int) -> StaticActionChunk:
+        """The action bucket of this prefix length and step count (created when missing)."""
         key = (round_up(prefix_len, self.context_bucket), num_steps)
         if key not in self._actions:
+            self._created()
             self._actions[key] = StaticActionChunk(self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool)
         return self._actions[key]
 
     def text_path(self, batch: int, new_tokens: int, context: int) -> StaticTextStep:
+        """The text bucket of this batch, new-token count and context (created when missing)."""
         key = (bucket_for(batch, self.batch_buckets), next_power_of_two(new_tokens), round_up(context, self.context_bucket))
         if key not in self._texts:
+            self._created()
             vocab = min(self.policy.tokenizer.vocab_size, self.model.config.vocab_size)
             self._texts[key] = StaticTextStep(self.model, self.pool, *key, vocab, self.cuda_graphs, self._graph_pool)
         return self._texts[key]
+
+    # A frame's lookups: before `freeze` as above; after, the smallest captured bucket that holds the
+    # shape, or None (the caller runs its eager path).
+    def _frame_prefill(self, slots: Tuple[int, ...], prompt_len: int) -> Optional[StaticPrefill]:
+        if not self.frozen:
+            return self.prefill_path(slots, prompt_len)
+        fits = [p for (s, n), p in self._prefills.items() if s == slots and n >= prompt_len]
+        return self._counted(min(fits, key=lambda p: p.prompt_len) if fits else None)
+
+    def _frame_action(self, prefix_len: int, num_steps: int) -> Optional[StaticActionChunk]:
+        if not self.frozen:
+            return self.action_path(prefix_len, num_steps)
+        fits = [p for (c, n), p in self._actions.items() if n == num_steps and c >= prefix_len]
+        return self._counted(min(fits, key=lambda p: p.context) if fits else None)
+
+    def _frame_text(self, batch: int, new_tokens: int, context: int) -> Optional[StaticTextStep]:
+        if not self.frozen:
+            return self.text_path(batch, new_tokens, context)
+        if batch <= self.batch_buckets[-1]:
+            key = (bucket_for(batch, self.batch_buckets), next_power_of_two(new_tokens), round_up(context, self.context_bucket))
+            if key in self._texts:
+                return self._texts[key]
+        fits = [p for (b, t, c), p in self._texts.items() if b >= batch and t >= new_tokens and c >= context]
+        return self._counted(min(fits, key=lambda p: p.batch * p.new_tokens * p.context) if fits else None)
+
+    def _counted(self, path):
+        if path is None:
+            self.fallbacks += 1
+        return path
+
+    def _replay(self, path: _StaticStep) -> None:
+        """Run one bucket for a frame (the fault point of every replay)."""
+        try:
+            self.faults.check("graph_replay")
+            path()
+        except BaseException as error:
+            tag_stage(error, "graph_replay")
+            raise
 
     def _upload(self, name: str, packed: PackedInts) -> None:
         self._stager.upload(name, packed.host, packed.device)
@@ -393,56 +458,74 @@ class StaticRunner:
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots
 
-    def prefill(self, observation: Observation, owner: str) -> Tuple[KVSegment, Tensor]:
+    def prefill(self, observation: Observation, owner: str) -> Optional[Tuple[KVSegment, Tensor]]:
         """Encode an observation into a new pool segment (one reference, held by the caller).
 
-        Returns the segment and the last prefix token's final-normed hidden state [width].
+        Returns the segment and the last prefix token's final-normed hidden state [width]; None
+        when frozen with no captured bucket for its cameras and prompt (run the eager prefill).
+        On an exception the segment is released.
         """
-        slots = self.stage_images(observation)  # the upload overlaps the tokenization below
+        slots = self.policy.present_slots(observation.images)
         tokens, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
         n_tokens = int(mask.sum())
-        path = self.prefill_path(slots, n_tokens)
+        path = self._frame_prefill(slots, n_tokens)
+        if path is None:
+            return None
+        self.stage_images(observation)
         n_valid = path.image_columns + n_tokens
         segment = self.pool.allocate(n_valid, owner)
-        try:
+        with self.pool.released_on_error(segment):
             host = path.inputs.host_views
             host["tokens"][0, :n_tokens] = tokens[:n_tokens]
             host["tokens"][0, n_tokens:] = 0
-            host["write"][:n_valid] = self.pool.claim(segment, n_valid)
+            host["write"][:n_valid] = self.pool.next_slots(segment, n_valid)
             host["write"][n_valid:] = self.pool.scratch_slots(path.columns - n_valid)
             host["n_tokens"][0] = n_tokens
             self._upload("prefill", path.inputs)
-            path()
-        except BaseException:
-            self.pool.release(segment)
-            raise
-        return segment, path.last_hidden[0].clone()
+            self._replay(path)
+            self.pool.claim(segment, n_valid)
+            last_hidden = path.last_hidden[0].clone()
+        return segment, last_hidden
 
     # -- actions -----------------------------------------------------------------------------------
-    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Tensor:
-        """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32."""
+    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Optional[Tensor]:
+        """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32;
+        None when frozen with no captured bucket that holds the prefix (run the eager chunk)."""
         n_valid = prefix.length
-        path = self.action_path(n_valid, num_steps)
+        path = self._frame_action(n_valid, num_steps)
+        if path is None:
+            return None
         host = path.inputs.host_views
         host["gather"][:n_valid] = self.pool.host_slots(prefix, 0, n_valid)
         host["gather"][n_valid:] = self.pool.scratch_start
         host["n_valid"][0] = n_valid
         self._upload("action", path.inputs)
         path.noise.copy_(noise.reshape(path.noise.shape))
-        path()
+        self._replay(path)
         return path.actions[0].clone()
 
     # -- text --------------------------------------------------------------------------------------
-    def text(self, rows: Sequence[TextRow], want_logits: Optional[Sequence[bool]] = None) -> Tuple[np.ndarray, Dict[int, Tensor]]:
+    def text(
+        self, rows: Sequence[TextRow], want_logits: Optional[Sequence[bool]] = None
+    ) -> Optional[Tuple[np.ndarray, Dict[int, Tensor]]]:
         """Feed each row's new tokens, append their K/V to the row's target segment.
 
         Returns the greedy next token of every row (host int64 [rows]) and float32 logits [vocab]
-        of the rows flagged in ``want_logits`` (for sampling with a temperature).
+        of the rows flagged in ``want_logits`` (for sampling with a temperature); None (nothing
+        run) when frozen with no captured bucket for some chunk of the rows (run the eager step).
         """
+        pool = self.pool
+        chunks = []
+        for start, chunk in self._chunks(rows):
+            reads = [np.concatenate([pool.host_slots(seg, 0, n) for seg, n in row.context]) for row in chunk]
+            path = self._frame_text(len(chunk), max(len(r.tokens) for r in chunk), max(len(r) for r in reads))
+            if path is None:
+                return None
+            chunks.append((start, chunk, reads, path))
         greedy = np.zeros(len(rows), dtype=np.int64)
         logits: Dict[int, Tensor] = {}
-        for start, chunk in self._chunks(rows):
-            path = self._run_text(chunk)
+        for start, chunk, reads, path in chunks:
+            self._run_text(path, chunk, reads)
             greedy[start : start + len(chunk)] = path.greedy[: len(chunk)].cpu().numpy()
             for i in range(len(chunk)):
                 if want_logits is not None and want_logits[start + i]:
@@ -454,10 +537,8 @@ class StaticRunner:
         for start in range(0, len(rows), largest):
             yield start, rows[start : start + largest]
 
-    def _run_text(self, rows: Sequence[TextRow]) -> StaticTextStep:
+    def _run_text(self, path: StaticTextStep, rows: Sequence[TextRow], reads: Sequence[np.ndarray]) -> None:
         pool = self.pool
-        reads = [np.concatenate([pool.host_slots(seg, 0, n) for seg, n in row.context]) for row in rows]
-        path = self.text_path(len(rows), max(len(r.tokens) for r in rows), max(len(r) for r in reads))
         host = path.inputs.host_views
         t = path.new_tokens
         host["gather"][:] = pool.scratch_start
@@ -473,10 +554,11 @@ class StaticRunner:
             host["tokens"][i, :n] = row.tokens
             host["new_len"][i] = n
             host["first_pos"][i] = row.position
-            host["write"][i * t : i * t + n] = pool.claim(row.target, n)
+            host["write"][i * t : i * t + n] = pool.next_slots(row.target, n)
         self._upload("text", path.inputs)
-        path()
-        return path
+        self._replay(path)
+        for row in rows:  # written: count them only now
+            pool.claim(row.target, len(row.tokens))
 
     # -- capture ahead of time -----------------------------------------------------------------------
     def warm_up(
@@ -497,6 +579,7 @@ class StaticRunner:
         plus generated ones). attach_tokens: lengths of the kind prompts prefilled at admission.
         """
         before = self.num_paths
+        frozen, self.frozen = self.frozen, False  # creating buckets here is what warm-up is for
         pool = self.pool
         slots = self.policy.present_slots(observation.images)
         _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
@@ -534,4 +617,5 @@ class StaticRunner:
                 self._upload("text", path.inputs)
                 path()
         self.synchronize()
+        self.frozen = frozen
         return self.num_paths - before
