@@ -11,6 +11,7 @@ import torch
 
 from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
+from oxygen_ros.engine.metrics import StepTimer
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation, TextDelta
 from oxygen_ros.model.policy import load_policy
@@ -219,6 +220,72 @@ def test_deadline_mode_steps_the_oldest_requests_that_fit_when_all_do_not(policy
     # With no slack at all nothing runs, and the requests left behind are not lost.
     starved = engine.step(observation(3), now=clock(), next_deadline=clock() + 0.0015)
     assert starved.stats.decode_steps == 0 and engine.active_requests == 4
+    engine.close()
+
+
+def test_step_cost_is_keyed_by_batch_and_context_and_unmeasured_keys_are_bounded_from_above():
+    timer = StepTimer(context_step=128)
+    assert timer.estimate(4, 100) == 0.0  # nothing measured yet
+    timer.record(4, 0.002, context=100)  # key (4, 128)
+    timer.record(4, 0.004, context=1000)  # key (4, 1024)
+    assert timer.measured_sizes() == [4] and timer.measured_keys() == [(4, 128), (4, 1024)]
+    assert timer.estimate(4, 1000) == pytest.approx(0.004) and timer.estimate(4, 100) == pytest.approx(0.002)
+    assert timer.estimate(4, 1000) > timer.estimate(4, 100)  # same batch, longer contexts: dearer
+    # (4, 512): (4, 128) scaled x4 in context = 8 ms, (4, 1024) as it is = 4 ms -> 4 ms
+    assert timer.estimate(4, 500) == pytest.approx(0.004)
+    # (8, 128): (4, 128) x2 in batch = 4 ms; (4, 1024) x2 = 8 ms -> 4 ms
+    assert timer.estimate(8, 10) == pytest.approx(0.004)
+    # (2, 2048): (4, 128) x16 in context = 32 ms; (4, 1024) x2 = 8 ms -> 8 ms
+    assert timer.estimate(2, 2000) == pytest.approx(0.008)
+    timer.record(4, 0.006, context=1000)  # EMA, alpha 0.2: 4 + 0.2 * (6 - 4) = 4.4 ms
+    assert timer.estimate(4, 1024) == pytest.approx(0.0044)
+
+
+def test_fixed_mode_with_a_deadline_skips_the_steps_that_do_not_fit(policy, monkeypatch):
+    clock = ManualClock()
+    engine = OxygenEngine(policy, EngineConfig(decode_mode="fixed", decode_steps_per_frame=5, deadline_margin_ms=1.0), clock=clock)
+    real_step = engine.decoder.step
+
+    def step_costing(requests):  # every decode step takes 2 ms
+        clock.now += 0.002
+        return real_step(requests)
+
+    monkeypatch.setattr(engine.decoder, "step", step_costing)
+    engine.warm_up(observation(0))
+    engine.submit("narration", sampling=SamplingParams(max_tokens=50))
+    engine.step(observation(1))  # no deadline: admitted, then exactly k = 5 steps
+    assert engine.decode_steps == 1 + 5 and engine.fixed_steps_skipped == 0
+    # 5.5 ms of slack, 1 ms margin: steps end at 2 and 4 ms; a third would end at 6 + 1 > 5.5
+    result = engine.step(observation(2), now=clock(), next_deadline=clock() + 0.0055)
+    assert result.stats.decode_steps == 2 and engine.fixed_steps_skipped == 3 and result.stats.deadline_met
+    assert engine.step(observation(3)).stats.decode_steps == 5  # without a deadline: the paper's exact k
+    engine.close()
+
+
+def test_admission_is_estimated_by_its_own_cost_not_by_a_decode_step(policy, monkeypatch):
+    clock = ManualClock()
+    engine = OxygenEngine(policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0), clock=clock)
+    real_attach, real_step = engine.decoder.attach, engine.decoder.step
+
+    def attach_costing(requests, frame):  # an admission prefill takes 10 ms
+        clock.now += 0.010
+        return real_attach(requests, frame)
+
+    def step_costing(requests):  # a decode step 1 ms
+        clock.now += 0.001
+        return real_step(requests)
+
+    monkeypatch.setattr(engine.decoder, "attach", attach_costing)
+    monkeypatch.setattr(engine.decoder, "step", step_costing)
+    engine.warm_up(observation(0))
+    prompt = len(policy.tokenizer.encode_text("\nNarrate: "))
+    assert engine.admission_timer.estimate(1, prompt) == pytest.approx(0.010)
+    assert engine.timer.estimate(1, 1) == pytest.approx(0.001)
+    engine.submit("narration", sampling=SamplingParams(max_tokens=50))
+    engine.step(observation(1), now=clock(), next_deadline=clock() + 0.005)  # 10 + 1 ms do not fit in 5
+    assert engine.queued_requests == 1 and engine.active_requests == 0
+    engine.step(observation(2), now=clock(), next_deadline=clock() + 0.020)
+    assert engine.queued_requests == 0 and engine.active_requests == 1
     engine.close()
 
 

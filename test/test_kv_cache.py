@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
+from oxygen_ros.engine.kv_cache import KVInvariantError, KVMemoryError, KVPool
 
 
 def pool(capacity: int = 128, block: int = 8) -> KVPool:
@@ -78,3 +78,53 @@ def test_fragmented_pool_still_serves_reads_correctly():
     with pytest.raises(KVMemoryError, match="past its reserved"):
         p.write(seg, tokens(1, 0.0), tokens(1, 0.0))
     assert {s for s in p.usage_by_owner()} == {"a", "c", "d", "e"}
+
+
+def test_check_passes_a_consistent_pool_and_names_unowned_or_miscounted_segments():
+    p = pool()  # 16 blocks of 8
+    frame = p.allocate(20, "frame 1 prefix")  # 3 blocks
+    own = p.allocate(9, "request 1")  # 2 blocks
+    p.retain(frame)  # the request reads the prefix
+    p.check()
+    p.check({frame.segment_id: 2, own.segment_id: 1})
+    with pytest.raises(KVInvariantError, match=r"segment 1 \(request 1\) is live but owned by no live frame or request"):
+        p.check({frame.segment_id: 2})  # the request was forgotten: its KV leaked
+    with pytest.raises(KVInvariantError, match=r"segment 0 \(frame 1 prefix\): ref_count 2, 1 known references"):
+        p.check({frame.segment_id: 1, own.segment_id: 1})
+    with pytest.raises(KVInvariantError, match=r"segments \[7\] are referenced but already freed"):
+        p.check({frame.segment_id: 2, own.segment_id: 1, 7: 1})
+
+
+def test_check_finds_a_block_owned_twice_or_both_used_and_free():
+    p = pool()
+    a = p.allocate(8, "a")
+    b = p.allocate(8, "b")
+    b.blocks.append(a.blocks[0])  # corrupt: one block in two segments (and b's capacity no longer matches)
+    with pytest.raises(KVInvariantError, match=r"segment 1 \(b\): block 0 also in segment 0 \(a\)"):
+        p.check()
+    b.blocks.pop()
+    p._free.append(a.blocks[0])  # corrupt: a used block on the free list
+    with pytest.raises(KVInvariantError, match=r"blocks \[0\] are both free and in segments \['0 \(a\)'\]") as error:
+        p.check()
+    assert "2 blocks in use + 15 free != 16 blocks" in str(error.value)  # 2 used, 14 + 1 free
+    p._free.remove(a.blocks[0])
+    a.length = 9  # corrupt: more written than reserved
+    with pytest.raises(KVInvariantError, match=r"segment 0 \(a\): length 9, capacity 8"):
+        p.check()
+    a.length = 0
+    p.check()
+    p.release(a)
+    p.release(b)
+    p.check({})
+    assert p.free_blocks == 16
+
+
+def test_released_on_error_returns_the_reference_and_reraises():
+    p = pool()
+    with pytest.raises(KeyError):
+        with p.released_on_error(p.allocate(20, "half-made")):
+            raise KeyError("boom")
+    assert p.live_segments == 0 and p.bytes_in_use == 0
+    with p.released_on_error(p.allocate(20, "kept")) as kept:
+        pass
+    assert p.live_segments == 1 and kept.ref_count == 1

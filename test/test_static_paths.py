@@ -392,3 +392,61 @@ def test_cuda_graph_replay_equals_eager_static_paths(tiny_checkpoint):
         np.testing.assert_allclose(replayed, eager, atol=1e-5, rtol=1e-6)
         np.testing.assert_allclose(replayed, dynamic, atol=2e-3, rtol=1e-4)  # other kernels (masked SDPA)
     assert results["graphs"][1] == results["static"][1]
+
+
+# -- frozen after warm-up: no capture inside a frame ------------------------------------------------------
+
+
+def test_after_warm_up_no_bucket_is_created_inside_a_frame(policy):
+    """Warm up on two cameras and the usual task, then run frames with a masked camera, a third
+    camera, a much longer task and a long question: no bucket is created (no CUDA graph would be
+    captured mid-run), the uncaptured shapes run on a larger bucket or eagerly, and actions and
+    texts equal the eager engine's."""
+    fixed = dict(decode_mode="fixed", decode_steps_per_frame=2, seed=3, max_active_requests=4, default_max_tokens=6)
+    static = OxygenEngine(policy, EngineConfig(**fixed, static_shapes=True))
+    eager = OxygenEngine(policy, EngineConfig(**fixed))
+    created = static.warm_up(observation(0))
+    assert created > 0 and static.runner.frozen
+    long_task = "put the towel in the basket, then close the drawer slowly and wave goodbye to the camera twice"
+    frames = [
+        observation(1),
+        observation(2, (BASE,)),  # a camera masked mid-run
+        observation(3, prompt=long_task),  # a longer task
+        observation(4, (BASE, LEFT, RIGHT)),  # a camera more than at warm-up
+        observation(5),
+    ]
+    asks = {0: "", 1: "where is the cup and what colour is the towel next to the drawer?", 3: "why?"}
+    texts: Dict[str, Dict[int, str]] = {"static": {}, "eager": {}}
+    try:
+        for f, obs in enumerate(frames):
+            for engine in (static, eager):
+                if f in asks:
+                    engine.submit("answer" if asks[f] else "narration", asks[f], SamplingParams(max_tokens=5))
+            results = {name: engine.step(obs) for name, engine in (("static", static), ("eager", eager))}
+            np.testing.assert_allclose(results["static"].action.actions, results["eager"].action.actions, atol=2e-4, rtol=1e-5)
+            for name, result in results.items():
+                for d in result.deltas:
+                    texts[name][d.request_id] = texts[name].get(d.request_id, "") + d.text
+        for name, engine in (("static", static), ("eager", eager)):
+            for d in engine.decode(max_steps=20):
+                texts[name][d.request_id] = texts[name].get(d.request_id, "") + d.text
+    finally:
+        static.close()
+        eager.close()
+    assert static.captures_during_frames == 0 and static.runner.num_paths == created
+    assert static.static_fallbacks >= 2  # at least the (base) and (base, left, right) prefills ran eagerly
+    assert texts["static"] == texts["eager"] and len(texts["eager"]) == 3
+
+
+def test_a_bucket_created_after_freezing_is_counted(policy):
+    pool = make_pool(policy, STATIC)
+    runner = StaticRunner(policy, pool)
+    runner.warm_up(observation(0), num_steps=2)
+    runner.freeze()
+    assert runner.captures_during_frames == 0
+    runner.action_path(1000, 3)  # a shape warm-up never saw, created anyway: counted
+    assert runner.captures_during_frames == 1
+    segment = pool.allocate(1000, "x")
+    pool.claim(segment, 1000)
+    assert runner.act(segment, torch.zeros(1, policy.config.action_horizon, policy.config.action_dim), 5) is None  # no 5-step bucket
+    pool.release(segment)
