@@ -24,7 +24,6 @@ from oxygen_ros.ros.safety import UnsafeChunkError
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = Time(sec=12, nanosec=500)
-ALOHA_FLIP = [1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1]
 
 
 def settings(**overrides) -> NodeSettings:
