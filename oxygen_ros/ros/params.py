@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
 from ..model.config import IMAGE_SLOTS
-from ..model.robots import END_EFFECTOR, JOINT_ACTION_SPACES, ROBOTS, robot_adapter
+from ..model.robots import END_EFFECTOR, JOINT_ACTION_SPACES, ROBOTS, RobotAdapter, robot_adapter
 
 STATIC = "static"
 CONFIGURE = "configure"
@@ -406,7 +406,7 @@ class NodeSettings:
                       "gripper_joint_names": tuple(v["gripper_joint_names"])})
 
 
-def _check_robot(robot: Any, v: Mapping[str, Any], cameras: Sequence[CameraInput], joints: Sequence[str],
+def _check_robot(robot: RobotAdapter, v: Mapping[str, Any], cameras: Sequence[CameraInput], joints: Sequence[str],
                  action_joints: Sequence[str], limits: Mapping[str, Sequence[float]]) -> None:
     """The robot adapter's needs against the other parameters (widths, slots, action space)."""
     name = robot.name
