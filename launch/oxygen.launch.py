@@ -1,7 +1,7 @@
 """Launch oxygen_node, the managed node that serves pi0.5 actions and language over ROS 2.
 
     ros2 launch oxygen_ros oxygen.launch.py
-    ros2 launch oxygen_ros oxygen.launch.py config_file:=/path/to/pi05_robot.yaml \
+    ros2 launch oxygen_ros oxygen.launch.py config_file:=/path/to/pi05_droid.yaml \
         checkpoint_dir:=/data/pi05_droid_pytorch namespace:=robot1
 
 Arguments:

@@ -372,3 +372,16 @@ def test_stamp_helpers_round_trip():
 def test_seconds_out_of_range(seconds):
     with pytest.raises(ValueError):
         seconds_to_duration(seconds)
+
+
+def test_chunk_to_joint_trajectory_carries_velocities_when_given():
+    positions = np.array([[0.1, 0.2], [0.3, 0.4]])
+    velocities = np.array([[1.0, -1.0], [0.5, 0.0]])
+    msg = chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP, velocities=velocities)
+    assert [list(p.velocities) for p in msg.points] == [[1.0, -1.0], [0.5, 0.0]]
+    assert [list(p.positions) for p in msg.points] == [[0.1, 0.2], [0.3, 0.4]]
+    assert not chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP).points[0].velocities
+    with pytest.raises(ValueError, match="velocities"):
+        chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP, velocities=np.zeros((3, 2)))
+    with pytest.raises(InputError, match="velocities"):
+        chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP, velocities=np.full((2, 2), np.nan))

@@ -32,6 +32,7 @@ ACTION_CHUNK_FIELDS = {
     'action_dim': 'uint32',
     'dt': 'float',
     'actions': 'sequence<float>',
+    'action_space': 'string',
     'observation_age': 'float',
     'prefill_ms': 'float',
     'action_ms': 'float',
@@ -86,6 +87,7 @@ def _sample_messages():
     chunk.frame_ms = 57.1
     chunk.deadline_met = True
     chunk.clipped_values = 2**32 - 1
+    chunk.action_space = 'velocity'
 
     narration = Narration()
     narration.header = Header(stamp=Time(sec=5, nanosec=999_999_999), frame_id='camera')

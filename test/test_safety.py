@@ -48,3 +48,31 @@ def test_bad_limits_are_rejected():
         SafetyFilter(1, lower=[1.0], upper=[0.0])
     with pytest.raises(ValueError, match="positive"):
         SafetyFilter(1, max_velocity=[0.0])
+
+
+def test_velocity_command_integrates_from_the_current_state():
+    # q = 1.0, v = 0.5 then -1.0 at dt 0.1: positions 1.05, 0.95
+    safe = SafetyFilter(1).apply_velocity(np.array([[0.5], [-1.0]]), np.array([1.0]), 0.1)
+    assert safe.positions[:, 0] == pytest.approx([1.05, 0.95])
+    assert safe.velocities[:, 0] == pytest.approx([0.5, -1.0])
+    assert safe.clipped == 0
+
+
+def test_velocity_limits_clip_speeds_and_position_limits_the_integral():
+    # v 3.0 clipped to 1.0 -> 0.1 per step from 0: 0.1, 0.2, then the upper limit 0.25 stops it (v = 0.5)
+    safe = SafetyFilter(1, upper=[0.25], max_velocity=[1.0]).apply_velocity(np.full((3, 1), 3.0), np.zeros(1), 0.1)
+    assert safe.positions[:, 0] == pytest.approx([0.1, 0.2, 0.25])
+    assert safe.velocities[:, 0] == pytest.approx([1.0, 1.0, 0.5])
+    assert safe.clipped == 3
+
+
+def test_position_dims_of_a_velocity_command_stay_positions():
+    safe = SafetyFilter(2).apply_velocity(np.array([[1.0, 0.3], [1.0, 0.3]]), np.array([0.0, 0.1]), 0.5, [1])
+    assert safe.positions[:, 1] == pytest.approx([0.3, 0.3])
+    assert safe.velocities[:, 1] == pytest.approx([0.4, 0.0])  # (0.3 - 0.1) / 0.5, then still
+    assert safe.positions[:, 0] == pytest.approx([0.5, 1.0])
+
+
+def test_velocity_command_refuses_non_finite_values():
+    with pytest.raises(UnsafeChunkError, match="non-finite"):
+        SafetyFilter(1).apply_velocity(np.array([[np.inf]]), np.zeros(1), 0.1)

@@ -114,7 +114,7 @@ def timed_action(
         prefilled = clock()
         noise = frame_noise(policy.config, seed, frame_id, policy.device)
         faults.check("action")
-        actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
+        actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner), observation.state)
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

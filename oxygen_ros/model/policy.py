@@ -1,8 +1,10 @@
 """pi0.5 policy I/O: robot observation -> model inputs, model actions -> robot actions.
 
 This is openpi's inference transform chain for pi0.5, in order: resize_with_pad to 224 and scale
-to [-1, 1]; quantile-normalise the state; tokenize ``Task: ..., State: <bins>;\\nAction: ``; and on
-the way out take the robot's action dimensions and quantile-unnormalise them.
+to [-1, 1]; the robot's state transform (:mod:`.robots`); quantile-normalise the state; tokenize
+``Task: ..., State: <bins>;\\nAction: `` (or the task alone for robots trained without the state in
+the prompt); and on the way out take the robot's action dimensions, quantile-unnormalise them and
+apply the robot's output transform (delta -> absolute, flips, gripper encoding).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from torch import Tensor
 
 from .config import IMAGE_SLOTS
 from .pi05 import Pi05Model
-from .preprocess import NormStats, resize_with_pad, to_model_range
+from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
+from .robots import RobotAdapter, robot_adapter
 from .tokenizer import Pi05Tokenizer
 
 
@@ -31,7 +34,15 @@ class PrefixInputs:
 
 
 class Pi05Policy:
-    """A loaded model plus everything needed to feed it robot data."""
+    """A loaded model plus everything needed to feed it robot data.
+
+    ``robot`` is the adapter (or its registered name) whose input and output transforms wrap the
+    model; its fixed action width, if any, is the default ``action_dim``.
+
+    Raises:
+        ValueError: a tokenizer larger than the model's vocabulary, an unknown robot, or an
+            ``action_dim`` the model or the robot cannot serve.
+    """
 
     def __init__(
         self,
@@ -39,6 +50,7 @@ class Pi05Policy:
         tokenizer: Pi05Tokenizer,
         norm_stats: Mapping[str, NormStats],
         action_dim: Optional[int] = None,
+        robot: "RobotAdapter | str" = "generic",
     ) -> None:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(
@@ -48,7 +60,11 @@ class Pi05Policy:
         self.tokenizer = tokenizer
         self.state_stats = norm_stats["state"]
         self.action_stats = norm_stats["actions"]
-        self.action_dim = action_dim or self.action_stats.dim  # the robot's action width
+        self.robot = robot_adapter(robot) if isinstance(robot, str) else robot
+        fixed = self.robot.action_dim
+        if action_dim and fixed and action_dim != fixed:
+            raise ValueError(f"robot {self.robot.name} has {fixed} action dims, asked for {action_dim}")
+        self.action_dim = action_dim or fixed or self.action_stats.dim  # the robot's action width
         if self.action_dim > model.config.action_dim:
             raise ValueError(f"robot action_dim {self.action_dim} exceeds the model's {model.config.action_dim}")
 
@@ -72,12 +88,17 @@ class Pi05Policy:
         return present
 
     def prompt_tokens(self, state: np.ndarray, prompt: str) -> Tuple[np.ndarray, np.ndarray]:
-        """Quantile-normalise the raw state and tokenize the pi0.5 prompt: int64 tokens and bool
-        mask, both [max_token_len], right-padded."""
-        state = np.asarray(state, dtype=np.float64)
-        if not np.isfinite(state).all():
-            raise ValueError(f"state has non-finite values at indices {np.flatnonzero(~np.isfinite(state)).tolist()}")
-        normalized = self.state_stats.normalize_quantile(state)
+        """The robot's state transform, quantile normalisation and the pi0.5 prompt: int64 tokens
+        and bool mask, both [max_token_len], right-padded. Robots trained without the state in the
+        prompt (``discrete_state_input`` false) get the task text alone; the state is still checked.
+
+        Raises:
+            ValueError: a state of the wrong width or with non-finite values.
+        """
+        pi_state = self.robot.state_to_pi(state)
+        if not self.robot.discrete_state_input:
+            return self.tokenizer.encode_prompt(prompt, None, self.config.max_token_len)
+        normalized = self.state_stats.normalize_quantile(pi_state)
         return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
 
     def encode(self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str) -> PrefixInputs:
@@ -99,10 +120,36 @@ class Pi05Policy:
             token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
         )
 
-    def robot_actions(self, model_actions: Tensor) -> np.ndarray:
-        """Model-space chunk [horizon, model action_dim] -> robot units [horizon, robot action_dim]."""
-        raw = model_actions.detach().float().cpu().numpy()[..., : self.action_dim]
-        return self.action_stats.unnormalize_quantile(raw).astype(np.float32)
+    def robot_actions(self, model_actions: "Tensor | np.ndarray", state: np.ndarray) -> np.ndarray:
+        """Model-space chunk [horizon, model action_dim] -> robot units float32 [horizon, action_dim].
+
+        ``state`` is the raw robot state of the observation the chunk was computed from (the
+        robot's delta dims are made absolute against it, as openpi's AbsoluteActions does).
+
+        Raises:
+            ValueError: a chunk of the wrong shape, or a state the robot cannot use.
+        """
+        if isinstance(model_actions, Tensor):
+            model_actions = model_actions.detach().float().cpu().numpy()
+        chunk = np.asarray(model_actions, dtype=np.float64)
+        if chunk.ndim != 2 or chunk.shape[1] != self.config.action_dim:
+            raise ValueError(f"model actions must be [horizon, {self.config.action_dim}], got {chunk.shape}")
+        unnormalized = self.action_stats.unnormalize_quantile(chunk[:, : self.action_dim])
+        return self.robot.actions_from_pi(unnormalized, self.robot.state_to_pi(state)).astype(np.float32)
+
+    def model_actions(self, robot_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """Exact inverse of :meth:`robot_actions` on the robot dims: robot units [horizon, action_dim]
+        -> float32 [horizon, model action_dim], zero beyond the robot dims.
+
+        Raises:
+            ValueError: a chunk of the wrong shape, or a state the robot cannot use.
+        """
+        chunk = np.asarray(robot_actions, dtype=np.float64)
+        if chunk.ndim != 2 or chunk.shape[1] != self.action_dim:
+            raise ValueError(f"robot actions must be [horizon, {self.action_dim}], got {chunk.shape}")
+        unnormalized = self.robot.actions_to_pi(chunk, self.robot.state_to_pi(state))
+        normalized = self.action_stats.normalize_quantile(unnormalized)
+        return pad_to_dim(normalized, self.config.action_dim).astype(np.float32)
 
 
 def load_policy(
@@ -111,8 +158,9 @@ def load_policy(
     device: str = "cpu",
     dtype: str = "float32",
     action_dim: Optional[int] = None,
+    robot: "RobotAdapter | str" = "generic",
 ) -> Pi05Policy:
-    """Load an openpi-layout checkpoint and its tokenizer into a ready policy.
+    """Load an openpi-layout checkpoint and its tokenizer into a ready policy for ``robot``.
 
     ``tokenizer_path`` defaults to the checkpoint's own ``tokenizer.model`` (tiny/small presets ship
     one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly.
@@ -125,4 +173,4 @@ def load_policy(
         raise FileNotFoundError(
             f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma sentencepiece model path"
         )
-    return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim)
+    return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim, robot)

@@ -141,7 +141,8 @@ class Pi05Tokenizer:
         With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "``, encoded
         with a leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes
         before ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
-        (bos + cleaned task, then a separately encoded "\\n").
+        (bos + cleaned task, then a separately encoded "\\n"): openpi's ``TokenizePrompt`` passes no
+        state for pi0.5 checkpoints trained with ``discrete_state_input=False`` (pi05_libero) too.
 
         Longer prompts are truncated to ``max_len`` with a logged warning; shorter ones are padded
         with id 0 (openpi pads with ``False``; PaliGemma's pad id is 0 too) and a False mask.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import array
 import io
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
@@ -311,40 +311,58 @@ def chunk_to_joint_trajectory(
     dt: float,
     stamp: Time,
     frame_id: str = "",
+    velocities: Optional[np.ndarray] = None,
 ) -> JointTrajectory:
-    """Turn an action chunk (H, J) into a ``trajectory_msgs/JointTrajectory``.
+    """Turn an action chunk (H, J) of positions into a ``trajectory_msgs/JointTrajectory``.
 
-    Point ``i`` holds ``actions[i]`` as positions and is due at ``(i + 1) * dt`` after
-    ``header.stamp``, which is the stamp of the observation the chunk was computed from, so a
-    trajectory controller skips the part of the chunk that inference latency has already used.
+    Point ``i`` holds ``actions[i]`` as positions (and ``velocities[i]`` as velocities when given,
+    as ros2_control's JointTrajectoryController takes a velocity command) and is due at
+    ``(i + 1) * dt`` after ``header.stamp``, which is the stamp of the observation the chunk was
+    computed from, so a trajectory controller skips the part of the chunk that inference latency
+    has already used.
 
     Raises:
-        ValueError: ``actions`` is not (H, J) with J == len(joint_names), or ``dt`` is not a
-            positive finite number.
-        InputError: ``non_finite`` when ``actions`` holds NaN or Inf.
+        ValueError: ``actions`` (or ``velocities``) is not (H, J) with J == len(joint_names), or
+            ``dt`` is not a positive finite number.
+        InputError: ``non_finite`` when ``actions`` or ``velocities`` holds NaN or Inf.
     """
-    chunk = np.ascontiguousarray(actions, dtype=np.float64)
-    if chunk.ndim != 2 or chunk.shape[1] != len(joint_names):
-        raise ValueError(
-            f"actions must be (horizon, {len(joint_names)}) for joints {list(joint_names)}, "
-            f"got shape {chunk.shape}"
-        )
+    chunk = _checked_chunk(actions, joint_names, "actions")
+    speeds = None if velocities is None else _checked_chunk(velocities, joint_names, "velocities")
+    if speeds is not None and speeds.shape != chunk.shape:
+        raise ValueError(f"velocities {speeds.shape} and actions {chunk.shape} differ in shape")
     if not (math.isfinite(dt) and dt > 0.0):
         raise ValueError(f"dt must be a positive finite number of seconds, got {dt}")
-    if not np.isfinite(chunk).all():
-        raise InputError("non_finite", "action chunk holds NaN or Inf values")
     msg = JointTrajectory()
     msg.header.stamp = stamp
     msg.header.frame_id = frame_id
     msg.joint_names = list(joint_names)
-    msg.points = [_trajectory_point(row, (i + 1) * dt) for i, row in enumerate(chunk)]
+    msg.points = [
+        _trajectory_point(row, (i + 1) * dt, None if speeds is None else speeds[i]) for i, row in enumerate(chunk)
+    ]
     return msg
 
 
-def _trajectory_point(positions: np.ndarray, time_from_start_s: float) -> JointTrajectoryPoint:
-    """One trajectory point from a contiguous float64 position row."""
+def _checked_chunk(values: np.ndarray, joint_names: Sequence[str], what: str) -> np.ndarray:
+    """``values`` as a contiguous float64 (H, len(joint_names)) array of finite numbers."""
+    chunk = np.ascontiguousarray(values, dtype=np.float64)
+    if chunk.ndim != 2 or chunk.shape[1] != len(joint_names):
+        raise ValueError(
+            f"{what} must be (horizon, {len(joint_names)}) for joints {list(joint_names)}, "
+            f"got shape {chunk.shape}"
+        )
+    if not np.isfinite(chunk).all():
+        raise InputError("non_finite", f"action chunk {what} hold NaN or Inf values")
+    return chunk
+
+
+def _trajectory_point(
+    positions: np.ndarray, time_from_start_s: float, velocities: Optional[np.ndarray] = None
+) -> JointTrajectoryPoint:
+    """One trajectory point from contiguous float64 position (and velocity) rows."""
     point = JointTrajectoryPoint()
     point.positions = array.array("d", positions.tobytes())
+    if velocities is not None:
+        point.velocities = array.array("d", np.ascontiguousarray(velocities).tobytes())
     point.time_from_start = seconds_to_duration(time_from_start_s)
     return point
 

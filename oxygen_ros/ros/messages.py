@@ -32,8 +32,10 @@ def action_chunk_msg(
     frame_ms: float,
     deadline_met: bool,
     clipped_values: int,
+    action_space: str = "position",
 ) -> ActionChunkMsg:
-    """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at ``stamp``."""
+    """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at ``stamp``;
+    ``action_space`` says what the values mean (see msg/ActionChunk.msg)."""
     chunk = np.ascontiguousarray(actions, dtype=np.float32)
     horizon, action_dim = chunk.shape
     msg = ActionChunkMsg()
@@ -50,6 +52,7 @@ def action_chunk_msg(
     msg.frame_ms = float(frame_ms)
     msg.deadline_met = bool(deadline_met)
     msg.clipped_values = int(clipped_values)
+    msg.action_space = str(action_space)
     return msg
 
 

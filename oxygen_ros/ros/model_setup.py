@@ -132,6 +132,7 @@ def load_engine(settings: NodeSettings, warn: Log, info: Log) -> OxygenEngine:
         device=settings.device,
         dtype=settings.dtype,
         action_dim=len(settings.action_joint_names),
+        robot=settings.robot,
     )
     check_fits_model(settings, policy)
     info(

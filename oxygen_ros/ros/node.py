@@ -25,7 +25,7 @@ Topics (``~`` = the node's name):
        joint_states           sensor_msgs/JointState               (sensor-data QoS)
        ~/instruction          std_msgs/String   sets the ``task`` parameter
        ~/ask                  std_msgs/String   asks a question (an ``answer`` request)
-  out  ~/joint_trajectory     trajectory_msgs/JointTrajectory (not in dry_run)
+  out  ~/joint_trajectory     trajectory_msgs/JointTrajectory (not in dry_run, never for robot libero)
        ~/action_chunk         oxygen_ros/ActionChunk
        ~/narration            oxygen_ros/Narration (every text delta)
        ~/narration_text       std_msgs/String ("[kind] full text" when a request finishes)
@@ -63,7 +63,7 @@ from oxygen_ros.msg import Narration
 from ..engine.requests import SamplingParams
 from ..engine.scheduler import OxygenEngine
 from ..engine.types import ActionChunk, Observation, TextDelta
-from .convert import chunk_to_joint_trajectory
+from .commands import Command, build_command, safety_filter
 from .diagnostics import Counters, KeyedThrottle, RateMeter, RollingWindow, status
 from .messages import action_chunk_msg, narration_msg
 from .model_setup import check_fits_model, load_engine, warm_up
@@ -380,28 +380,26 @@ class OxygenNode(LifecycleNode):
         self._action_ms.add(chunk.prefill_ms + chunk.action_ms)
         self._prefill_ms.add(chunk.prefill_ms)
         horizon = settings.action_horizon or chunk.actions.shape[0]
-        current = observation.state[list(settings.action_joint_indices)]
         try:
-            safe = self._safety_filter(settings).apply(chunk.actions[:horizon], current, settings.action_dt)
+            command = build_command(settings, chunk.actions[:horizon], observation.state, stamp,
+                                    self._safety_filter(settings))
         except UnsafeChunkError as exc:
             self._counters.add("non_finite_output")
             self._warn("unsafe_chunk", f"not publishing frame {chunk.frame_id}: {exc}")
             return True
-        self._publish_chunk(settings, chunk, stamp, safe.actions, safe.clipped, started)
+        self._publish_chunk(settings, chunk, stamp, command, started)
         return True
 
-    def _publish_chunk(self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, actions, clipped: int,
+    def _publish_chunk(self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Command,
                        started: float) -> None:
-        trajectory = None
-        if not settings.dry_run:
-            trajectory = chunk_to_joint_trajectory(actions, settings.action_joint_names, settings.action_dt, stamp)
+        actions, clipped, trajectory = command.actions, command.clipped, command.trajectory
         published = time.monotonic()
         deadline_met = published - started <= settings.period_s
         message = action_chunk_msg(
             stamp=stamp, frame_id=chunk.frame_id, joint_names=settings.action_joint_names, actions=actions,
             dt=settings.action_dt, observation_age=self._now() - chunk.stamp, prefill_ms=chunk.prefill_ms,
             action_ms=chunk.action_ms, frame_ms=(published - started) * 1e3, deadline_met=deadline_met,
-            clipped_values=clipped,
+            clipped_values=clipped, action_space=command.action_space,
         )
         if trajectory is not None:
             self._trajectory_pub.publish(trajectory)
@@ -415,9 +413,7 @@ class OxygenNode(LifecycleNode):
     def _safety_filter(self, settings: NodeSettings) -> SafetyFilter:
         """The limits of ``settings`` (rebuilt only when the settings object changes)."""
         if self._safety is None or self._safety[0] is not settings:
-            self._safety = (settings, SafetyFilter(
-                len(settings.action_joint_names), settings.joint_lower_limits, settings.joint_upper_limits,
-                settings.max_joint_velocity))
+            self._safety = (settings, safety_filter(settings))
         return self._safety[1]
 
     # ----------------------------------------------------------------------------------------------

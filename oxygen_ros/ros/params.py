@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
 from ..model.config import IMAGE_SLOTS
+from ..model.robots import END_EFFECTOR, JOINT_ACTION_SPACES, ROBOTS, RobotAdapter, robot_adapter
 
 STATIC = "static"
 CONFIGURE = "configure"
@@ -180,6 +181,18 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               (0.0, 10.0)),
     # -- start-up (static) ------------------------------------------------------------------------
     ParamSpec("autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC),
+    # -- robot adapter and action space (configure) -----------------------------------------------
+    ParamSpec("robot", _T.PARAMETER_STRING, "generic",
+              f"openpi robot transforms around the checkpoint: {' | '.join(ROBOTS)} (state layout, delta -> "
+              "absolute, ALOHA flips and grippers, state in the prompt or not; generic: none)", CONFIGURE),
+    ParamSpec("action_space", _T.PARAMETER_STRING, "",
+              f"what the robot-unit actions command: {' | '.join(JOINT_ACTION_SPACES)} (delta_position: relative "
+              "to the joint state at the observation; velocity: JointTrajectory points carry velocities and "
+              "positions integrated from that state); empty: the robot's own (generic/aloha position, droid "
+              "velocity, libero end-effector actions on ~/action_chunk only)", CONFIGURE),
+    ParamSpec("gripper_joint_names", _T.PARAMETER_STRING_ARRAY, [],
+              "action joints that are absolute positions in every action space (a subset of "
+              "action_joint_names); empty: the robot's own (droid: its 8th dim, aloha: both grippers)", CONFIGURE),
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -250,7 +263,12 @@ def check_value(name: str, value: Any) -> None:
             raise SettingsError(f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)}")
         if len(set(value)) != len(value):
             raise SettingsError(f"camera_slots must be unique, got {value}")
-    if name in ("camera_topics", "joint_names", "action_joint_names"):
+    if name == "robot" and value not in ROBOTS:
+        raise SettingsError(f"robot must be one of {', '.join(ROBOTS)}, got {value!r}")
+    if name == "action_space" and value and value not in JOINT_ACTION_SPACES:
+        raise SettingsError(
+            f"action_space must be one of {', '.join(JOINT_ACTION_SPACES)} (or empty: the robot's own), got {value!r}")
+    if name in ("camera_topics", "joint_names", "action_joint_names", "gripper_joint_names"):
         if any(not item.strip() for item in value):
             raise SettingsError(f"{name} must not contain empty names, got {value}")
         if len(set(value)) != len(value):
@@ -307,6 +325,10 @@ class NodeSettings:
     answer_max_tokens: int
     temperature: float
     autostart: bool
+    # -- robot adapter and action space ----------------------------------------------------------
+    robot: str
+    action_space: str  # as given; see command_space
+    gripper_joint_names: Tuple[str, ...]
 
     @property
     def period_s(self) -> float:
@@ -316,6 +338,23 @@ class NodeSettings:
     def action_joint_indices(self) -> Tuple[int, ...]:
         """Index of each action joint in the state vector (joint_names order)."""
         return tuple(self.joint_names.index(name) for name in self.action_joint_names)
+
+    @property
+    def command_space(self) -> str:
+        """What the published actions mean: ``action_space``, else the robot's own space."""
+        return self.action_space or robot_adapter(self.robot).action_space
+
+    @property
+    def gripper_dims(self) -> Tuple[int, ...]:
+        """Action dims published as absolute positions: ``gripper_joint_names``, else the robot's."""
+        if self.gripper_joint_names:
+            return tuple(self.action_joint_names.index(name) for name in self.gripper_joint_names)
+        return robot_adapter(self.robot).gripper_dims
+
+    @property
+    def publishes_trajectory(self) -> bool:
+        """Whether ~/joint_trajectory is published (never in dry_run or for end-effector actions)."""
+        return not self.dry_run and self.command_space != END_EFFECTOR
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "NodeSettings":
@@ -340,8 +379,9 @@ class NodeSettings:
         if not joints:
             raise SettingsError("joint_names must name at least one joint (the model's state)")
         action_joints = tuple(v["action_joint_names"]) or joints
+        robot = robot_adapter(v["robot"])
         strangers = [name for name in action_joints if name not in joints]
-        if strangers:
+        if strangers and robot.controls_joints:
             raise SettingsError(
                 f"action_joint_names {strangers} are not in joint_names {list(joints)}: every driven joint's "
                 "current position must be read from joint_states"
@@ -359,9 +399,38 @@ class NodeSettings:
             crossed = [name for name, lo, hi in zip(action_joints, lower, upper) if lo > hi]
             if crossed:
                 raise SettingsError(f"joint_lower_limits exceed joint_upper_limits for joints {crossed}")
+        _check_robot(robot, v, cameras, joints, action_joints, limits)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
-        return cls(**{**direct, "cameras": cameras, "joint_names": joints, "action_joint_names": action_joints, **limits})
+        return cls(**{**direct, "cameras": cameras, "joint_names": joints, "action_joint_names": action_joints, **limits,
+                      "gripper_joint_names": tuple(v["gripper_joint_names"])})
+
+
+def _check_robot(robot: RobotAdapter, v: Mapping[str, Any], cameras: Sequence[CameraInput], joints: Sequence[str],
+                 action_joints: Sequence[str], limits: Mapping[str, Sequence[float]]) -> None:
+    """The robot adapter's needs against the other parameters (widths, slots, action space)."""
+    name = robot.name
+    if robot.state_dim is not None and len(joints) != robot.state_dim:
+        raise SettingsError(f"robot {name} reads a {robot.state_dim}-dim state but joint_names has {len(joints)} "
+                            f"names; list the {robot.state_dim} state values in the robot's order")
+    if robot.action_dim is not None and len(action_joints) != robot.action_dim:
+        raise SettingsError(f"robot {name} returns {robot.action_dim} action dims but there are {len(action_joints)} "
+                            f"action joints {list(action_joints)}; set action_joint_names to {robot.action_dim} names")
+    unused = [cam.slot for cam in cameras if robot.slots and cam.slot not in robot.slots]
+    if unused:
+        raise SettingsError(f"robot {name} was trained with image slots {list(robot.slots)} only, not {unused}")
+    grippers = list(v["gripper_joint_names"])
+    strangers = [g for g in grippers if g not in action_joints]
+    if strangers:
+        raise SettingsError(f"gripper_joint_names {strangers} are not action joints {list(action_joints)}")
+    if not robot.controls_joints:
+        given = [key for key, values in limits.items() if values] + (["gripper_joint_names"] if grippers else [])
+        if v["action_space"]:
+            given.insert(0, "action_space")
+        if given:
+            raise SettingsError(f"robot {name} returns end-effector actions, not joints: it publishes ~/action_chunk "
+                                f"only (never ~/joint_trajectory), so {', '.join(given)} cannot apply; leave them "
+                                "empty")
 
 
 def _cameras(topics: Sequence[str], slots: Sequence[str], compressed: Sequence[bool]) -> Tuple[CameraInput, ...]:

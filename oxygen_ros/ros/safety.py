@@ -8,7 +8,9 @@ positions of the same joints, and returns a copy in which
 2. every value lies within ``[lower, upper]`` (position limits are hard and win over the speed
    limit when the robot currently stands outside them),
 
-together with the number of values changed. A chunk holding NaN or Inf is refused
+together with the number of values changed. :meth:`SafetyFilter.apply_velocity` limits a velocity
+command in its own space: speeds to ``max_velocity``, the positions integrated from the current state
+(``q + sum(v * dt)``) to ``[lower, upper]``. A chunk holding NaN or Inf is refused
 (:class:`UnsafeChunkError`), never repaired: the node publishes nothing for that tick.
 """
 
@@ -28,6 +30,13 @@ class UnsafeChunkError(ValueError):
 class SafeChunk:
     actions: np.ndarray  # [horizon, joints] float32
     clipped: int  # values changed by the limits
+
+
+@dataclasses.dataclass(frozen=True)
+class SafeVelocityChunk:
+    velocities: np.ndarray  # [horizon, joints] float32, each step's velocity (also of position dims)
+    positions: np.ndarray  # [horizon, joints] float32, where each step ends
+    clipped: int  # commanded values (velocities; positions of the position dims) changed by the limits
 
 
 def _optional(values: Sequence[float], joints: int, name: str) -> Optional[np.ndarray]:
@@ -68,6 +77,64 @@ class SafetyFilter:
     def limited(self) -> bool:
         return any(x is not None for x in (self.lower, self.upper, self.max_velocity))
 
+    def _checked(self, actions: np.ndarray) -> np.ndarray:
+        chunk = np.asarray(actions, dtype=np.float64)
+        if chunk.ndim != 2 or chunk.shape[1] != self.joints:
+            raise ValueError(f"actions must be [horizon, {self.joints}], got {chunk.shape}")
+        bad = ~np.isfinite(chunk)
+        if bad.any():
+            raise UnsafeChunkError(f"model output holds {int(bad.sum())} non-finite values (NaN/Inf)")
+        return chunk
+
+    def _current(self, current: np.ndarray) -> np.ndarray:
+        state = np.asarray(current, dtype=np.float64)
+        if state.shape != (self.joints,) or not np.isfinite(state).all():
+            raise ValueError(f"current positions must be {self.joints} finite values, got {state}")
+        return state
+
+    def apply_velocity(self, command: np.ndarray, current: np.ndarray, dt: float,
+                       position_dims: Sequence[int] = ()) -> SafeVelocityChunk:
+        """Limit a velocity ``command`` [horizon, joints] whose ``position_dims`` hold positions.
+
+        Step by step from the ``current`` positions: a velocity dim's speed is clipped to
+        ``max_velocity`` and its position integrated (``previous + v * dt``); a position dim moves at
+        most ``max_velocity * dt`` towards its target. Each position is then clipped to
+        ``[lower, upper]``; where that changes it, the step's velocity becomes the one that reaches
+        the clipped position (``(position - previous) / dt``), so velocities and positions agree.
+        Position dims get the velocity of their step the same way.
+
+        Raises:
+            UnsafeChunkError: ``command`` holds NaN or Inf.
+            ValueError: shapes do not match, ``current`` is not finite, ``dt`` is not positive, or a
+                position dim is out of range.
+        """
+        chunk = self._checked(command)
+        previous = self._current(current)
+        if not dt > 0:
+            raise ValueError(f"dt must be positive, got {dt}")
+        is_position = np.zeros(self.joints, dtype=bool)
+        if len(position_dims):
+            dims = np.asarray(position_dims, dtype=int)
+            if dims.min() < 0 or dims.max() >= self.joints:
+                raise ValueError(f"position dims {list(position_dims)} outside 0..{self.joints - 1}")
+            is_position[dims] = True
+        velocities = np.empty_like(chunk)
+        positions = np.empty_like(chunk)
+        step = None if self.max_velocity is None else self.max_velocity * dt
+        for i, row in enumerate(chunk):
+            velocity = row if self.max_velocity is None else np.clip(row, -self.max_velocity, self.max_velocity)
+            target = row if step is None else np.clip(row, previous - step, previous + step)
+            target = np.where(is_position, target, previous + velocity * dt)
+            position = np.clip(target, self.lower, self.upper) if self.lower is not None or self.upper is not None \
+                else target
+            reached = (position - previous) / dt
+            velocities[i] = np.where(is_position | (position != target), reached, velocity)
+            positions[i] = position
+            previous = position
+        commanded = np.where(is_position, positions, velocities).astype(np.float32)
+        clipped = int(np.count_nonzero(commanded != chunk.astype(np.float32)))
+        return SafeVelocityChunk(velocities.astype(np.float32), positions.astype(np.float32), clipped)
+
     def apply(self, actions: np.ndarray, current: np.ndarray, dt: float) -> SafeChunk:
         """Limit ``actions`` [horizon, joints] given the ``current`` positions [joints] and step ``dt``.
 
@@ -75,19 +142,12 @@ class SafetyFilter:
             UnsafeChunkError: ``actions`` holds NaN or Inf.
             ValueError: shapes do not match the configured joints, or ``current`` is not finite.
         """
-        chunk = np.asarray(actions, dtype=np.float64)
-        if chunk.ndim != 2 or chunk.shape[1] != self.joints:
-            raise ValueError(f"actions must be [horizon, {self.joints}], got {chunk.shape}")
-        bad = ~np.isfinite(chunk)
-        if bad.any():
-            raise UnsafeChunkError(f"model output holds {int(bad.sum())} non-finite values (NaN/Inf)")
+        chunk = self._checked(actions)
         if not self.limited:
             return SafeChunk(chunk.astype(np.float32), 0)
         out = chunk.copy()
         if self.max_velocity is not None:
-            state = np.asarray(current, dtype=np.float64)
-            if state.shape != (self.joints,) or not np.isfinite(state).all():
-                raise ValueError(f"current positions must be {self.joints} finite values, got {state}")
+            state = self._current(current)
             step = self.max_velocity * dt
             previous = state
             for i in range(out.shape[0]):
