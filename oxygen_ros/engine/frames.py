@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
+from ..model.rtc import RTCGuidance
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
 from .types import ActionChunk, Observation
@@ -63,14 +64,23 @@ def prefill_frame(
 
 
 def act_on_frame(
-    policy: Pi05Policy, pool: KVPool, frame: FramePrefix, noise: Tensor, num_steps: int, runner: Optional[StaticRunner] = None
+    policy: Pi05Policy,
+    pool: KVPool,
+    frame: FramePrefix,
+    noise: Tensor,
+    num_steps: int,
+    runner: Optional[StaticRunner] = None,
+    guidance: Optional[RTCGuidance] = None,
 ) -> Tensor:
-    """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it)."""
-    if runner is not None:
+    """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it).
+
+    A ``guidance`` (real-time chunking) always runs the eager guided sampler, static paths or not.
+    """
+    if runner is not None and guidance is None:
         return runner.act(frame.segment, noise, num_steps)
     context = pool.view(frame.segment)
     prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
-    return policy.model.sample_actions(prefix, noise, num_steps)[0]
+    return policy.model.sample_actions(prefix, noise, num_steps, guidance)[0]
 
 
 def timed_action(
@@ -82,15 +92,17 @@ def timed_action(
     num_steps: int,
     clock: Clock,
     runner: Optional[StaticRunner] = None,
+    guidance: Optional[RTCGuidance] = None,
 ) -> "tuple[FramePrefix, ActionChunk]":
-    """Prefill + action for one frame, timed; the caller owns the returned frame's reference."""
+    """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
+    ``guidance``: see `act_on_frame`."""
     start = clock()
     frame = prefill_frame(policy, pool, observation, frame_id, runner)
     if runner is not None:
         runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
     prefilled = clock()
     noise = frame_noise(policy.config, seed, frame_id, policy.device)
-    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
+    actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner, guidance))
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

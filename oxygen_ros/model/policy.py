@@ -99,10 +99,28 @@ class Pi05Policy:
             token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
         )
 
-    def robot_actions(self, model_actions: Tensor) -> np.ndarray:
-        """Model-space chunk [horizon, model action_dim] -> robot units [horizon, robot action_dim]."""
+    def robot_actions(self, model_actions: Tensor, state: Optional[np.ndarray] = None) -> np.ndarray:
+        """Model-space chunk [horizon, model action_dim] -> robot units [horizon, robot action_dim].
+
+        ``state`` (the observation's raw state) is unused by this generic policy: actions are
+        absolute and need no state.
+        """
         raw = model_actions.detach().float().cpu().numpy()[..., : self.action_dim]
         return self.action_stats.unnormalize_quantile(raw).astype(np.float32)
+
+    def model_actions(self, robot_actions: np.ndarray, state: Optional[np.ndarray] = None) -> np.ndarray:
+        """The exact inverse of `robot_actions`: robot units [horizon, robot action_dim] -> model
+        space float32 [horizon, model action_dim], zero beyond the robot's dims.
+
+        Raises:
+            ValueError: ``robot_actions`` is not [horizon, robot action_dim].
+        """
+        robot = np.asarray(robot_actions, dtype=np.float64)
+        if robot.ndim != 2 or robot.shape[1] != self.action_dim:
+            raise ValueError(f"robot actions must be [horizon, {self.action_dim}], got shape {robot.shape}")
+        out = np.zeros((robot.shape[0], self.config.action_dim), dtype=np.float32)
+        out[:, : self.action_dim] = self.action_stats.normalize_quantile(robot)
+        return out
 
 
 def load_policy(
