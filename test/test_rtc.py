@@ -247,6 +247,11 @@ def test_no_guidance_without_overlap(policy):
     assert continuity.guidance(moving_scene(1.02, 1)) is not None
     continuity.record(obs, ActionChunk(2, 1.0, np.zeros((horizon, ROBOT_DIM), np.float32), 5.0, 7.0))
     assert continuity.latency_s == pytest.approx(0.003 + 0.2 * (0.012 - 0.003))  # the EMA
+    broken = np.zeros((horizon, ROBOT_DIM), np.float32)
+    broken[3, 2] = np.nan
+    continuity.record(obs, ActionChunk(3, 1.0, broken, 1.0, 2.0))
+    assert continuity.previous is None and continuity.non_finite_chunks == 1  # never a NaN target
+    assert continuity.guidance(moving_scene(1.02, 1)) is None
 
 
 def test_rtc_on_the_static_path_runs_the_guided_sampler(policy):

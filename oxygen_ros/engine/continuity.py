@@ -77,6 +77,7 @@ class ChunkContinuity:
         self.schedule = schedule
         self.previous: Optional[PreviousChunk] = None
         self.latency_s: Optional[float] = None  # EMA of prefill + action time
+        self.non_finite_chunks = 0  # chunks not kept as guidance because they hold NaN/Inf
 
     def frozen_steps(self) -> int:
         """Inference delay in controller steps: the new chunk's steps due before it arrives."""
@@ -103,9 +104,17 @@ class ChunkContinuity:
         return RTCGuidance(model_target, (steps[:, None] * dims[None]).to(device), self.max_guidance_weight)
 
     def record(self, observation: Observation, chunk: ActionChunk) -> None:
-        """Keep ``chunk`` as the one the controller now executes and update the latency EMA."""
+        """Keep ``chunk`` as the one the controller now executes and update the latency EMA.
+
+        A chunk with NaN/Inf (which the node does not publish) is not kept: the next chunk starts
+        free, and ``non_finite_chunks`` counts it.
+        """
         latency = (chunk.prefill_ms + chunk.action_ms) * 1e-3
         self.latency_s = latency if self.latency_s is None else self.latency_s + LATENCY_SMOOTHING * (latency - self.latency_s)
+        if not np.isfinite(chunk.actions).all():
+            self.non_finite_chunks += 1
+            self.previous = None
+            return
         self.previous = PreviousChunk(np.array(chunk.actions, copy=True), chunk.stamp, np.array(observation.state, copy=True))
 
     def reset(self) -> None:
