@@ -5,6 +5,7 @@ of oxygen_ros/model/rtc.py), not taken from the code's output."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -295,3 +296,22 @@ def test_controller_stream_and_switch_discontinuity_by_hand():
     metrics = continuity_metrics(chunks, dt)
     assert metrics["switch_discontinuity_p50"] == pytest.approx(10.0)
     assert metrics["switches"] == 1
+    assert metrics["switches_past_previous_end"] == 0  # a's last action is due at 0.4 s
+    late = continuity_metrics([TimedChunk(0.0, 0.05, a), TimedChunk(0.0, 0.45, b)], dt)
+    assert late["switches_past_previous_end"] == 1
+
+
+def test_bench_continuity_writes_both_modes(tmp_path):
+    from oxygen_ros.tools.bench import main
+
+    path = tmp_path / "continuity.json"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["continuity", "--preset", "tiny", "--frames", "12", "--warmup", "2", "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the bench runs single-threaded, as the node does
+    modes = json.loads(path.read_text())["modes"]
+    keys = {"switch_discontinuity_p50", "switch_discontinuity_p99", "jerk_rms", "action_ms_p50"}
+    assert keys <= set(modes["none"]) and keys <= set(modes["rtc"])
+    assert modes["rtc"]["switches"] == modes["none"]["switches"] == 11
+    assert modes["rtc"]["switch_discontinuity_p50"] < modes["none"]["switch_discontinuity_p50"]

@@ -531,12 +531,17 @@ def bench_continuity(args: argparse.Namespace) -> Dict[str, object]:
         f"rate={args.rate_hz:g} Hz action_dt={args.action_dt:g} s horizon={policy.config.action_horizon} steps={args.steps} "
         f"rtc: schedule={args.schedule} beta={args.max_guidance_weight:g} execution_horizon={args.execution_horizon or 'overlap'}"
     )
-    columns = ["switch_discontinuity_p50", "switch_discontinuity_p99", "jerk_rms", "action_ms_p50", "action_ms_p99", "switches"]
+    columns = ["switch_discontinuity_p50", "switch_discontinuity_p99", "jerk_rms", "action_ms_p50", "action_ms_p99", "switches", "switches_past_previous_end"]
     _print_table([{"metric": c, "none": none[c], "rtc": rtc[c]} for c in columns], ["metric", "none", "rtc"])
     print(
         f"RTC cuts the p50 switch discontinuity {ratio:.1f}x (target >= 5x); action path p50 "
         f"{rtc['action_ms_p50']:.1f} ms vs {none['action_ms_p50']:.1f} ms (+{rtc['action_ms_p50'] - none['action_ms_p50']:.1f} ms)"
     )
+    if rtc["switches_past_previous_end"]:
+        print(
+            f"{rtc['switches_past_previous_end']} of {rtc['switches']} RTC switches came after the previous chunk had ended "
+            f"(latency beyond horizon x action_dt = {policy.config.action_horizon * args.action_dt:g} s): raise --action-dt or lower the latency"
+        )
     out = {"preset": args.preset, "device": args.device, "workload": vars(args) | {"json": str(args.json)}, "modes": modes, "discontinuity_ratio_p50": ratio}
     _write_json(args.json, out)
     return out

@@ -81,13 +81,17 @@ def continuity_metrics(chunks: List[TimedChunk], action_dt: float, skip: int = 0
     """Switch discontinuities and jerk of the executed command stream.
 
     switch_discontinuity: |new - previous chunk| per joint at the first controller step after each
-    switch (chunks after the first ``skip`` + 1), p50/p99 over joints and switches. jerk_rms: RMS
+    switch (chunks after the first ``skip`` + 1), p50/p99 over joints and switches, and how many
+    switches came after the previous chunk's last action (latency beyond the chunk: no continuity
+    is possible there, with or without RTC). jerk_rms: RMS
     over joints and steps of the third difference of the executed stream / dt^3, from the first
     counted switch to the last chunk's arrival.
     """
     jumps: List[np.ndarray] = []
+    past_end = 0  # switches after the previous chunk's last action: nothing left to continue
     for previous, new in zip(chunks[skip:], chunks[skip + 1 :]):
         t = math.ceil(new.arrival / action_dt - 1e-9) * action_dt
+        past_end += t > previous.stamp + previous.actions.shape[0] * action_dt
         jumps.append(np.abs(sample_chunk(new.actions, new.stamp, t, action_dt) - sample_chunk(previous.actions, previous.stamp, t, action_dt)))
     start = math.ceil(chunks[skip].arrival / action_dt)
     stop = math.ceil(chunks[-1].arrival / action_dt)
@@ -106,5 +110,6 @@ def continuity_metrics(chunks: List[TimedChunk], action_dt: float, skip: int = 0
         "switch_discontinuity_p99": percentile(flat.tolist(), 99),
         "jerk_rms": float(np.sqrt(np.mean(jerk**2))) if jerk.size else float("nan"),
         "switches": len(jumps),
+        "switches_past_previous_end": past_end,
         "controller_steps": len(stream),
     }
