@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
+from ..model.rtc import RTCGuidance
 from .faults import NO_FAULTS, FaultInjector, stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
@@ -78,16 +79,26 @@ def prefill_frame(
 
 
 def act_on_frame(
-    policy: Pi05Policy, pool: KVPool, frame: FramePrefix, noise: Tensor, num_steps: int, runner: Optional[StaticRunner] = None
+    policy: Pi05Policy,
+    pool: KVPool,
+    frame: FramePrefix,
+    noise: Tensor,
+    num_steps: int,
+    runner: Optional[StaticRunner] = None,
+    guidance: Optional[RTCGuidance] = None,
 ) -> Tensor:
-    """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it)."""
-    if runner is not None:
+    """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it).
+
+    A ``guidance`` (real-time chunking) always runs the eager guided sampler, static paths or not;
+    a frozen static runner without a bucket for this prefix also falls back to the eager path.
+    """
+    if runner is not None and guidance is None:
         actions = runner.act(frame.segment, noise, num_steps)
         if actions is not None:
             return actions
     context = pool.view(frame.segment)
     prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
-    return policy.model.sample_actions(prefix, noise, num_steps)[0]
+    return policy.model.sample_actions(prefix, noise, num_steps, guidance)[0]
 
 
 def timed_action(
@@ -100,8 +111,10 @@ def timed_action(
     clock: Clock,
     runner: Optional[StaticRunner] = None,
     faults: FaultInjector = NO_FAULTS,
+    guidance: Optional[RTCGuidance] = None,
 ) -> "tuple[FramePrefix, ActionChunk]":
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
+    ``guidance``: see `act_on_frame`.
 
     Transactional: on any exception (prefill or action) every block the frame took is back in the
     pool and the original exception propagates, tagged with its stage (`faults.stage_of`).
@@ -114,7 +127,8 @@ def timed_action(
         prefilled = clock()
         noise = frame_noise(policy.config, seed, frame_id, policy.device)
         faults.check("action")
-        actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner), observation.state)
+        model_actions = act_on_frame(policy, pool, frame, noise, num_steps, runner, guidance)
+        actions = policy.robot_actions(model_actions, observation.state)
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

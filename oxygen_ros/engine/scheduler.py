@@ -31,6 +31,8 @@ import time
 from typing import Callable, Deque, Dict, List, Mapping, Optional, Set
 
 from ..model.policy import Pi05Policy
+from ..model.rtc import CONTINUITY_MODES, SCHEDULES
+from .continuity import ChunkContinuity
 from .faults import NO_FAULTS, FaultInjector, stage_of
 from .frames import FramePrefix, max_prefix_tokens, timed_action
 from .kv_cache import KVInvariantError, KVPool
@@ -64,6 +66,13 @@ class EngineConfig:
     cuda_graphs: bool = False  # capture those steps in CUDA graphs; implies static_shapes, CUDA only
     gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
     context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
+    # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk is denoised as an
+    # inpainting of the previous one (eager guided sampler, also on the static paths).
+    chunk_continuity: str = "none"  # "none" | "rtc"
+    action_dt: float = 0.02  # seconds between consecutive actions of a chunk (the controller step)
+    rtc_execution_horizon: int = 0  # guided steps of a new chunk at most; 0: the whole overlap
+    rtc_max_guidance_weight: float = 5.0  # beta: clip of the guidance weight
+    rtc_schedule: str = "exp"  # soft-mask decay over the overlap: "exp" | "linear"
 
     def __post_init__(self) -> None:
         if self.decode_mode not in ("deadline", "fixed"):
@@ -75,6 +84,15 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:
             raise ValueError("decode_steps_per_frame, max_queued_requests and kv_capacity_tokens must be >= 0")
+        if self.chunk_continuity not in CONTINUITY_MODES:
+            raise ValueError(f"chunk_continuity must be one of {', '.join(CONTINUITY_MODES)}, got {self.chunk_continuity!r}")
+        if self.rtc_schedule not in SCHEDULES:
+            raise ValueError(f"rtc_schedule must be one of {', '.join(SCHEDULES)}, got {self.rtc_schedule!r}")
+        if not (self.action_dt > 0 and self.rtc_execution_horizon >= 0 and 0 <= self.rtc_max_guidance_weight < float("inf")):
+            raise ValueError(
+                f"action_dt must be > 0 (got {self.action_dt}), rtc_execution_horizon >= 0 (got {self.rtc_execution_horizon}) "
+                f"and rtc_max_guidance_weight finite and >= 0 (got {self.rtc_max_guidance_weight})"
+            )
         if not self.kind_prompts:
             raise ValueError("kind_prompts must name at least one language kind")
         empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
@@ -279,6 +297,12 @@ class EngineBase:
         return deltas
 
 
+def _continuity(policy: Pi05Policy, config: EngineConfig) -> Optional[ChunkContinuity]:
+    if config.chunk_continuity != "rtc":
+        return None
+    return ChunkContinuity(policy, config.action_dt, config.rtc_execution_horizon, config.rtc_max_guidance_weight, config.rtc_schedule)
+
+
 class OxygenEngine(EngineBase):
     """Unified KV cache: shared prefill per frame + cross-frame continuous batching."""
 
@@ -297,6 +321,7 @@ class OxygenEngine(EngineBase):
         self._frame: Optional[FramePrefix] = None  # newest frame; the engine holds one reference
         self._active: List[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
+        self.continuity = _continuity(policy, self.config)
         if self.pool.num_blocks < 2 * self._prefix_blocks:
             raise ValueError(
                 f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two frame prefixes "
@@ -366,14 +391,17 @@ class OxygenEngine(EngineBase):
             self.pool.release(self._frame.segment)  # stays alive while requests still read it
             self._frame = None
         cfg = self.config
+        guidance = self.continuity.guidance(observation) if self.continuity else None
         try:
             self._frame, chunk = timed_action(
                 self.policy, self.pool, observation, self._new_frame_id(), cfg.seed, cfg.num_steps, self.clock, self.runner,
-                self.faults,
+                self.faults, guidance,
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))
             raise
+        if self.continuity:
+            self.continuity.record(observation, chunk)
         return chunk
 
     # -- the language path -----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 * ``prefill``: SigLIP + PaliGemma backbone over images and prompt, once per frame -> prefix KV.
 * ``sample_actions``: the action expert denoises a chunk by flow matching, reading the prefix KV
-  (never writing it): Euler from t=1 (noise) to t=0.
+  (never writing it): Euler from t=1 (noise) to t=0; optionally guided towards the previous
+  chunk (real-time chunking, ``rtc.py``).
 * ``forward_text``: language tokens continue causally from any cached context (a frame's prefix
   plus a request's own tokens) -> hidden states for the tied LM head, and their new K/V.
 
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 from .config import Pi05Config
 from .layers import sincos_time_embedding
 from .mot import AttentionTables, Conditioning, GemmaStack, JointOutput, KVContext, Stream, attention_tables, condition_rows, joint_forward
+from .rtc import RTCGuidance
 from .siglip import MultiModalProjector, SiglipVisionTower
 
 
@@ -199,19 +201,33 @@ class Pi05Model(nn.Module):
         return self._velocity(prefix, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None)
 
     @torch.no_grad()
-    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10) -> Tensor:
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10, guidance: Optional[RTCGuidance] = None) -> Tensor:
         """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim].
 
         What every step shares (positions, RoPE tables, mask) is built once, and every step's adaRMS
         modulation is predicted up front (the schedule is fixed): one dense call per norm.
+
+        guidance: real-time chunking (``model.rtc``): each step's velocity is corrected towards
+        ``guidance.target`` by one vector-Jacobian product through the action expert (w.r.t. x_t
+        only: the prefix KV is read, never differentiated). None, or a guidance with nothing to
+        guide, runs the plain sampler unchanged.
         """
         b, horizon = noise.shape[:2]
-        times = torch.stack(flow_schedule(num_steps)).to(noise.device)
+        schedule = flow_schedule(num_steps)
+        times = torch.stack(schedule).to(noise.device)
         conditionings = condition_rows(self.action_conditioning(times))  # one per step, batch-broadcast
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         positions, allowed = self._action_layout(prefix, b, horizon)
         tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype)
         x_t = noise.float()
+        if guidance is not None and guidance.active:
+            for t, conditioning in zip(schedule, conditionings):
+
+                def velocity(x: Tensor, conditioning: Conditioning = conditioning) -> Tensor:
+                    return self._velocity(prefix, x, conditioning, positions, allowed, tables)
+
+                x_t = x_t + dt * guidance.velocity(velocity, x_t, float(t))
+            return x_t
         for conditioning in conditionings:  # openpi's float32 loop condition decides the count
             x_t = x_t + dt * self._velocity(prefix, x_t, conditioning, positions, allowed, tables)
         return x_t

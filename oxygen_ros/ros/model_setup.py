@@ -95,6 +95,11 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         static_shapes=settings.static_shapes,
         cuda_graphs=settings.cuda_graphs,
         gpu_preprocess=settings.gpu_preprocess,
+        chunk_continuity=settings.chunk_continuity,
+        action_dt=settings.action_dt,
+        rtc_execution_horizon=settings.rtc_execution_horizon,
+        rtc_max_guidance_weight=settings.rtc_max_guidance_weight,
+        rtc_schedule=settings.rtc_schedule,
     )
 
 

@@ -37,6 +37,8 @@ RANDOM_WEIGHT_PRESETS = ("tiny", "small")
 PRESET_NAMES = ("tiny", "small", "pi05")
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("deadline", "fixed")
+CHUNK_CONTINUITY_MODES = ("none", "rtc")  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
+RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 _INT32_MAX = 2**31 - 1
 
 
@@ -179,6 +181,22 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               (1, 4096)),
     ParamSpec("temperature", _T.PARAMETER_DOUBLE, 0.0, "text sampling temperature; 0 is greedy", RUNTIME,
               (0.0, 10.0)),
+    # -- continuous chunks: real-time chunking (configure) ------------------------------------------
+    ParamSpec("chunk_continuity", _T.PARAMETER_STRING, "none",
+              "none: every chunk is denoised from fresh noise | rtc: real-time chunking, each chunk is "
+              "denoised as an inpainting of the previous chunk's actions the controller still executes "
+              "(frozen over the measured inference delay in action_dt steps, softly guided over the rest "
+              "of the overlap); costs one vector-Jacobian product of the action expert per denoising step "
+              "and runs the eager sampler even with static_shapes/cuda_graphs", CONFIGURE),
+    ParamSpec("rtc_execution_horizon", _T.PARAMETER_INTEGER, 0,
+              "chunk_continuity rtc: guide at most this many steps of a new chunk; 0: the whole overlap "
+              "with the previous chunk", CONFIGURE, (0, 10_000)),
+    ParamSpec("rtc_max_guidance_weight", _T.PARAMETER_DOUBLE, 5.0,
+              "chunk_continuity rtc: beta, the clip of the guidance weight (0 disables guidance; above "
+              "2 x the 10 denoising steps it overshoots)", CONFIGURE, (0.0, 100.0)),
+    ParamSpec("rtc_schedule", _T.PARAMETER_STRING, "exp",
+              "chunk_continuity rtc: decay of the guidance over the overlap after the frozen steps: "
+              "exp | linear", CONFIGURE),
     # -- start-up (static) ------------------------------------------------------------------------
     ParamSpec("autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC),
     # -- robot adapter and action space (configure) -----------------------------------------------
@@ -253,6 +271,10 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
     if name == "decode_mode" and value not in DECODE_MODES:
         raise SettingsError(f"decode_mode must be one of {', '.join(DECODE_MODES)}, got {value!r}")
+    if name == "chunk_continuity" and value not in CHUNK_CONTINUITY_MODES:
+        raise SettingsError(f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}")
+    if name == "rtc_schedule" and value not in RTC_SCHEDULES:
+        raise SettingsError(f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}")
     if name == "device" and not value.strip():
         raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
     if name == "task" and not value.strip():
@@ -324,6 +346,11 @@ class NodeSettings:
     narration_max_tokens: int
     answer_max_tokens: int
     temperature: float
+    # continuous chunks (real-time chunking)
+    chunk_continuity: str
+    rtc_execution_horizon: int
+    rtc_max_guidance_weight: float
+    rtc_schedule: str
     autostart: bool
     # -- robot adapter and action space ----------------------------------------------------------
     robot: str

@@ -9,6 +9,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench action --preset pi05 --device cuda --dtype bfloat16 --cuda-graphs
                                                    # prefill + chunk latency, 1/2/3 cameras
     oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
+    oxygen-bench continuity --preset small         # chunk switches without and with RTC
 
 GPU fast path: ``--static-shapes`` runs the fixed-shape steps (engine/static_paths.py),
 ``--cuda-graphs`` captures them in CUDA graphs, ``--gpu-preprocess`` resizes images on the device,
@@ -34,6 +35,7 @@ from oxygen_ros.engine.frames import max_prefix_tokens
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.scheduler import make_pool, make_runner
 from oxygen_ros.tools.cli import positive_int
+from oxygen_ros.tools.continuity_workload import continuity_metrics, replan
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
     FrameSamples,
@@ -106,6 +108,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     action.add_argument("--warmup", type=int, default=3)
     action.add_argument("--camera-counts", type=int, nargs="+", default=[1, 2, 3])
     action.add_argument("--no-dynamic", action="store_true", help="skip the eager (dynamic-shape) reference")
+    continuity = sub.add_parser("continuity", help="chunk switch discontinuity and jerk: none vs rtc, one run")
+    _common(continuity, "tiny")
+    continuity.set_defaults(threads=1)  # as the node (torch_threads 1): steadier latency on a shared CPU
+    continuity.add_argument("--frames", type=int, default=300, help="replanned frames per mode (after warm-up)")
+    continuity.add_argument("--warmup", type=int, default=5, help="frames not counted (latency estimate settles)")
+    continuity.add_argument("--rate-hz", type=float, default=20.0, help="replanning rate (a new chunk per tick)")
+    continuity.add_argument("--action-dt", type=float, default=0.02, help="seconds between actions of a chunk")
+    continuity.add_argument("--execution-horizon", type=int, default=0, help="RTC guided steps at most (0: the whole overlap)")
+    continuity.add_argument("--max-guidance-weight", type=float, default=5.0, help="RTC beta")
+    continuity.add_argument("--schedule", default="exp", choices=["exp", "linear"], help="RTC soft-mask schedule")
     summary = sub.add_parser("summary", help="combine action/engines/realtime JSON of one run, check targets")
     summary.add_argument("--dir", type=Path, required=True, help="folder with action.json, engines.json, realtime.json")
     summary.add_argument("--json", type=Path, help="write the summary here (default DIR/summary.json)")
@@ -488,6 +500,53 @@ def bench_summary(args: argparse.Namespace) -> Dict[str, object]:
     return out
 
 
+def bench_continuity(args: argparse.Namespace) -> Dict[str, object]:
+    """Both continuity modes on the same moving scene with the node's replanning rule: how far the
+    executed command jumps when a new chunk takes over, the executed stream's jerk, and what RTC
+    costs on the action path."""
+    if args.frames < 2:
+        raise SystemExit("--frames must be >= 2")
+    policy = _policy(args)
+    modes: Dict[str, Dict[str, float]] = {}
+    for mode in ("none", "rtc"):
+        config = EngineConfig(
+            num_steps=args.steps, seed=args.seed, chunk_continuity=mode, action_dt=args.action_dt,
+            rtc_execution_horizon=args.execution_horizon, rtc_max_guidance_weight=args.max_guidance_weight,
+            rtc_schedule=args.schedule, **_fast_path(args),
+        )
+        engine = OxygenEngine(policy, config)
+        try:
+            engine.warm_up(synthetic_observations(args.cameras)[0])
+            chunks, action_ms = replan(engine, args.warmup + args.frames, args.rate_hz, args.cameras, state_dim=7)
+        finally:
+            engine.close()
+        modes[mode] = continuity_metrics(chunks, args.action_dt, skip=args.warmup) | {
+            "action_ms_p50": percentile(action_ms[args.warmup :], 50),
+            "action_ms_p99": percentile(action_ms[args.warmup :], 99),
+        }
+    none, rtc = modes["none"], modes["rtc"]
+    ratio = none["switch_discontinuity_p50"] / max(rtc["switch_discontinuity_p50"], 1e-12)
+    print(
+        f"continuity: preset={args.preset} device={args.device} dtype={args.dtype} path={_path_name(config)} frames={args.frames} "
+        f"rate={args.rate_hz:g} Hz action_dt={args.action_dt:g} s horizon={policy.config.action_horizon} steps={args.steps} "
+        f"rtc: schedule={args.schedule} beta={args.max_guidance_weight:g} execution_horizon={args.execution_horizon or 'overlap'}"
+    )
+    columns = ["switch_discontinuity_p50", "switch_discontinuity_p99", "jerk_rms", "action_ms_p50", "action_ms_p99", "switches", "switches_past_previous_end"]
+    _print_table([{"metric": c, "none": none[c], "rtc": rtc[c]} for c in columns], ["metric", "none", "rtc"])
+    print(
+        f"RTC cuts the p50 switch discontinuity {ratio:.1f}x (target >= 5x); action path p50 "
+        f"{rtc['action_ms_p50']:.1f} ms vs {none['action_ms_p50']:.1f} ms (+{rtc['action_ms_p50'] - none['action_ms_p50']:.1f} ms)"
+    )
+    if rtc["switches_past_previous_end"]:
+        print(
+            f"{rtc['switches_past_previous_end']} of {rtc['switches']} RTC switches came after the previous chunk had ended "
+            f"(latency beyond horizon x action_dt = {policy.config.action_horizon * args.action_dt:g} s): raise --action-dt or lower the latency"
+        )
+    out = {"preset": args.preset, "device": args.device, "workload": vars(args) | {"json": str(args.json)}, "modes": modes, "discontinuity_ratio_p50": ratio}
+    _write_json(args.json, out)
+    return out
+
+
 COMMANDS = {
     "engines": bench_engines,
     "model": bench_model,
@@ -496,6 +555,7 @@ COMMANDS = {
     "soak": bench_soak,
     "action": bench_action,
     "summary": bench_summary,
+    "continuity": bench_continuity,
 }
 
 

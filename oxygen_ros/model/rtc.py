@@ -1,0 +1,128 @@
+"""Real-time chunking (RTC): denoise a new action chunk as an inpainting of the previous one.
+
+Black, Galliker & Levine 2025, "Real-Time Execution of Action Chunking Flow Policies"
+(arXiv 2506.07339). While the controller still executes the previous chunk, the next one is
+sampled so that it agrees with the actions the controller will execute before the new chunk
+arrives (the first ``d`` steps, frozen), agrees less and less over the rest of the overlap (a
+soft mask), and is free after it. Only the sampler changes; the model and its weights do not.
+
+Derivation in openpi's time convention
+--------------------------------------
+The paper's time runs from 0 (noise) to 1 (data): ``x_tau = tau*A + (1-tau)*eps``,
+``v_paper = A - eps``, and its guided velocity (eq. 2-4) is
+
+    v_paper + min(beta, (1-tau) / (tau * r^2)) * (Y - A_hat)^T diag(W) dA_hat/dx,
+    A_hat = x_tau + (1-tau) * v_paper,   r^2 = (1-tau)^2 / (tau^2 + (1-tau)^2).
+
+openpi's time runs the other way, ``t = 1 - tau``: ``x_t = t*eps + (1-t)*A``, ``v = eps - A =
+-v_paper``, Euler from t=1 with ``dt = -1/N``. Substituting:
+
+* denoised estimate: ``A_hat = x_t - t * v(x_t, t)``;
+* its Jacobian: ``J = dA_hat/dx_t = I - t * dv/dx_t``, so the guidance direction is the
+  vector-Jacobian product ``g = J^T e = e - t * (dv/dx_t)^T e`` with ``e = W * (Y - A_hat)``:
+  one backward pass through the action expert per denoising step;
+* weight: ``(1-tau)/(tau r^2) = t/(1-t) * (t^2 + (1-t)^2)/t^2 = (t^2 + (1-t)^2) / (t (1-t))``,
+  infinite at t=1 (the first step) and clipped at ``beta`` (``max_guidance_weight``);
+* sign: ``v_paper`` gains ``+w*g``, so openpi's ``v`` loses it: ``v_guided = v - w*g``. The Euler
+  step ``x += dt * v_guided`` with ``dt < 0`` then moves ``x`` by ``+|dt| w g``, toward ``Y``.
+
+With ``v`` independent of ``x`` (J = I) one guided step shrinks ``Y - A_hat`` on a frozen step by
+the factor ``1 - |dt| w``: ``beta = N`` projects onto the target exactly at the first step, and
+``beta > 2N`` would overshoot, which is why the weight is clipped.
+
+Soft mask (eq. 5), over the new chunk's steps ``i`` with ``d`` frozen steps and the previous
+chunk overlapping the first ``end`` steps:
+
+    W_i = 1                                  for i < d
+    W_i = c_i * (e^c_i - 1) / (e - 1)        for d <= i < end  ("exp"; "linear": W_i = c_i)
+    W_i = 0                                  for i >= end,     c_i = (end - i) / (end - d + 1).
+
+The prefix KV is only read: guidance differentiates with respect to ``x_t`` alone, so no gradient
+flows into the KV (it holds none), and RTC costs action-expert work only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+SCHEDULES = ("exp", "linear")
+CONTINUITY_MODES = ("none", "rtc")
+
+
+def prefix_weights(horizon: int, frozen: int, end: int, schedule: str = "exp") -> Tensor:
+    """Per-step guidance weights [horizon] (float32): 1 on the first ``frozen`` steps, a soft
+    decay up to ``end`` (the overlap with the previous chunk), 0 after.
+
+    ``frozen`` and ``end`` are clamped to [0, horizon]; ``frozen`` beyond ``end`` is cut to ``end``
+    (a step the previous chunk does not cover cannot be frozen).
+
+    Raises:
+        ValueError: an unknown schedule or a negative horizon.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"RTC schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if horizon < 0:
+        raise ValueError(f"horizon must be >= 0, got {horizon}")
+    end = max(0, min(end, horizon))
+    frozen = max(0, min(frozen, end))
+    weights = torch.zeros(horizon, dtype=torch.float32)
+    weights[:frozen] = 1.0
+    steps = torch.arange(frozen, end, dtype=torch.float64)
+    c = (end - steps) / (end - frozen + 1)
+    if schedule == "exp":
+        c = c * torch.expm1(c) / math.expm1(1.0)
+    weights[frozen:end] = c.float()
+    return weights
+
+
+def guidance_weight(t: float, max_weight: float) -> float:
+    """The pseudoinverse guidance weight at openpi time ``t``: (t^2 + (1-t)^2) / (t (1-t)),
+    clipped at ``max_weight`` (infinite at t = 0 and t = 1)."""
+    denominator = t * (1.0 - t)
+    if denominator <= 0.0:
+        return float(max_weight)
+    return float(min(max_weight, (t * t + (1.0 - t) ** 2) / denominator))
+
+
+@dataclasses.dataclass
+class RTCGuidance:
+    """What a guided sampler inpaints towards.
+
+    target: [B or 1, horizon, action_dim] model-space actions the new chunk should agree with
+        (any values where ``weights`` is 0).
+    weights: broadcastable to the target, e.g. [horizon, action_dim]: the soft mask (per step)
+        times which action dims count (the robot's, not the model's padding).
+    max_guidance_weight: beta, the clip of the guidance weight.
+    """
+
+    target: Tensor
+    weights: Tensor
+    max_guidance_weight: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_guidance_weight) and self.max_guidance_weight >= 0):
+            raise ValueError(f"max_guidance_weight must be a finite number >= 0, got {self.max_guidance_weight}")
+        if not torch.isfinite(self.target).all():
+            raise ValueError("RTC guidance target holds NaN or Inf values")
+
+    @property
+    def active(self) -> bool:
+        """False when nothing is guided (no overlap, or beta 0): the plain sampler is exact then."""
+        return self.max_guidance_weight > 0 and bool((self.weights != 0).any())
+
+    def velocity(self, velocity_fn: Callable[[Tensor], Tensor], x_t: Tensor, t: float) -> Tensor:
+        """Guided openpi velocity ``v - w * J^T (W * (Y - A_hat))`` at ``x_t`` (see the module
+        docstring): one forward and one vector-Jacobian product of ``velocity_fn`` w.r.t. x_t."""
+        with torch.enable_grad():
+            x = x_t.detach().requires_grad_(True)
+            v = velocity_fn(x)
+            estimate = x.detach() - t * v.detach()  # A_hat
+            error = self.weights * (self.target - estimate)
+            (dv_error,) = torch.autograd.grad(v, x, grad_outputs=error)  # (dv/dx)^T e
+        correction = error - t * dv_error
+        return v.detach() - guidance_weight(t, self.max_guidance_weight) * correction
