@@ -97,7 +97,8 @@ def test_tick_exceptions_are_counted_and_the_loop_continues(running):
         assert wait_for(lambda: len(chunks) >= count + 3, 10), "no chunks after the failures"
     finally:
         engine.act = act
-    assert node._counters.get("tick_exceptions") == 3
+    assert node._counters.get("no_action_engine_error") == 3
+    assert node._counters.get("tick_exceptions") == 0
 
 
 def test_an_overrun_is_counted_and_the_next_tick_is_not_skipped_silently(running):
@@ -126,7 +127,7 @@ def test_an_overrun_is_counted_and_the_next_tick_is_not_skipped_silently(running
 def test_an_empty_instruction_is_rejected_and_counted(running):
     node, _, instruction, _ = running
     instruction.publish(String(data="  "))
-    assert wait_for(lambda: node._counters.get("instruction_rejected") == 1, 5)
+    assert wait_for(lambda: node._counters.get("instruction_rejected_empty") == 1, 5)
     assert node.get_parameter("task").value == "pick up the red block"
 
 

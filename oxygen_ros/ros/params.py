@@ -36,6 +36,7 @@ RANDOM_WEIGHT_PRESETS = ("tiny", "small")
 PRESET_NAMES = ("tiny", "small", "pi05")
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("deadline", "fixed")
+OVERRUN_POLICIES = ("adapt", "skip")
 _INT32_MAX = 2**31 - 1
 
 
@@ -114,7 +115,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               (0, _INT32_MAX)),
     ParamSpec("decode_mode", _T.PARAMETER_STRING, "deadline",
               "language decoding budget: deadline (as many batched steps as fit before the next tick) "
-              "| fixed (decode_steps_per_frame steps per tick)", CONFIGURE),
+              "| fixed (decode_steps_per_frame steps per tick, ended early at the next tick's deadline)", CONFIGURE),
     ParamSpec("decode_steps_per_frame", _T.PARAMETER_INTEGER, 5, "batched decode steps per tick in fixed mode",
               CONFIGURE, (0, 10_000)),
     ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 3.0,
@@ -180,6 +181,18 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               (0.0, 10.0)),
     # -- start-up (static) ------------------------------------------------------------------------
     ParamSpec("autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC),
+    # -- fault tolerance and graceful degradation of the loop (runtime) ---------------------------
+    ParamSpec("max_consecutive_failures", _T.PARAMETER_INTEGER, 30,
+              "ticks in a row in which an engine call fails (an observation the model rejects does not "
+              "count) before the node reports ERROR and takes the lifecycle error transition: it releases "
+              "the engine and ends unconfigured", RUNTIME, (1, 1_000_000)),
+    ParamSpec("max_text_chars", _T.PARAMETER_INTEGER, 500,
+              "longest text accepted on ~/ask and ~/instruction (characters); longer ones are refused "
+              "and counted", RUNTIME, (1, 1_000_000)),
+    ParamSpec("overrun_policy", _T.PARAMETER_STRING, "adapt",
+              "when ticks cannot be held at rate_hz with room for language: adapt (replan at the rate the "
+              "measured tick cost allows, back up to rate_hz when it falls) | skip (keep rate_hz; the timer "
+              "skips the periods a long tick overran)", RUNTIME),
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -240,6 +253,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
     if name == "decode_mode" and value not in DECODE_MODES:
         raise SettingsError(f"decode_mode must be one of {', '.join(DECODE_MODES)}, got {value!r}")
+    if name == "overrun_policy" and value not in OVERRUN_POLICIES:
+        raise SettingsError(f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}")
     if name == "device" and not value.strip():
         raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
     if name == "task" and not value.strip():
@@ -307,6 +322,10 @@ class NodeSettings:
     answer_max_tokens: int
     temperature: float
     autostart: bool
+    # fault tolerance and graceful degradation
+    max_consecutive_failures: int
+    max_text_chars: int
+    overrun_policy: str
 
     @property
     def period_s(self) -> float:
