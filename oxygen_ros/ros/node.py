@@ -480,6 +480,7 @@ class OxygenNode(LifecycleNode):
             "decode_steps": engine.decode_steps,
             **{f"kv_{key}": value for key, value in memory.items()},
         }
+        return fault
 
     def _act(self, engine: OxygenEngine, settings: NodeSettings, observation: Observation, stamp_ns: int,
              started: float) -> bool:
