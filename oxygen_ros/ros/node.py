@@ -459,19 +459,27 @@ class OxygenNode(LifecycleNode):
                     self._adapt_rate(engine, settings, action_s)
             except _EngineFault as exc:
                 fault = str(exc)
-        # Publishing this tick's text is part of its language budget: decoding ends that much earlier.
-        # In decode_mode fixed, `until` bounds the k steps too.
+        deltas, decode_fault = self._decode(engine, started)
+        self._publish_text(deltas + self._expired(engine))
+        self._record_engine_stats(engine)
+        return fault or decode_fault
+
+    def _decode(self, engine: OxygenEngine, started: float) -> Tuple[List[TextDelta], Optional[str]]:
+        """Language in the rest of the period: (the deltas, what failed or None).
+
+        Publishing this tick's text is part of its budget, so decoding ends that much before the next
+        tick; in decode_mode fixed, ``until`` bounds the k steps too.
+        """
         until = self._next_tick_time(started, self._governor.effective_period_s) - self._publish_cost.expected_s()
         try:
-            deltas = engine.decode(until=until)
+            return engine.decode(until=until), None
         except Exception as exc:  # the engine answers language faults with failed finals; this is worse
             self._counters.add("decode_errors")
-            fault = fault or f"decode: {type(exc).__name__}: {exc}"
             self._warn(f"decode:{type(exc).__name__}", f"language decoding failed this tick: {type(exc).__name__}: "
                                                        f"{exc}\n{traceback.format_exc()}")
-            deltas = []
-        max_silent = engine.config.max_wait_frames + engine.config.max_stall_frames + EXPIRY_SLACK_TICKS
-        self._publish_text(deltas + self._expired(max_silent))
+            return [], f"decode: {type(exc).__name__}: {exc}"
+
+    def _record_engine_stats(self, engine: OxygenEngine) -> None:
         memory = engine.memory()
         self._engine_stats = {
             "active_requests": engine.active_requests,
@@ -480,7 +488,6 @@ class OxygenNode(LifecycleNode):
             "decode_steps": engine.decode_steps,
             **{f"kv_{key}": value for key, value in memory.items()},
         }
-        return fault
 
     def _act(self, engine: OxygenEngine, settings: NodeSettings, observation: Observation, stamp_ns: int,
              started: float) -> bool:
@@ -632,9 +639,10 @@ class OxygenNode(LifecycleNode):
         self._submitted += 1
         self._streams.opened(engine.submit(kind, text, sampling), kind)
 
-    def _expired(self, max_silent_ticks: int) -> List[TextDelta]:
-        """Failed finals for requests the engine went silent on (counted)."""
-        expired = self._streams.expire(max_silent_ticks)
+    def _expired(self, engine: OxygenEngine) -> List[TextDelta]:
+        """Failed finals for requests the engine went silent on for longer than its own limits (counted)."""
+        limits = engine.config
+        expired = self._streams.expire(limits.max_wait_frames + limits.max_stall_frames + EXPIRY_SLACK_TICKS)
         if expired:
             self._counters.add("streams_expired", len(expired))
         return expired
