@@ -3,6 +3,7 @@ question, stops the node cleanly and prints a summary."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ def test_demo_runs_and_summarises(tmp_path):
     env["ROS_DOMAIN_ID"] = str(int(env.get("ROS_DOMAIN_ID", "0")) % 100 + 101)  # not the other tests' graph
     result = subprocess.run(
         [sys.executable, "-m", "oxygen_ros.tools.demo", "--duration", "5", "--rate-hz", "15",
-         "--work", str(tmp_path)],
+         "--work", str(tmp_path), "--json", str(tmp_path / "summary.json")],
         env=env, capture_output=True, text=True, timeout=120,
     )
     node_log = tmp_path / "node.log"
@@ -28,5 +29,13 @@ def test_demo_runs_and_summarises(tmp_path):
     assert "oxygen-demo summary" in output and "node stopped (exit status 0)" in output
     chunks = int(re.search(r"action chunks\s+(\d+)", output).group(1))
     assert chunks >= 10, output
-    assert re.search(r"\d+ narrations, 1 answers", output), output
+    narrations = re.search(r"(\d+) narrations, 1 answers", output)
+    assert narrations, output
     assert re.search(r"frame\s+[\d.]+ Hz", output), output  # the live lines
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["chunks"] == chunks and summary["requested_rate_hz"] == 15.0
+    assert 1.0 <= summary["effective_rate_hz"] <= 15.0
+    assert (summary["narrations_finished"], summary["answers_finished"]) == (int(narrations.group(1)), 1)
+    assert summary["late_fraction"] == pytest.approx(summary["deadline_misses"] / chunks, abs=1e-4)
+    for key in ("tokens_per_s", "mean_frame_rate_hz", "load_average_1min", "warmup_tick_ms"):
+        assert key in summary, summary

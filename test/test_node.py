@@ -152,7 +152,9 @@ def test_diagnostics_report_loop_language_memory_inputs(probe):
     values = probe.fresh_diagnostics()
     for key in ("state", "frame_rate_hz", "deadline_misses", "action_latency_p50_ms", "action_latency_p99_ms",
                 "prefill_ms_p50", "tokens_per_s", "active_requests", "queued_requests", "kv_bytes_in_use",
-                "kv_peak_bytes", "kv_capacity_bytes", "tick_overruns", "late_ticks",
+                "kv_peak_bytes", "kv_capacity_bytes", "tick_overruns", "late_ticks", "requested_rate_hz",
+                "effective_rate_hz", "warmup_tick_ms", "rate_feasible", "consecutive_failures",
+                "publish_ms_per_delta",
                 *(f"input_age_s {topic}" for topic in ("/camera/base/image_raw", "/camera/wrist/image_raw",
                                                        "joint_states"))):
         assert key in values, f"/diagnostics lacks {key!r}: {sorted(values)}"

@@ -39,6 +39,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("deadline", "fixed")
 CHUNK_CONTINUITY_MODES = ("none", "rtc")  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
+OVERRUN_POLICIES = ("adapt", "skip")
 _INT32_MAX = 2**31 - 1
 
 
@@ -117,7 +118,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               (0, _INT32_MAX)),
     ParamSpec("decode_mode", _T.PARAMETER_STRING, "deadline",
               "language decoding budget: deadline (as many batched steps as fit before the next tick) "
-              "| fixed (decode_steps_per_frame steps per tick)", CONFIGURE),
+              "| fixed (decode_steps_per_frame steps per tick, ended early at the next tick's deadline)", CONFIGURE),
     ParamSpec("decode_steps_per_frame", _T.PARAMETER_INTEGER, 5, "batched decode steps per tick in fixed mode",
               CONFIGURE, (0, 10_000)),
     ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 3.0,
@@ -211,6 +212,18 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec("gripper_joint_names", _T.PARAMETER_STRING_ARRAY, [],
               "action joints that are absolute positions in every action space (a subset of "
               "action_joint_names); empty: the robot's own (droid: its 8th dim, aloha: both grippers)", CONFIGURE),
+    # -- fault tolerance and graceful degradation of the loop (runtime) ---------------------------
+    ParamSpec("max_consecutive_failures", _T.PARAMETER_INTEGER, 30,
+              "ticks in a row in which an engine call fails (an observation the model rejects does not "
+              "count) before the node reports ERROR and takes the lifecycle error transition: it releases "
+              "the engine and ends unconfigured", RUNTIME, (1, 1_000_000)),
+    ParamSpec("max_text_chars", _T.PARAMETER_INTEGER, 500,
+              "longest text accepted on ~/ask and ~/instruction (characters); longer ones are refused "
+              "and counted", RUNTIME, (1, 1_000_000)),
+    ParamSpec("overrun_policy", _T.PARAMETER_STRING, "adapt",
+              "when ticks cannot be held at rate_hz with room for language: adapt (replan at the rate the "
+              "measured tick cost allows, back up to rate_hz when it falls) | skip (keep rate_hz; the timer "
+              "skips the periods a long tick overran)", RUNTIME),
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -275,6 +288,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}")
     if name == "rtc_schedule" and value not in RTC_SCHEDULES:
         raise SettingsError(f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}")
+    if name == "overrun_policy" and value not in OVERRUN_POLICIES:
+        raise SettingsError(f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}")
     if name == "device" and not value.strip():
         raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
     if name == "task" and not value.strip():
@@ -356,6 +371,10 @@ class NodeSettings:
     robot: str
     action_space: str  # as given; see command_space
     gripper_joint_names: Tuple[str, ...]
+    # fault tolerance and graceful degradation
+    max_consecutive_failures: int
+    max_text_chars: int
+    overrun_policy: str
 
     @property
     def period_s(self) -> float:

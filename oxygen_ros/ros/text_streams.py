@@ -6,6 +6,14 @@ and, when a request finishes, its whole text as a ``std_msgs/String`` for ``topi
 prefixed with its kind (``[answer] ...``). A request is admitted onto the engine's newest frame
 right after that frame's action, so the stamp of the frame current at a request's first delta is
 the stamp of the observation the request reads.
+
+A request leaves :class:`LanguageStreams` with its final delta, whatever its finish reason (``failed``
+included) and whether or not that delta could be published, so a lost final never keeps a kind
+"busy". A request the engine went silent on for longer than its own limits allow is expired by
+:meth:`LanguageStreams.expire` with a ``failed`` final of the node's own.
+
+Publishing text is part of the language budget: :class:`PublishCost` learns what publishing one
+delta costs and how many deltas a tick brings, so the node ends ``decode()`` that much earlier.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ class _OpenRequest:
     kind: str
     stamp: Any = None  # builtin_interfaces/Time
     pieces: List[str] = dataclasses.field(default_factory=list)
+    silent_ticks: int = 0  # ticks since its last delta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +62,7 @@ class LanguageStreams:
     def update(self, delta: TextDelta, frame_stamp: Any) -> StreamUpdate:
         """Account for ``delta``; ``frame_stamp`` is the stamp of the engine's newest frame."""
         request = self._open.setdefault(delta.request_id, _OpenRequest(delta.kind))
+        request.silent_ticks = 0
         if request.stamp is None:
             request.stamp = frame_stamp
         request.pieces.append(delta.text)
@@ -60,14 +70,52 @@ class LanguageStreams:
         if delta.final:
             del self._open[delta.request_id]
             text = "".join(request.pieces)
-            if delta.finish_reason == "refused":
-                text = f"(refused: {delta.detail or 'no reason given'})"
+            if delta.finish_reason in ("refused", "failed"):
+                text = f"({delta.finish_reason}: {delta.detail or 'no reason given'})"
             full_text = f"[{delta.kind}] {text}"
         return StreamUpdate(delta, request.stamp, full_text)
+
+    def expire(self, max_silent_ticks: int) -> List[TextDelta]:
+        """Count one tick; the ``failed`` finals of requests silent for more than ``max_silent_ticks``
+        (pass them through :meth:`update` and publish them like the engine's own)."""
+        expired = []
+        for request_id, request in self._open.items():
+            request.silent_ticks += 1
+            if request.silent_ticks > max_silent_ticks:
+                expired.append(TextDelta(
+                    request_id, request.kind, "", final=True, finish_reason="failed",
+                    detail=f"no final delta from the engine after {request.silent_ticks} silent ticks"))
+        return expired
 
     def clear(self) -> None:
         """Forget every open request (the engine that held them is gone)."""
         self._open.clear()
+
+
+class PublishCost:
+    """Expected time to publish a tick's text deltas: an EMA of the cost per delta times an EMA of
+    the deltas per tick (seconds)."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self._alpha = alpha
+        self.per_delta_s = 0.0
+        self.deltas_per_tick = 0.0
+
+    def seed(self, per_delta_s: float) -> None:
+        """Start from a measured cost per delta (the warm-up's) instead of nothing."""
+        self.per_delta_s = per_delta_s
+
+    def record(self, deltas: int, seconds: float) -> None:
+        """One tick published ``deltas`` deltas in ``seconds``."""
+        self.deltas_per_tick += self._alpha * (deltas - self.deltas_per_tick)
+        if deltas:
+            sample = seconds / deltas
+            self.per_delta_s = sample if self.per_delta_s == 0.0 else self.per_delta_s + self._alpha * (
+                sample - self.per_delta_s)
+
+    def expected_s(self) -> float:
+        """What the next tick's publishing is expected to take."""
+        return self.per_delta_s * self.deltas_per_tick
 
 
 class PeriodicSchedule:

@@ -5,10 +5,13 @@ in a subprocess (this Python, ``-m oxygen_ros.ros.node``) on an isolated ROS gra
 (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` and a random ``ROS_DOMAIN_ID`` unless set); replay the
 bag in this process; print a line per second (frame rate, deadline misses, tokens/s, active
 requests, the latest narration); ask one question on ``~/ask`` half-way; when the bag ends, stop
-the node with SIGINT and print a summary.
+the node with SIGINT and print a summary (``--json PATH`` also writes it as JSON: requested and
+effective rate, chunks, deadline misses counted against the effective rate, narrations, tok/s and
+this machine's load average).
 
     oxygen-demo                       # tiny model, 15 s bag, 60 Hz loop
     oxygen-demo --duration 30 --rate-hz 20 --preset small
+    oxygen-demo --json demo.json
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work", type=Path, default=None,
                         help="where checkpoint, bag and node log are kept (default ~/.cache/oxygen_ros/demo)")
     parser.add_argument("--narration-period", type=float, default=1.0, help="seconds between narrations")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the summary as JSON")
     return parser
 
 
@@ -118,6 +122,7 @@ class Monitor:
     latest_text: str = ""
     answer: str = ""
     diagnostics: Dict[str, str] = field(default_factory=dict)
+    effective_rates: List[float] = field(default_factory=list)  # one per /diagnostics message
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_chunk(self, msg) -> None:
@@ -142,6 +147,8 @@ class Monitor:
         if values:
             with self.lock:
                 self.diagnostics.update(values)
+                if values.get("state") == "active" and "effective_rate_hz" in values:
+                    self.effective_rates.append(float(values["effective_rate_hz"]))
 
     def frames_since(self, since: float) -> int:
         with self.lock:
@@ -180,7 +187,8 @@ def _report(monitor: Monitor, started: float, stop: threading.Event) -> None:
             diag = dict(monitor.diagnostics)
             text = monitor.latest_text
         hz = monitor.frames_since(now - 1.0)
-        print(f"  t={now - started:5.1f} s  frame {hz:5.1f} Hz  misses {monitor.deadline_misses:3d}  "
+        print(f"  t={now - started:5.1f} s  frame {hz:5.1f} Hz (of {diag.get('effective_rate_hz', '?')})  "
+              f"misses {monitor.deadline_misses:3d}  "
               f"tok/s {float(diag.get('tokens_per_s', 0)):6.1f}  active {diag.get('active_requests', '0'):>2}  "
               f"| {text[:60]!r}", flush=True)
 
@@ -274,7 +282,11 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         reporter_stop.set()
         reporter.join()
-        _summary(monitor, played)
+        summary = _summary(monitor, played, args.rate_hz)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+            print(f"oxygen-demo: summary written to {args.json}")
         return 0 if monitor.chunk_times else 1
     finally:
         code = _stop_node(process)
@@ -287,23 +299,51 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signum, handler)
 
 
-def _summary(monitor: Monitor, played: float) -> None:
+def _summary(monitor: Monitor, played: float, requested_hz: float) -> Dict[str, object]:
+    """Print the summary; returns it as the JSON-ready dict ``--json`` writes."""
     with monitor.lock:
         times = list(monitor.chunk_times)
         finished = dict(monitor.finished)
         tokens, misses, answer = monitor.tokens, monitor.deadline_misses, monitor.answer
         diag = dict(monitor.diagnostics)
+        rates = list(monitor.effective_rates)
     span = times[-1] - times[0] if len(times) > 1 else 0.0
     hz = (len(times) - 1) / span if span > 0 else 0.0
+    late = misses / len(times) if times else 0.0
+    summary: Dict[str, object] = {
+        "requested_rate_hz": requested_hz,
+        "effective_rate_hz": rates[-1] if rates else requested_hz,
+        "effective_rate_hz_min": min(rates) if rates else requested_hz,
+        "rate_changes": int(diag.get("rate_changes", 0)),
+        "mean_frame_rate_hz": round(hz, 2),
+        "duration_s": round(played, 2),
+        "chunks": len(times),
+        "deadline_misses": misses,  # counted by the node against the effective rate
+        "late_fraction": round(late, 4),
+        "narrations_finished": finished.get("narration", 0),
+        "answers_finished": finished.get("answer", 0),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / played, 2) if played else 0.0,
+        "action_latency_p50_ms": float(diag.get("action_latency_p50_ms", 0.0)),
+        "action_latency_p99_ms": float(diag.get("action_latency_p99_ms", 0.0)),
+        "warmup_tick_ms": float(diag.get("warmup_tick_ms", 0.0)),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "cpu_count": os.cpu_count(),
+    }
     print("oxygen-demo summary")
     print(f"  action chunks     {len(times)} in {played:.1f} s  (mean frame rate {hz:.1f} Hz, "
-          f"{misses} deadline misses)")
+          f"{misses} deadline misses = {100 * late:.1f}% late)")
+    print(f"  replanning rate   requested {requested_hz:g} Hz, effective {summary['effective_rate_hz']:g} Hz "
+          f"(lowest {summary['effective_rate_hz_min']:g} Hz, {summary['rate_changes']} changes; warm-up tick "
+          f"{summary['warmup_tick_ms']:.1f} ms)")
     print(f"  action latency    p50 {diag.get('action_latency_p50_ms', '?')} ms, "
           f"p99 {diag.get('action_latency_p99_ms', '?')} ms")
     print(f"  language          {tokens} tokens in finished requests, {tokens / played if played else 0:.1f} tok/s; "
           f"{finished.get('narration', 0)} narrations, {finished.get('answer', 0)} answers")
     print(f"  answer            {answer or '(none)'}")
     print(f"  kv memory         peak {diag.get('kv_peak_bytes', '?')} of {diag.get('kv_capacity_bytes', '?')} bytes")
+    print(f"  machine           load average {summary['load_average_1min']} on {summary['cpu_count']} CPUs")
+    return summary
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
