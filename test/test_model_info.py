@@ -132,7 +132,7 @@ def test_nested_asset_directory_fails_with_a_hint(broken):
 
 
 def test_missing_tokenizer_fails_and_an_explicit_one_is_checked(broken, tiny_checkpoint, tmp_path):
-    from oxygen_ros.model.tokenizer import train_tiny_tokenizer
+    from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
     (broken / "tokenizer.model").unlink()
     checks = _by_name(check_checkpoint(broken))

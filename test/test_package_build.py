@@ -62,7 +62,7 @@ def _site_packages(install: Path) -> Path:
 def test_install_holds_sources_generated_interfaces_executables_and_share_files(workspace_install):
     package = _site_packages(workspace_install) / "oxygen_ros"
     for relative in ("action/_ask.py", "msg/_narration.py", "ros/ask_action.py",
-                     "tools/model_info.py", "model/tokenizer.py"):
+                     "tools/model_info.py", "tools/tiny_tokenizer.py", "model/tokenizer.py"):
         assert (package / relative).is_file(), f"{relative} not installed"
     share = workspace_install / "share" / "oxygen_ros"
     for relative in ("package.xml", "action/Ask.action", "launch/oxygen.launch.py",
