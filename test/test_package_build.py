@@ -66,7 +66,7 @@ def test_install_holds_sources_generated_interfaces_executables_and_share_files(
         assert (package / relative).is_file(), f"{relative} not installed"
     share = workspace_install / "share" / "oxygen_ros"
     for relative in ("package.xml", "action/Ask.action", "launch/oxygen.launch.py",
-                     "config/oxygen.yaml"):
+                     "config/oxygen.yaml", "rviz/oxygen.rviz"):
         assert (share / relative).is_file(), f"share/oxygen_ros/{relative} not installed"
     node = workspace_install / "lib" / "oxygen_ros" / "oxygen_node"
     assert node.is_file() and os.access(node, os.X_OK)
