@@ -6,8 +6,9 @@
         checkpoint_dir:=/data/pi05_droid_pytorch namespace:=robot1
 
 Arguments:
-    robot           picks the package's params file for an openpi robot: droid -> config/pi05_droid.yaml,
-                    aloha -> config/pi05_aloha.yaml, libero -> config/pi05_libero.yaml
+    robot           picks the package's params file for an openpi robot:
+                    droid -> config/pi05_droid.yaml, aloha -> config/pi05_aloha.yaml,
+                    libero -> config/pi05_libero.yaml
     config_file     params file; wins over robot (default: the robot's file, else the package's
                     config/oxygen.yaml, the tiny demo)
     checkpoint_dir  overrides the file's checkpoint_dir when given
@@ -51,8 +52,9 @@ def config_path(config_file: str, robot: str, config_dir: str) -> str:
     if not robot:
         return os.path.join(config_dir, DEFAULT_CONFIG)
     if robot not in ROBOT_CONFIGS:
-        raise ValueError(f"robot:={robot} is not known; use one of {', '.join(sorted(ROBOT_CONFIGS))} "
-                         "or give config_file:=PATH")
+        known = ', '.join(sorted(ROBOT_CONFIGS))
+        raise ValueError(
+            f"robot:={robot} is not known; use one of {known} or give config_file:=PATH")
     path = os.path.join(config_dir, ROBOT_CONFIGS[robot])
     if not os.path.isfile(path):
         raise ValueError(f"robot:={robot} needs {path}, which is not installed")
@@ -96,23 +98,27 @@ def _node(context, *args, **kwargs):
 
 
 def generate_launch_description():
-    from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
+    from launch import LaunchDescription
 
     return LaunchDescription([
         DeclareLaunchArgument(
             'robot', default_value='',
-            description='openpi robot whose params file to use: ' + ' | '.join(sorted(ROBOT_CONFIGS))
+            description='openpi robot whose params file to use: '
+            + ' | '.join(sorted(ROBOT_CONFIGS))
             + "; empty: config_file or the package's config/oxygen.yaml"),
         DeclareLaunchArgument(
             'config_file', default_value='',
-            description="params file (wins over robot); empty: the robot's file or config/oxygen.yaml"),
+            description="params file (wins over robot); empty: the robot's file or "
+            'config/oxygen.yaml'),
         DeclareLaunchArgument(
             'checkpoint_dir', default_value='',
             description="openpi-layout checkpoint directory; empty: keep the file's value"),
         DeclareLaunchArgument(
             'preset', default_value='',
-            description="model preset for random weights (tiny | small); empty: keep the file's value"),
+            description='model preset for random weights (tiny | small); '
+            "empty: keep the file's value"),
         DeclareLaunchArgument(
             'namespace', default_value='',
             description='namespace of the node (one per robot)'),

@@ -28,21 +28,33 @@ WAIT_S = 30.0
 
 
 def test_generated_action_type_has_the_declared_fields():
-    from oxygen_ros.action import Ask
     from rclpy.type_support import check_for_type_support
+
+    from oxygen_ros.action import Ask
 
     check_for_type_support(Ask)
     assert Ask.Goal.get_fields_and_field_types() == {"question": "string", "max_tokens": "uint32"}
     assert Ask.Result.get_fields_and_field_types() == {
-        "text": "string", "finish_reason": "string", "detail": "string"}
+        "text": "string",
+        "finish_reason": "string",
+        "detail": "string",
+    }
     assert Ask.Feedback.get_fields_and_field_types() == {"delta": "string", "token_count": "uint32"}
 
 
 # --- AnswerStream ---------------------------------------------------------------------------------
 
+
 def _delta(text, count, final=False, reason="", detail=""):
-    return TextDelta(request_id=7, kind="answer", text=text, final=final, token_count=count,
-                     finish_reason=reason, detail=detail)
+    return TextDelta(
+        request_id=7,
+        kind="answer",
+        text=text,
+        final=final,
+        token_count=count,
+        finish_reason=reason,
+        detail=detail,
+    )
 
 
 def test_answer_stream_collects_deltas_into_feedback_and_result():
@@ -53,7 +65,10 @@ def test_answer_stream_collects_deltas_into_feedback_and_result():
     second = stream.feedback(_delta("lo", 2))
     last = stream.feedback(_delta("!", 3, final=True, reason="eos"))
     assert [(f.delta, f.token_count) for f in (first, second, last)] == [
-        ("Hel", 1), ("lo", 2), ("!", 3)]
+        ("Hel", 1),
+        ("lo", 2),
+        ("!", 3),
+    ]
     result = stream.result()
     assert (result.text, result.finish_reason, result.detail) == ("Hello!", "eos", "")
     with pytest.raises(ValueError, match="after the answer finished"):
@@ -70,7 +85,10 @@ def test_answer_stream_refuses_a_result_before_the_end_and_keeps_text_on_cancel(
     stream.cancel("client cancelled")
     result = stream.result()
     assert (result.text, result.finish_reason, result.detail) == (
-        "half an", "cancelled", "client cancelled")
+        "half an",
+        "cancelled",
+        "client cancelled",
+    )
 
 
 def test_goal_checks():
@@ -86,6 +104,7 @@ def test_goal_checks():
 
 
 # --- server and client over DDS ------------------------------------------------------------------
+
 
 class ScriptedAskServer:
     """An Ask action server answering every question with ANSWER_WORDS, one word per token.
@@ -112,9 +131,14 @@ class ScriptedAskServer:
             return GoalResponse.ACCEPT
 
         self.server = ActionServer(
-            node, Ask, name, execute_callback=self._execute, goal_callback=on_goal,
+            node,
+            Ask,
+            name,
+            execute_callback=self._execute,
+            goal_callback=on_goal,
             cancel_callback=lambda _handle: CancelResponse.ACCEPT,
-            callback_group=ReentrantCallbackGroup())
+            callback_group=ReentrantCallbackGroup(),
+        )
 
     def _execute(self, handle):
         from oxygen_ros.ros.ask_action import AnswerStream, token_budget
@@ -225,12 +249,16 @@ def test_goal_streams_feedback_in_order_and_ends_with_the_whole_answer(ros_pair)
 
     from oxygen_ros.action import Ask
 
-    server = ros_pair.server()
+    ros_pair.server()
     client = ros_pair.client()
     feedback = []
-    handle = _wait(client.send_goal_async(
-        Ask.Goal(question="Where is the cup?"),
-        feedback_callback=lambda msg: feedback.append(msg.feedback)), "goal acceptance")
+    handle = _wait(
+        client.send_goal_async(
+            Ask.Goal(question="Where is the cup?"),
+            feedback_callback=lambda msg: feedback.append(msg.feedback),
+        ),
+        "goal acceptance",
+    )
     assert handle.accepted
     # Every piece arrives (reliable QoS, keep-last 10 > 8 pieces), in the order sent. The result is
     # asked for afterwards: rclpy's ActionClient drops a goal's feedback once its result is in, and
@@ -254,9 +282,13 @@ def test_max_tokens_ends_the_answer_with_length_and_empty_questions_are_rejected
     server = ros_pair.server()
     client = ros_pair.client()
     feedback = []
-    handle = _wait(client.send_goal_async(
-        Ask.Goal(question="Where is the cup?", max_tokens=3),
-        feedback_callback=lambda msg: feedback.append(msg.feedback.delta)), "goal acceptance")
+    handle = _wait(
+        client.send_goal_async(
+            Ask.Goal(question="Where is the cup?", max_tokens=3),
+            feedback_callback=lambda msg: feedback.append(msg.feedback.delta),
+        ),
+        "goal acceptance",
+    )
     _wait_for(lambda: len(feedback) == 3, f"3 feedback messages, got {feedback}")
     assert feedback == ["The", " red", " cup"]
     response = _wait(handle.get_result_async(), "the result")
@@ -285,8 +317,12 @@ def test_cancel_ends_the_goal_as_cancelled_with_the_text_so_far(ros_pair):
         if len(feedback) == 2:
             got_two.set()
 
-    handle = _wait(client.send_goal_async(
-        Ask.Goal(question="Where is the cup?"), feedback_callback=on_feedback), "goal acceptance")
+    handle = _wait(
+        client.send_goal_async(
+            Ask.Goal(question="Where is the cup?"), feedback_callback=on_feedback
+        ),
+        "goal acceptance",
+    )
     gate.open_one()
     gate.open_one()
     assert got_two.wait(WAIT_S), f"two feedback messages expected, got {feedback}"

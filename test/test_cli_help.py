@@ -12,8 +12,13 @@ from oxygen_ros.ros.params import PARAMETERS
 
 
 def _run_node(*args, env):
-    return subprocess.run([sys.executable, "-m", "oxygen_ros.ros.node", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "oxygen_ros.ros.node", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
@@ -23,14 +28,19 @@ def test_help_prints_usage_and_every_parameter_and_exits_0(flag, ros_env):
     out = done.stdout
     assert out.startswith("usage: oxygen_node [-h] [--ros-args")
     parameters = out.split("parameters (set with -p NAME:=VALUE or in a --params-file):\n", 1)[1]
-    entries = [line.split(" (")[0].strip() for line in parameters.splitlines()
-               if line.startswith("  ") and not line.startswith("   ")]
+    entries = [
+        line.split(" (")[0].strip()
+        for line in parameters.splitlines()
+        if line.startswith("  ") and not line.startswith("   ")
+    ]
     assert entries == [spec.name for spec in PARAMETERS]
     # Facts from params.py, written out by hand: type, default, range and when each applies.
     assert "  rate_hz (double, default 60.0, range [1, 200])\n" in out
     assert "  seed (integer, default 0, range [0, 2147483647])\n" in out
-    assert "  autostart (bool, default true)\n      configure and activate on start (plain runs). " \
-           "[static: read once at start-up]" in out
+    assert (
+        "  autostart (bool, default true)\n      configure and activate on start (plain runs). "
+        "[static: read once at start-up]" in out
+    )
     assert "  checkpoint_dir (string, default '')\n" in out
     assert "  camera_slots (string[], default ['base_0_rgb', 'left_wrist_0_rgb'])\n" in out
     assert "[runtime: can change while running]" in out

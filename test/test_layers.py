@@ -38,9 +38,15 @@ def test_model_imports_no_upper_layer():
 def test_relative_imports_resolve_like_python(tmp_path):
     # Guards the test above: inside model/, `..engine` is oxygen_ros.engine, `.config` is ours.
     source = tmp_path / "sample.py"
-    source.write_text("from ..engine import x\nfrom .config import y\nfrom . import z\nimport rclpy\n")
+    source.write_text(
+        "from ..engine import x\nfrom .config import y\nfrom . import z\nimport rclpy\n"
+    )
     assert list(_imported_modules(source)) == [
-        "oxygen_ros.engine", "oxygen_ros.model.config", "oxygen_ros.model", "rclpy"]
+        "oxygen_ros.engine",
+        "oxygen_ros.model.config",
+        "oxygen_ros.model",
+        "rclpy",
+    ]
 
 
 def test_tiny_tokenizer_training_is_tooling():

@@ -49,7 +49,10 @@ def test_the_tiny_checkpoint_passes_every_check(tiny_checkpoint, capsys):
     checks = _by_name(check_checkpoint(tiny_checkpoint))
     assert _failed(checks.values()) == []
     assert "preset 'tiny' (from oxygen_config.json)" in checks["config"].detail
-    assert f"state {TINY_ACTION_DIM} dims, actions {TINY_ACTION_DIM} dims" in checks["norm stats"].detail
+    assert (
+        f"state {TINY_ACTION_DIM} dims, actions {TINY_ACTION_DIM} dims"
+        in checks["norm stats"].detail
+    )
     assert f"{TINY_VOCAB} pieces = model vocabulary {TINY_VOCAB}" in checks["tokenizer"].detail
 
     assert model_info.main(["--checkpoint", str(tiny_checkpoint)]) == 0
@@ -62,7 +65,10 @@ def test_without_its_config_file_the_tensor_shapes_pick_the_preset(broken):
     (broken / "oxygen_config.json").unlink()
     checks = _by_name(check_checkpoint(broken))
     assert _failed(checks.values()) == []
-    assert "preset 'tiny' (no oxygen_config.json: the tensor shapes match it)" in checks["config"].detail
+    assert (
+        "preset 'tiny' (no oxygen_config.json: the tensor shapes match it)"
+        in checks["config"].detail
+    )
 
 
 def test_openpi_config_json_with_another_horizon_is_noted(broken):
@@ -119,14 +125,20 @@ def test_norm_stats_wider_than_the_model_fail(broken):
         data["norm_stats"]["state"][field] = data["norm_stats"]["state"][field] + [0.5]
     path.write_text(json.dumps(data))
     detail = _by_name(check_checkpoint(broken))["norm stats"].detail
-    assert f"state stats have {TINY_ACTION_DIM + 1} dims but the model's action_dim is {TINY_ACTION_DIM}" in detail
+    wider = TINY_ACTION_DIM + 1
+    assert (
+        f"state stats have {wider} dims but the model's action_dim is {TINY_ACTION_DIM}"
+        in detail
+    )
 
 
 def test_nested_asset_directory_fails_with_a_hint(broken):
     # openpi's LIBERO asset id is "physical-intelligence/libero": two directory levels.
     nested = broken / "assets" / "physical-intelligence" / "libero"
     nested.mkdir(parents=True)
-    shutil.move(str(broken / "assets" / "robot" / "norm_stats.json"), str(nested / "norm_stats.json"))
+    shutil.move(
+        str(broken / "assets" / "robot" / "norm_stats.json"), str(nested / "norm_stats.json")
+    )
     detail = _by_name(check_checkpoint(broken))["norm stats"].detail
     assert "found norm_stats.json under ['physical-intelligence/libero']" in detail
 
@@ -158,7 +170,10 @@ def test_cli_exits_1_and_prints_fail_with_the_reason(broken):
     (broken / "tokenizer.model").unlink()
     done = subprocess.run(
         [sys.executable, "-m", "oxygen_ros.tools.model_info", "--checkpoint", str(broken)],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "FAIL  tokenizer: no tokenizer.model in" in done.stdout
     assert "4 of 5 checks passed; failed: tokenizer" in done.stdout

@@ -50,5 +50,7 @@ def test_both_build_paths_install_the_rviz_folder():
     dirs = re.search(r"foreach\(_dir ([^)]*)\)", cmake).group(1).split()
     assert "rviz" in dirs
     setup = ast.parse((ROOT / "setup.py").read_text())
-    strings = {n.value for n in ast.walk(setup) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    strings = {
+        n.value for n in ast.walk(setup) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
     assert "rviz/*.rviz" in strings and "/rviz" in strings

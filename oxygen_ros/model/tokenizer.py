@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Union
 
 import numpy as np
 import sentencepiece
@@ -128,13 +129,13 @@ class Pi05Tokenizer:
         return f"Pi05Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
     # -- encoding --------------------------------------------------------------------------------
-    def encode_text(self, text: str) -> List[int]:
+    def encode_text(self, text: str) -> list[int]:
         """Token ids of ``text`` without bos/eos (e.g. a request appended after a prefix)."""
         return [int(i) for i in self._sp.EncodeAsIds(text)]
 
     def encode_prompt(
-        self, task: str, state: Optional[np.ndarray], max_len: int
-    ) -> Tuple[np.ndarray, np.ndarray]:
+        self, task: str, state: np.ndarray | None, max_len: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize a task (and state) exactly like openpi's ``PaligemmaTokenizer.tokenize``.
 
         With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "``, encoded
@@ -204,12 +205,12 @@ class StreamDecoder:
 
     def __init__(self, tokenizer: Pi05Tokenizer) -> None:
         self._tok = tokenizer
-        self._ids: List[int] = []
+        self._ids: list[int] = []
         self._start = 0  # window start: all text of earlier tokens has been emitted
         self._emitted = ""  # text of the window already emitted
 
     @property
-    def ids(self) -> List[int]:
+    def ids(self) -> list[int]:
         """All ids pushed so far (a copy)."""
         return list(self._ids)
 

@@ -1,4 +1,4 @@
-"""The ``Ask`` action (``action/Ask.action``): goal checks and engine text deltas as feedback/result.
+"""The ``Ask`` action (``action/Ask.action``): goal checks, and text deltas as feedback and result.
 
 An action server answering questions keeps one :class:`AnswerStream` per goal: every engine
 :class:`~oxygen_ros.engine.types.TextDelta` of the goal's request goes through

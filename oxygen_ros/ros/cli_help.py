@@ -8,7 +8,8 @@ when a change applies), so it cannot drift from what the node declares. It is pr
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rcl_interfaces.msg import ParameterType
 
@@ -57,7 +58,7 @@ def help_requested(argv: Sequence[str]) -> bool:
 
 
 def format_default(value: Any) -> str:
-    """A default as it would be written in a params file (``''``, ``true``, ``['a', 'b']``, ``60.0``)."""
+    """A default as a params file writes it (``''``, ``true``, ``['a', 'b']``, ``60.0``)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -69,7 +70,10 @@ def format_default(value: Any) -> str:
 
 def format_parameter(spec: ParamSpec) -> str:
     """The entry of one parameter: name, type, default, range, when it applies, description."""
-    facts = [_TYPE_NAMES.get(spec.type, f"type {spec.type}"), f"default {format_default(spec.default)}"]
+    facts = [
+        _TYPE_NAMES.get(spec.type, f"type {spec.type}"),
+        f"default {format_default(spec.default)}",
+    ]
     if spec.range is not None:
         low, high = spec.range
         if spec.type == ParameterType.PARAMETER_INTEGER:
@@ -77,8 +81,12 @@ def format_parameter(spec: ParamSpec) -> str:
         else:
             facts.append(f"range [{low:g}, {high:g}]")
     head = f"  {spec.name} ({', '.join(facts)})"
-    body = textwrap.fill(f"{spec.description}. [{_WHEN[spec.applies]}]", width=WIDTH,
-                         initial_indent=" " * 6, subsequent_indent=" " * 6)
+    body = textwrap.fill(
+        f"{spec.description}. [{_WHEN[spec.applies]}]",
+        width=WIDTH,
+        initial_indent=" " * 6,
+        subsequent_indent=" " * 6,
+    )
     return f"{head}\n{body}"
 
 

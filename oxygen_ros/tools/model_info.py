@@ -23,8 +23,9 @@ import collections
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ OPENPI_CONFIG_FILENAME = "config.json"
 
 _PG = "paligemma_with_expert.paligemma.model."
 # (label, parameter-name prefixes), in the order printed; every parameter falls in exactly one.
-COMPONENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vision_tower", (_PG + "vision_tower.",)),
     ("projector", (_PG + "multi_modal_projector.",)),
     ("backbone_embeddings", (_PG + "language_model.embed_tokens.",)),
@@ -65,7 +66,7 @@ COMPONENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 
-def parameter_counts(config: Pi05Config) -> Dict[str, int]:
+def parameter_counts(config: Pi05Config) -> dict[str, int]:
     """Parameters per component (see `COMPONENTS`), plus ``other`` if any, and ``total``."""
     with torch.device("meta"):
         model = Pi05Model(config)
@@ -83,7 +84,7 @@ def parameter_counts(config: Pi05Config) -> Dict[str, int]:
     return counts
 
 
-def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> Dict[str, Any]:
+def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> dict[str, Any]:
     """Everything the CLI prints, as a JSON-ready dict."""
     counts = parameter_counts(config)
     prefix_lengths = {n: n * config.image_tokens + config.max_token_len for n in cameras}
@@ -103,9 +104,9 @@ def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> Dict[s
     }
 
 
-def format_info(info: Dict[str, Any]) -> str:
+def format_info(info: dict[str, Any]) -> str:
     """Human-readable table of `model_info`."""
-    lines: List[str] = [f"preset {info['preset']}", "parameters:"]
+    lines: list[str] = [f"preset {info['preset']}", "parameters:"]
     for label, count in info["parameters"].items():
         lines.append(f"  {label:<25} {count:>15,}  ({count / 1e6:,.2f} M)")
     lines.append(
@@ -132,7 +133,7 @@ class Check:
     detail: str
 
 
-def _check_weights(ckpt_dir: Path) -> Tuple[Check, Optional[Dict[str, Tuple[str, Tuple[int, ...]]]]]:
+def _check_weights(ckpt_dir: Path) -> tuple[Check, dict[str, tuple[str, tuple[int, ...]]] | None]:
     try:
         header = read_safetensors_header(ckpt_dir / MODEL_FILENAME)
     except CheckpointError as exc:
@@ -149,9 +150,10 @@ def _describe(config: Pi05Config) -> str:
 
 
 def _check_config(
-    ckpt_dir: Path, header: Optional[Dict[str, Any]], preset: Optional[str]
-) -> Tuple[Check, Optional[Pi05Config]]:
-    """The config the loader would use: --preset, else oxygen_config.json, else the matching preset."""
+    ckpt_dir: Path, header: dict[str, Any] | None, preset: str | None
+) -> tuple[Check, Pi05Config | None]:
+    """The config the loader would use: --preset, else oxygen_config.json, else the matching
+    preset."""
     stored_path = ckpt_dir / CONFIG_FILENAME
     try:
         stored = read_config(stored_path) if stored_path.is_file() else None
@@ -166,7 +168,9 @@ def _check_config(
     if stored is not None:
         return Check("config", True, f"{_describe(stored)} (from {CONFIG_FILENAME})"), stored
     if header is None:
-        return Check("config", False, f"no {CONFIG_FILENAME} and no readable weights to infer it from"), None
+        return Check(
+            "config", False, f"no {CONFIG_FILENAME} and no readable weights to infer it from"
+        ), None
     try:
         config = infer_config(header)
     except CheckpointError as exc:
@@ -187,33 +191,51 @@ def _openpi_config_note(ckpt_dir: Path, config: Pi05Config) -> str:
         return ""
     horizon = written.get("action_horizon") if isinstance(written, dict) else None
     if isinstance(horizon, int) and horizon != config.action_horizon:
-        return (f"; note: openpi's {OPENPI_CONFIG_FILENAME} says action_horizon {horizon}, this config "
-                f"{config.action_horizon}: load it with a config of action_horizon={horizon}")
+        return (
+            f"; note: openpi's {OPENPI_CONFIG_FILENAME} says action_horizon {horizon}, this config "
+            f"{config.action_horizon}: load it with a config of action_horizon={horizon}"
+        )
     return ""
 
 
-def _check_tensors(header: Optional[Dict[str, Any]], config: Optional[Pi05Config]) -> Check:
+def _check_tensors(header: dict[str, Any] | None, config: Pi05Config | None) -> Check:
     if header is None or config is None:
         return Check("tensors", False, "not compared: needs readable weights and a config")
     with torch.device("meta"):
         expected = expected_file_tensors(Pi05Model(config))
     problems = find_tensor_problems(header, expected)
     if problems:
-        return Check("tensors", False, f"do not fit the {config.name!r} model:\n" + "\n".join(problems))
-    return Check("tensors", True, f"all {len(expected)} tensors the {config.name!r} model needs, names and shapes match")
+        return Check(
+            "tensors", False, f"do not fit the {config.name!r} model:\n" + "\n".join(problems)
+        )
+    return Check(
+        "tensors",
+        True,
+        f"all {len(expected)} tensors the {config.name!r} model needs, names and shapes match",
+    )
 
 
-def _check_norm_stats(ckpt_dir: Path, config: Optional[Pi05Config], asset_id: Optional[str]) -> Check:
+def _check_norm_stats(ckpt_dir: Path, config: Pi05Config | None, asset_id: str | None) -> Check:
     try:
         asset_id = resolve_asset_id(ckpt_dir, asset_id)
     except (CheckpointError, ValueError) as exc:
-        deeper = sorted(
-            str(p.parent.relative_to(ckpt_dir / ASSETS_DIRNAME))
-            for p in (ckpt_dir / ASSETS_DIRNAME).rglob("norm_stats.json")
-        ) if (ckpt_dir / ASSETS_DIRNAME).is_dir() else []
-        hint = (f"; found norm_stats.json under {deeper}: the loader reads "
+        deeper = (
+            sorted(
+                str(p.parent.relative_to(ckpt_dir / ASSETS_DIRNAME))
+                for p in (ckpt_dir / ASSETS_DIRNAME).rglob("norm_stats.json")
+            )
+            if (ckpt_dir / ASSETS_DIRNAME).is_dir()
+            else []
+        )
+        hint = (
+            (
+                f"; found norm_stats.json under {deeper}: the loader reads "
                 f"{ASSETS_DIRNAME}/<asset_id>/norm_stats.json with a plain directory name, "
-                "move or link the file there") if deeper and "several" not in str(exc) else ""
+                "move or link the file there"
+            )
+            if deeper and "several" not in str(exc)
+            else ""
+        )
         return Check("norm stats", False, f"{exc}{hint}")
     path = ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json"
     try:
@@ -225,34 +247,54 @@ def _check_norm_stats(ckpt_dir: Path, config: Optional[Pi05Config], asset_id: Op
         return Check("norm stats", False, str(exc))
     dims = f"state {stats['state'].dim} dims, actions {stats['actions'].dim} dims"
     if config is None:
-        return Check("norm stats", True, f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model unknown: not compared)")
-    return Check("norm stats", True, f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model action_dim {config.action_dim})")
+        return Check(
+            "norm stats", True, f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model unknown: not compared)"
+        )
+    return Check(
+        "norm stats",
+        True,
+        f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model action_dim {config.action_dim})",
+    )
 
 
-def _check_tokenizer(ckpt_dir: Path, config: Optional[Pi05Config], tokenizer: Optional[Path]) -> Check:
+def _check_tokenizer(ckpt_dir: Path, config: Pi05Config | None, tokenizer: Path | None) -> Check:
     path = tokenizer if tokenizer is not None else ckpt_dir / TOKENIZER_FILENAME
     if tokenizer is None and not path.is_file():
-        return Check("tokenizer", False, f"no {TOKENIZER_FILENAME} in {ckpt_dir}; pass --tokenizer "
-                     "(PaliGemma's paligemma_tokenizer.model for openpi checkpoints)")
+        return Check(
+            "tokenizer",
+            False,
+            f"no {TOKENIZER_FILENAME} in {ckpt_dir}; pass --tokenizer "
+            "(PaliGemma's paligemma_tokenizer.model for openpi checkpoints)",
+        )
     try:
         loaded = Pi05Tokenizer(path)
     except (FileNotFoundError, TokenizerError) as exc:
         return Check("tokenizer", False, str(exc))
     if config is None:
-        return Check("tokenizer", True, f"{path}: {loaded.vocab_size} pieces (model unknown: not compared)")
+        return Check(
+            "tokenizer", True, f"{path}: {loaded.vocab_size} pieces (model unknown: not compared)"
+        )
     if loaded.vocab_size > config.vocab_size:
-        return Check("tokenizer", False, f"{path}: {loaded.vocab_size} pieces but the model's vocabulary has "
-                     f"{config.vocab_size} ids: the extra ids have no embedding")
+        return Check(
+            "tokenizer",
+            False,
+            f"{path}: {loaded.vocab_size} pieces but the model's vocabulary has "
+            f"{config.vocab_size} ids: the extra ids have no embedding",
+        )
     relation = "=" if loaded.vocab_size == config.vocab_size else "<"
-    return Check("tokenizer", True, f"{path}: {loaded.vocab_size} pieces {relation} model vocabulary {config.vocab_size}")
+    return Check(
+        "tokenizer",
+        True,
+        f"{path}: {loaded.vocab_size} pieces {relation} model vocabulary {config.vocab_size}",
+    )
 
 
 def check_checkpoint(
     ckpt_dir: Path,
-    preset: Optional[str] = None,
-    tokenizer: Optional[Path] = None,
-    asset_id: Optional[str] = None,
-) -> List[Check]:
+    preset: str | None = None,
+    tokenizer: Path | None = None,
+    asset_id: str | None = None,
+) -> list[Check]:
     """Every check of ``ckpt_dir`` (see the module docstring); reads headers only, never weights.
 
     A check that needs an earlier one's result (the tensors need the config) fails with "not
@@ -280,21 +322,37 @@ def format_checks(ckpt_dir: Path, checks: Sequence[Check]) -> str:
         lines.append(f"{'OK' if check.ok else 'FAIL':<5} {check.name}: {first}")
         lines.extend(f"        {line}" for line in rest)
     failed = [c.name for c in checks if not c.ok]
-    lines.append(f"{len(checks) - len(failed)} of {len(checks)} checks passed"
-                 + (f"; failed: {', '.join(failed)}" if failed else ""))
+    lines.append(
+        f"{len(checks) - len(failed)} of {len(checks)} checks passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oxygen-model-info", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="model size to describe; with --checkpoint: the config to check against")
-    parser.add_argument("--checkpoint", type=Path, metavar="DIR",
-                        help="check a checkpoint directory without loading its weights")
-    parser.add_argument("--tokenizer", type=Path, metavar="PATH",
-                        help=f"with --checkpoint: sentencepiece model (default DIR/{TOKENIZER_FILENAME})")
-    parser.add_argument("--asset-id", metavar="ID",
-                        help=f"with --checkpoint: norm stats from DIR/{ASSETS_DIRNAME}/ID (default: the only one)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="model size to describe; with --checkpoint: the config to check against",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="check a checkpoint directory without loading its weights",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help=f"with --checkpoint: sentencepiece model (default DIR/{TOKENIZER_FILENAME})",
+    )
+    parser.add_argument(
+        "--asset-id",
+        metavar="ID",
+        help=f"with --checkpoint: norm stats from DIR/{ASSETS_DIRNAME}/ID (default: the only one)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.checkpoint is None:

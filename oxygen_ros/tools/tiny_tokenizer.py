@@ -12,8 +12,9 @@ from __future__ import annotations
 import io
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Union
 
 import sentencepiece
 
