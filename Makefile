@@ -4,7 +4,7 @@ VENV ?= .venv
 ABS_VENV := $(abspath $(VENV))
 ARGS ?=
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench lint clean
 
 setup:
 	OXYGEN_VENV="$(ABS_VENV)" bash scripts/setup_env.sh
@@ -17,6 +17,10 @@ demo: setup
 
 bench: setup
 	$(ABS_VENV)/bin/oxygen-bench $(ARGS)
+
+# ruff with ruff.toml; ARGS narrows it, e.g. `make lint ARGS=oxygen_ros/tools`.
+lint: setup
+	$(ABS_VENV)/bin/ruff check $(or $(ARGS),.)
 
 # Removes build outputs only; `rm -rf .venv` for a fresh environment.
 clean:

@@ -35,6 +35,7 @@ setup(
         ('share/' + PACKAGE, ['package.xml']),
         ('share/' + PACKAGE + '/launch', sorted(glob('launch/*.py'))),
         ('share/' + PACKAGE + '/config', sorted(glob('config/*.yaml'))),
+        ('share/' + PACKAGE + '/rviz', sorted(glob('rviz/*.rviz'))),
     ],
     python_requires='>=3.10',
     install_requires=[

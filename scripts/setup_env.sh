@@ -9,14 +9,14 @@
 #   2. pip install torch==2.13.0 (alone, first: an unpinned torch would pull a CUDA build)
 #   3. pip install -r requirements.txt (ROS 2 Kilted wheels, numpy, test tools, ...)
 #   4. patch the include paths the ROS wheels baked into their *__rosidl_generator_pyExport.cmake
-#   5. cmake-build msg/ against the wheels and install it into the venv prefix
-#      (generated Python lands in site-packages/oxygen_ros/{msg,*typesupport*.so}; its empty
+#   5. cmake-build msg/ and action/ against the wheels and install them into the venv prefix
+#      (generated Python lands in site-packages/oxygen_ros/{msg,action,*typesupport*.so}; its empty
 #      __init__.py and egg-info are removed so that the editable source package owns the name and
 #      reaches the generated part through pkgutil.extend_path in oxygen_ros/__init__.py)
 #   6. pip install --no-deps -e . (compat mode: a plain path entry, needed for extend_path)
-#   7. smoke-import oxygen_ros.msg, write the stamp
+#   7. smoke-import oxygen_ros.msg and oxygen_ros.action, write the stamp
 #
-# The stamp is a hash of every input (requirements, messages, build files, this script, the venv
+# The stamp is a hash of every input (requirements, messages, actions, build files, this script, the venv
 # path and Python version); change any of them and the next run redoes the steps.
 set -euo pipefail
 
@@ -41,7 +41,7 @@ inputs_hash() {
     printf '%s\n' "$VENV"
     "$PYTHON" -c 'import sys; print(sys.version)'
     cat requirements.txt CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
-    for f in msg/*.msg; do printf '%s\n' "$f"; cat "$f"; done
+    for f in msg/*.msg action/*.action; do printf '%s\n' "$f"; cat "$f"; done
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -105,7 +105,7 @@ if ((${#EXPORTS[@]})); then
 fi
 
 # 5. messages ----------------------------------------------------------------------------------
-log "building msg/ (cmake, ~30 s)"
+log "building msg/ and action/ (cmake, ~60 s)"
 rm -rf "$BUILD_DIR"
 GEN="Unix Makefiles"
 if command -v ninja >/dev/null; then GEN="Ninja"; fi
@@ -128,10 +128,12 @@ if ! (
 fi
 
 GEN_PKG="$SITE/oxygen_ros"
-if [[ ! -f "$GEN_PKG/msg/_action_chunk.py" ]]; then
-  log "ERROR: generated messages not found in $GEN_PKG/msg" >&2
-  exit 1
-fi
+for generated in msg/_action_chunk.py action/_ask.py; do
+  if [[ ! -f "$GEN_PKG/$generated" ]]; then
+    log "ERROR: generated interface $generated not found in $GEN_PKG" >&2
+    exit 1
+  fi
+done
 # The generated package's empty __init__.py would shadow the source package (a regular package
 # found first on sys.path wins), and its egg-info would make pip treat site-packages/oxygen_ros
 # as an installed "oxygen_ros" distribution and delete it on the next install.
@@ -148,12 +150,13 @@ import os
 import sys
 
 import oxygen_ros
+from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk, Narration
 from rclpy.type_support import check_for_type_support
 
 root = os.path.realpath(sys.argv[1])
 assert os.path.realpath(oxygen_ros.__path__[0]) == os.path.join(root, 'oxygen_ros'), oxygen_ros.__path__
-for t in (ActionChunk, Narration):
+for t in (ActionChunk, Narration, Ask):
     check_for_type_support(t)
 PY
 

@@ -13,8 +13,8 @@ from oxygen_ros.model.tokenizer import (
     TokenizerError,
     discretize_state,
     format_prompt,
-    train_tiny_tokenizer,
 )
+from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

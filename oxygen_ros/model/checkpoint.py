@@ -322,8 +322,8 @@ def load_checkpoint(
     weights = ckpt_dir / MODEL_FILENAME
     header = read_safetensors_header(weights)
     config = _resolve_config(ckpt_dir, config, header)
-    asset_id = _resolve_asset_id(ckpt_dir, asset_id)
-    norm_stats = _load_checkpoint_norm_stats(ckpt_dir, asset_id, config)
+    asset_id = resolve_asset_id(ckpt_dir, asset_id)
+    norm_stats = load_checkpoint_norm_stats(ckpt_dir, asset_id, config)
 
     with torch.device("meta"):
         probe = Pi05Model(config)
@@ -442,7 +442,12 @@ def infer_config(
     )
 
 
-def _resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
+def resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
+    """``asset_id`` checked, or the single ``assets/<id>/norm_stats.json`` present when None.
+
+    Raises:
+        CheckpointError: no norm stats, or several assets and no ``asset_id``.
+    """
     assets = ckpt_dir / ASSETS_DIRNAME
     if asset_id is not None:
         _check_asset_id(asset_id)
@@ -459,9 +464,14 @@ def _resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
     raise CheckpointError(f"several assets in {assets}: {found}; pass asset_id=")
 
 
-def _load_checkpoint_norm_stats(
+def load_checkpoint_norm_stats(
     ckpt_dir: Path, asset_id: str, config: Pi05Config
 ) -> Dict[str, NormStats]:
+    """``assets/<asset_id>/norm_stats.json``, checked against the model's ``action_dim``.
+
+    Raises:
+        CheckpointError: a missing or unusable file, or stats wider than the model.
+    """
     path = ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json"
     try:
         stats = load_norm_stats(path)

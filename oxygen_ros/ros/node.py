@@ -917,6 +917,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``--ros-args``); the default is ``sys.argv``.
     """
     args = list(sys.argv if argv is None else argv)
+    from .cli_help import help_requested, print_help  # help is printed before rclpy.init
+    if help_requested(args):
+        return print_help()
     rclpy.init(args=args)
     try:
         node = OxygenNode()

@@ -34,7 +34,7 @@ from oxygen_ros.model.checkpoint import (
 )
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
 from oxygen_ros.model.preprocess import NormStats
-from oxygen_ros.model.tokenizer import train_tiny_tokenizer
+from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 

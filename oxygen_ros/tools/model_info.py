@@ -1,28 +1,59 @@
-"""Parameter counts and KV-cache sizes of a model preset (``oxygen-model-info``).
+"""Model sizes of a preset, and checks of a checkpoint directory (``oxygen-model-info``).
 
-The model is built on PyTorch's meta device, so even the full pi05 preset costs no memory.
+``--preset NAME`` prints parameter counts and KV-cache sizes; the model is built on PyTorch's meta
+device, so even the full pi05 preset costs no memory.
+
+``--checkpoint DIR`` checks a checkpoint directory the way the node would load it, without reading a
+single weight: the safetensors header (tensor names and shapes) against the presets, the config it
+resolves to, the norm stats and their dimensions, and the tokenizer and its vocabulary. Every check
+prints OK or FAIL with the reason; the exit code is 1 when any check fails.
 
 Example::
 
     oxygen-model-info --preset pi05
     oxygen-model-info --preset tiny --json
+    oxygen-model-info --checkpoint /models/pi05_droid_pytorch \\
+        --tokenizer /models/paligemma_tokenizer.model
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import json
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from oxygen_ros.model.checkpoint import (
+    ASSETS_DIRNAME,
+    CONFIG_FILENAME,
+    MODEL_FILENAME,
+    TOKENIZER_FILENAME,
+    CheckpointError,
+    expected_file_tensors,
+    find_tensor_problems,
+    infer_config,
+    load_checkpoint_norm_stats,
+    read_config,
+    read_safetensors_header,
+    resolve_asset_id,
+)
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
 from oxygen_ros.model.pi05 import Pi05Model
+from oxygen_ros.model.preprocess import NormStatsError, load_norm_stats
+from oxygen_ros.model.tokenizer import Pi05Tokenizer, TokenizerError
+
+# Written by openpi's examples/convert_jax_model_to_pytorch.py next to model.safetensors.
+OPENPI_CONFIG_FILENAME = "config.json"
 
 _PG = "paligemma_with_expert.paligemma.model."
 # (label, parameter-name prefixes), in the order printed; every parameter falls in exactly one.
-COMPONENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vision_tower", (_PG + "vision_tower.",)),
     ("projector", (_PG + "multi_modal_projector.",)),
     ("backbone_embeddings", (_PG + "language_model.embed_tokens.",)),
@@ -35,7 +66,7 @@ COMPONENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 
-def parameter_counts(config: Pi05Config) -> Dict[str, int]:
+def parameter_counts(config: Pi05Config) -> dict[str, int]:
     """Parameters per component (see `COMPONENTS`), plus ``other`` if any, and ``total``."""
     with torch.device("meta"):
         model = Pi05Model(config)
@@ -53,7 +84,7 @@ def parameter_counts(config: Pi05Config) -> Dict[str, int]:
     return counts
 
 
-def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> Dict[str, Any]:
+def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> dict[str, Any]:
     """Everything the CLI prints, as a JSON-ready dict."""
     counts = parameter_counts(config)
     prefix_lengths = {n: n * config.image_tokens + config.max_token_len for n in cameras}
@@ -73,9 +104,9 @@ def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> Dict[s
     }
 
 
-def format_info(info: Dict[str, Any]) -> str:
+def format_info(info: dict[str, Any]) -> str:
     """Human-readable table of `model_info`."""
-    lines: List[str] = [f"preset {info['preset']}", "parameters:"]
+    lines: list[str] = [f"preset {info['preset']}", "parameters:"]
     for label, count in info["parameters"].items():
         lines.append(f"  {label:<25} {count:>15,}  ({count / 1e6:,.2f} M)")
     lines.append(
@@ -90,14 +121,254 @@ def format_info(info: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+# -- checking a checkpoint directory -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One check of a checkpoint directory: what was checked, whether it passed, and why."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def _check_weights(ckpt_dir: Path) -> tuple[Check, dict[str, tuple[str, tuple[int, ...]]] | None]:
+    try:
+        header = read_safetensors_header(ckpt_dir / MODEL_FILENAME)
+    except CheckpointError as exc:
+        return Check("weights", False, str(exc)), None
+    dtypes = collections.Counter(dtype for dtype, _ in header.values())
+    summary = ", ".join(f"{count} {dtype}" for dtype, count in sorted(dtypes.items()))
+    return Check("weights", True, f"{MODEL_FILENAME}: {len(header)} tensors ({summary})"), header
+
+
+def _describe(config: Pi05Config) -> str:
+    if PRESETS.get(config.name) == config:
+        return f"preset {config.name!r}"
+    return f"config {config.name!r} (not equal to any preset)"
+
+
+def _check_config(
+    ckpt_dir: Path, header: dict[str, Any] | None, preset: str | None
+) -> tuple[Check, Pi05Config | None]:
+    """The config the loader would use: --preset, else oxygen_config.json, else the matching
+    preset."""
+    stored_path = ckpt_dir / CONFIG_FILENAME
+    try:
+        stored = read_config(stored_path) if stored_path.is_file() else None
+    except CheckpointError as exc:
+        return Check("config", False, str(exc)), None
+    if preset is not None:
+        config = get_preset(preset)
+        note = ""
+        if stored is not None and stored != config:
+            note = f"; {CONFIG_FILENAME} holds {_describe(stored)}, overridden"
+        return Check("config", True, f"{_describe(config)} (given with --preset{note})"), config
+    if stored is not None:
+        return Check("config", True, f"{_describe(stored)} (from {CONFIG_FILENAME})"), stored
+    if header is None:
+        return Check(
+            "config", False, f"no {CONFIG_FILENAME} and no readable weights to infer it from"
+        ), None
+    try:
+        config = infer_config(header)
+    except CheckpointError as exc:
+        return Check("config", False, str(exc)), None
+    detail = f"{_describe(config)} (no {CONFIG_FILENAME}: the tensor shapes match it)"
+    return Check("config", True, detail + _openpi_config_note(ckpt_dir, config)), config
+
+
+def _openpi_config_note(ckpt_dir: Path, config: Pi05Config) -> str:
+    """What openpi's converter wrote to config.json, where it differs from ``config``.
+
+    Tensor shapes fix neither ``action_horizon`` nor ``max_token_len``; a fine-tune trained with a
+    shorter horizon (pi05_droid 15, pi05_libero 10) needs a config that says so.
+    """
+    try:
+        written = json.loads((ckpt_dir / OPENPI_CONFIG_FILENAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    horizon = written.get("action_horizon") if isinstance(written, dict) else None
+    if isinstance(horizon, int) and horizon != config.action_horizon:
+        return (
+            f"; note: openpi's {OPENPI_CONFIG_FILENAME} says action_horizon {horizon}, this config "
+            f"{config.action_horizon}: load it with a config of action_horizon={horizon}"
+        )
+    return ""
+
+
+def _check_tensors(header: dict[str, Any] | None, config: Pi05Config | None) -> Check:
+    if header is None or config is None:
+        return Check("tensors", False, "not compared: needs readable weights and a config")
+    with torch.device("meta"):
+        expected = expected_file_tensors(Pi05Model(config))
+    problems = find_tensor_problems(header, expected)
+    if problems:
+        return Check(
+            "tensors", False, f"do not fit the {config.name!r} model:\n" + "\n".join(problems)
+        )
+    return Check(
+        "tensors",
+        True,
+        f"all {len(expected)} tensors the {config.name!r} model needs, names and shapes match",
+    )
+
+
+def _check_norm_stats(ckpt_dir: Path, config: Pi05Config | None, asset_id: str | None) -> Check:
+    try:
+        asset_id = resolve_asset_id(ckpt_dir, asset_id)
+    except (CheckpointError, ValueError) as exc:
+        deeper = (
+            sorted(
+                str(p.parent.relative_to(ckpt_dir / ASSETS_DIRNAME))
+                for p in (ckpt_dir / ASSETS_DIRNAME).rglob("norm_stats.json")
+            )
+            if (ckpt_dir / ASSETS_DIRNAME).is_dir()
+            else []
+        )
+        hint = (
+            (
+                f"; found norm_stats.json under {deeper}: the loader reads "
+                f"{ASSETS_DIRNAME}/<asset_id>/norm_stats.json with a plain directory name, "
+                "move or link the file there"
+            )
+            if deeper and "several" not in str(exc)
+            else ""
+        )
+        return Check("norm stats", False, f"{exc}{hint}")
+    path = ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json"
+    try:
+        if config is not None:
+            stats = load_checkpoint_norm_stats(ckpt_dir, asset_id, config)
+        else:
+            stats = load_norm_stats(path)
+    except (CheckpointError, NormStatsError, FileNotFoundError) as exc:
+        return Check("norm stats", False, str(exc))
+    dims = f"state {stats['state'].dim} dims, actions {stats['actions'].dim} dims"
+    if config is None:
+        return Check(
+            "norm stats", True, f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model unknown: not compared)"
+        )
+    return Check(
+        "norm stats",
+        True,
+        f"{ASSETS_DIRNAME}/{asset_id}: {dims} (model action_dim {config.action_dim})",
+    )
+
+
+def _check_tokenizer(ckpt_dir: Path, config: Pi05Config | None, tokenizer: Path | None) -> Check:
+    path = tokenizer if tokenizer is not None else ckpt_dir / TOKENIZER_FILENAME
+    if tokenizer is None and not path.is_file():
+        return Check(
+            "tokenizer",
+            False,
+            f"no {TOKENIZER_FILENAME} in {ckpt_dir}; pass --tokenizer "
+            "(PaliGemma's paligemma_tokenizer.model for openpi checkpoints)",
+        )
+    try:
+        loaded = Pi05Tokenizer(path)
+    except (FileNotFoundError, TokenizerError) as exc:
+        return Check("tokenizer", False, str(exc))
+    if config is None:
+        return Check(
+            "tokenizer", True, f"{path}: {loaded.vocab_size} pieces (model unknown: not compared)"
+        )
+    if loaded.vocab_size > config.vocab_size:
+        return Check(
+            "tokenizer",
+            False,
+            f"{path}: {loaded.vocab_size} pieces but the model's vocabulary has "
+            f"{config.vocab_size} ids: the extra ids have no embedding",
+        )
+    relation = "=" if loaded.vocab_size == config.vocab_size else "<"
+    return Check(
+        "tokenizer",
+        True,
+        f"{path}: {loaded.vocab_size} pieces {relation} model vocabulary {config.vocab_size}",
+    )
+
+
+def check_checkpoint(
+    ckpt_dir: Path,
+    preset: str | None = None,
+    tokenizer: Path | None = None,
+    asset_id: str | None = None,
+) -> list[Check]:
+    """Every check of ``ckpt_dir`` (see the module docstring); reads headers only, never weights.
+
+    A check that needs an earlier one's result (the tensors need the config) fails with "not
+    compared" when that one failed, so the list always has the same five entries.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return [Check("directory", False, f"checkpoint directory not found: {ckpt_dir}")]
+    weights, header = _check_weights(ckpt_dir)
+    config_check, config = _check_config(ckpt_dir, header, preset)
+    return [
+        weights,
+        config_check,
+        _check_tensors(header, config),
+        _check_norm_stats(ckpt_dir, config, asset_id),
+        _check_tokenizer(ckpt_dir, config, tokenizer),
+    ]
+
+
+def format_checks(ckpt_dir: Path, checks: Sequence[Check]) -> str:
+    """One line per check (OK/FAIL, name, reason; multi-line reasons indented) and a summary."""
+    lines = [f"checkpoint {ckpt_dir}"]
+    for check in checks:
+        first, *rest = check.detail.splitlines() or [""]
+        lines.append(f"{'OK' if check.ok else 'FAIL':<5} {check.name}: {first}")
+        lines.extend(f"        {line}" for line in rest)
+    failed = [c.name for c in checks if not c.ok]
+    lines.append(
+        f"{len(checks) - len(failed)} of {len(checks)} checks passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oxygen-model-info", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model size")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="model size to describe; with --checkpoint: the config to check against",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="check a checkpoint directory without loading its weights",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help=f"with --checkpoint: sentencepiece model (default DIR/{TOKENIZER_FILENAME})",
+    )
+    parser.add_argument(
+        "--asset-id",
+        metavar="ID",
+        help=f"with --checkpoint: norm stats from DIR/{ASSETS_DIRNAME}/ID (default: the only one)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
-    info = model_info(get_preset(args.preset))
-    print(json.dumps(info, indent=2) if args.json else format_info(info))
-    return 0
+    if args.checkpoint is None:
+        if args.preset is None:
+            parser.error("give --preset NAME or --checkpoint DIR")
+        if args.tokenizer is not None or args.asset_id is not None:
+            parser.error("--tokenizer and --asset-id need --checkpoint")
+        info = model_info(get_preset(args.preset))
+        print(json.dumps(info, indent=2) if args.json else format_info(info))
+        return 0
+    checks = check_checkpoint(args.checkpoint, args.preset, args.tokenizer, args.asset_id)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        print(format_checks(args.checkpoint, checks))
+    return 0 if all(c.ok for c in checks) else 1
 
 
 if __name__ == "__main__":
