@@ -135,6 +135,7 @@ class Pi05Policy:
         if chunk.ndim != 2 or chunk.shape[1] != self.config.action_dim:
             raise ValueError(f"model actions must be [horizon, {self.config.action_dim}], got {chunk.shape}")
         unnormalized = self.action_stats.unnormalize_quantile(chunk[:, : self.action_dim])
+        # openpi adds Unnormalize(Normalize(input-transformed state)): that is the transformed state itself.
         return self.robot.actions_from_pi(unnormalized, self.robot.state_to_pi(state)).astype(np.float32)
 
     def model_actions(self, robot_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
