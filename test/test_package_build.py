@@ -125,3 +125,17 @@ def test_installed_package_imports_from_the_install_alone(workspace_install, ros
     package_dir, generated = done.stdout.split()
     assert Path(package_dir) == site / "oxygen_ros"
     assert Path(generated) == site / "oxygen_ros" / "action" / "_ask.py"
+
+
+def test_action_build_inputs_are_declared():
+    import re
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(ROOT / "package.xml").getroot()
+    depends = {e.text.strip() for e in root.findall("depend")}
+    assert "action_msgs" in depends  # rosidl refuses an .action without it
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    block = re.search(r"rosidl_generate_interfaces\((.*?)\)", cmake, re.S).group(1)
+    assert '"action/Ask.action"' in block and "action_msgs" in block
+    setup_env = (ROOT / "scripts" / "setup_env.sh").read_text()
+    assert "action/*.action" in setup_env  # a changed action rebuilds the venv's interfaces
