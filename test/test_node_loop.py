@@ -25,7 +25,7 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from node_harness import STATE_UNCONFIGURED, wait_for
-from oxygen_ros.engine.faults import FaultInjector, InjectedFault
+from oxygen_ros.engine.faults import FaultInjector
 from oxygen_ros.engine.kv_cache import KVMemoryError
 from oxygen_ros.msg import ActionChunk, Narration
 from oxygen_ros.ros.convert import rgb_to_image
