@@ -88,8 +88,10 @@ def test_chunks_arrive_with_configured_joints_horizon_and_observation_stamps(pro
 def test_joint_trajectory_matches_the_chunk(probe):
     since = time.monotonic()
     assert wait_for(lambda: len(probe.trajectories_since(since)) >= 5, 20)
+    trajectories = probe.trajectories_since(since)
+    time.sleep(0.3)  # each trajectory is published just before its chunk: let the last chunks arrive
     chunk_stamps = {stamp_ns(c.header.stamp) for c in probe.chunks_since(since - 1.0)}
-    for trajectory in probe.trajectories_since(since):
+    for trajectory in trajectories:
         assert list(trajectory.joint_names) == ACTION_JOINTS
         assert len(trajectory.points) == HORIZON
         for i, point in enumerate(trajectory.points):

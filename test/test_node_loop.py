@@ -25,7 +25,7 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from node_harness import STATE_UNCONFIGURED, wait_for
-from oxygen_ros.engine.faults import FaultInjector, InjectedFault
+from oxygen_ros.engine.faults import FaultInjector
 from oxygen_ros.engine.kv_cache import KVMemoryError
 from oxygen_ros.msg import ActionChunk, Narration
 from oxygen_ros.ros.convert import rgb_to_image
@@ -361,7 +361,8 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
         assert level == DiagnosticStatus.WARN and "replanning at" in message
         assert float(values["requested_rate_hz"]) == RATE_HZ
         assert _chunks_keep_flowing(chunks)
-    assert wait_for(lambda: node._governor.effective_hz == RATE_HZ, 30), "the rate did not return to rate_hz"
+    # raising looks at three windows of 30 ticks, measured at the lowered rate
+    assert wait_for(lambda: node._governor.effective_hz == RATE_HZ, 60), "the rate did not return to rate_hz"
     assert node._counters.get("rate_changes") >= changes + 2
 
 

@@ -153,8 +153,8 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               "joints driven by the first N action dimensions (a subset of joint_names); empty: joint_names",
               CONFIGURE),
     # -- loop and outputs (runtime) ---------------------------------------------------------------
-    ParamSpec("rate_hz", _T.PARAMETER_DOUBLE, 60.0, "action loop rate (one shared prefill + chunk per tick)",
-              RUNTIME, (1.0, 200.0)),
+    ParamSpec("rate_hz", _T.PARAMETER_DOUBLE, 60.0, "action loop rate (one shared prefill + chunk per tick); "
+              "overrun_policy adapt runs slower while ticks cannot hold it", RUNTIME, (1.0, 200.0)),
     ParamSpec("torch_threads", _T.PARAMETER_INTEGER, 1, "torch intra-op threads of the thread running the model",
               RUNTIME, (1, 256)),
     ParamSpec("action_dt", _T.PARAMETER_DOUBLE, 0.02, "seconds between consecutive actions of a chunk", RUNTIME,

@@ -7,10 +7,12 @@ step (plus the publishing of its text and the decode margin) still fits in the r
 always gets slack, even on a machine too slow for ``rate_hz``.
 
 :class:`RateGovernor` lowers the effective rate to what the recent ticks can hold and returns it to
-``rate_hz`` when their cost allows. Two thresholds keep it from oscillating: it lowers only when the
-holdable rate falls clearly below the effective one (``LOWER_BELOW``), raises only when the holdable
-rate is well above it (``RAISE_ABOVE``), and after each change it waits for a fresh window of ticks
-measured at the new rate. Pure Python, no rclpy: the node feeds it one sample per tick.
+``rate_hz`` when their cost allows. It lowers fast (one window of ticks) and raises slowly (over
+``RAISE_WINDOWS`` windows), so a machine whose load comes and goes does not swing the rate with
+every burst. Two thresholds keep it from oscillating: it lowers only when the holdable rate falls
+clearly below the effective one (``LOWER_BELOW``), raises only when it is well above it
+(``RAISE_ABOVE``), and after each change it judges the new rate by ticks measured at it only.
+Pure Python, no rclpy: the node feeds it one sample per tick.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Deque, Optional
 import numpy as np
 
 LANGUAGE_SHARE = 0.25  # of each period kept for language when judging whether a rate can be held
-WINDOW_TICKS = 30  # ticks measured (at the current rate) before each decision
+WINDOW_TICKS = 30  # ticks measured (at the current rate) before lowering it
+RAISE_WINDOWS = 3  # raising looks at this many windows of ticks
 COST_PERCENTILE = 90  # the rate is chosen for this percentile of the window's tick costs
 LOWER_BELOW = 0.95  # lower when the holdable rate is below this fraction of the effective rate
 RAISE_ABOVE = 1.25  # raise when the holdable rate is above this multiple of the effective rate
@@ -66,7 +69,8 @@ class RateGovernor:
         self.adapt = adapt
         self.effective_hz = requested_hz
         self.holdable_hz = math.inf  # what the last full window of ticks could hold
-        self._holdable: Deque[float] = collections.deque(maxlen=window)
+        self._window = window
+        self._holdable: Deque[float] = collections.deque(maxlen=window * RAISE_WINDOWS)
 
     def reset(self, requested_hz: float, adapt: bool, start_hz: Optional[float] = None) -> None:
         """A new requested rate or policy; ``start_hz`` (adapt only) starts below the request, e.g.
@@ -86,15 +90,18 @@ class RateGovernor:
         if not self.adapt:
             return None
         self._holdable.append(cost.holdable_hz())
-        if len(self._holdable) < self._holdable.maxlen:
+        if len(self._holdable) < self._window:
             return None
-        holdable = float(np.percentile(np.fromiter(self._holdable, dtype=np.float64), 100 - COST_PERCENTILE))
-        self.holdable_hz = holdable
+        samples = np.fromiter(self._holdable, dtype=np.float64)
+        recent = float(np.percentile(samples[-self._window:], 100 - COST_PERCENTILE))
+        self.holdable_hz = recent
         target = None
-        if holdable < self.effective_hz * LOWER_BELOW:
-            target = max(MIN_RATE_HZ, _rounded(holdable / TARGET_HEADROOM))
-        elif self.effective_hz < self.requested_hz and holdable >= self.effective_hz * RAISE_ABOVE:
-            target = min(self.requested_hz, _rounded(holdable / TARGET_HEADROOM))
+        if recent < self.effective_hz * LOWER_BELOW:
+            target = max(MIN_RATE_HZ, _rounded(recent / TARGET_HEADROOM))
+        elif self.effective_hz < self.requested_hz and len(samples) == self._holdable.maxlen:
+            sustained = float(np.percentile(samples, 100 - COST_PERCENTILE))
+            if sustained >= self.effective_hz * RAISE_ABOVE:
+                target = min(self.requested_hz, _rounded(sustained / TARGET_HEADROOM))
         if target is None or target == self.effective_hz:
             return None
         self.effective_hz = target
