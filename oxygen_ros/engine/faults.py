@@ -70,6 +70,14 @@ class FaultInjector:
             self.raised[stage] = self.raised.get(stage, 0) + 1
             raise InjectedFault(stage, call)
 
+    def fail_next(self, stage: str) -> None:
+        """Make the next call of ``stage`` fail (on top of the schedule given at construction).
+
+        Raises ValueError for an unknown stage."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown fault stage {stage!r}; expected one of {STAGES}")
+        self.at[stage] = frozenset({self.calls.get(stage, 0) + 1})
+
     @property
     def total_raised(self) -> int:
         return sum(self.raised.values())
