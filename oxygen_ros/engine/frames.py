@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
-from .faults import NO_FAULTS, FaultInjector, stage
+from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
 from .types import ActionChunk, Observation
@@ -60,7 +60,8 @@ def prefill_frame(
     exception the frame's KV is released before the exception propagates.
     """
     owner = f"frame {frame_id} prefix"
-    with stage("prefill"):
+    segment = None
+    try:
         prefilled = runner.prefill(observation, owner) if runner is not None else None
         if prefilled is not None:
             segment, last_hidden = prefilled
@@ -70,10 +71,13 @@ def prefill_frame(
             # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
             segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
             last_hidden = prefix.last_hidden[0]
-        with pool.released_on_error(segment):
-            if prefilled is None:
-                pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
-            faults.check("prefill")
+            pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
+        faults.check("prefill")
+    except BaseException as error:
+        tag_stage(error, "prefill")
+        if segment is not None:
+            pool.release(segment)
+        raise
     return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
 
 
@@ -108,13 +112,17 @@ def timed_action(
     """
     start = clock()
     frame = prefill_frame(policy, pool, observation, frame_id, runner, faults)
-    with pool.released_on_error(frame.segment), stage("action"):
+    try:
         if runner is not None:
             runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
         prefilled = clock()
         noise = frame_noise(policy.config, seed, frame_id, policy.device)
         faults.check("action")
         actions = policy.robot_actions(act_on_frame(policy, pool, frame, noise, num_steps, runner))
+    except BaseException as error:
+        tag_stage(error, "action")
+        pool.release(frame.segment)
+        raise
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk
