@@ -118,13 +118,3 @@ def test_check_finds_a_block_owned_twice_or_both_used_and_free():
     p.check({})
     assert p.free_blocks == 16
 
-
-def test_released_on_error_returns_the_reference_and_reraises():
-    p = pool()
-    with pytest.raises(KeyError):
-        with p.released_on_error(p.allocate(20, "half-made")):
-            raise KeyError("boom")
-    assert p.live_segments == 0 and p.bytes_in_use == 0
-    with p.released_on_error(p.allocate(20, "kept")) as kept:
-        pass
-    assert p.live_segments == 1 and kept.ref_count == 1

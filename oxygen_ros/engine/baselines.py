@@ -38,7 +38,7 @@ class _SequentialEngine(EngineBase):
         super().__init__(policy, config, clock)
         self.pool = make_pool(policy, self.config)
         self.runner = self._make_runner(self.pool, acts=True, text_batch=1)
-        self.decoder = LanguageDecoder(policy, self.pool, self.runner)
+        self.decoder = LanguageDecoder(policy, self.pool, self.runner, self.faults, self.faults_by_stage)
 
     def pools(self) -> List[KVPool]:
         return [self.pool]
@@ -100,7 +100,7 @@ class NaiveParallelEngine(EngineBase):
         # one runner per worker and pool: their graphs never share memory, whatever the interleaving
         self.action_runner = self._make_runner(self.action_pool, acts=True, text_batch=0)
         self.language_runner = self._make_runner(self.language_pool, acts=False, text_batch=1)
-        self.decoder = LanguageDecoder(policy, self.language_pool, self.language_runner)
+        self.decoder = LanguageDecoder(policy, self.language_pool, self.language_runner, self.faults, self.faults_by_stage)
         self._jobs: "queue.Queue[Optional[Tuple[Observation, int, List[LanguageRequest]]]]" = queue.Queue()
         self._done: List[TextDelta] = []
         self._lock = threading.Lock()

@@ -9,8 +9,7 @@ injector with no schedule never raises and costs one dictionary lookup per call.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, Iterable, Iterator, Mapping, Optional
+from typing import Dict, Iterable, Mapping, Optional
 
 STAGES = (
     "prefill",  # the frame's shared prefill
@@ -70,6 +69,14 @@ class FaultInjector:
             self.raised[stage] = self.raised.get(stage, 0) + 1
             raise InjectedFault(stage, call)
 
+    def fail_next(self, stage: str) -> None:
+        """Make the next call of ``stage`` fail (on top of the schedule given at construction).
+
+        Raises ValueError for an unknown stage."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown fault stage {stage!r}; expected one of {STAGES}")
+        self.at[stage] = frozenset({self.calls.get(stage, 0) + 1})
+
     @property
     def total_raised(self) -> int:
         return sum(self.raised.values())
@@ -80,7 +87,9 @@ NO_FAULTS = FaultInjector()
 
 
 def tag_stage(error: BaseException, name: str) -> None:
-    """Record on ``error`` the engine stage it came from, unless an inner stage already did."""
+    """Record on ``error`` the engine stage it came from, unless an inner stage already did, so
+    that real faults are counted by stage like injected ones (the exception is not changed
+    otherwise and is re-raised by the caller)."""
     if not hasattr(error, "engine_stage"):
         try:
             error.engine_stage = name  # type: ignore[attr-defined]
@@ -88,21 +97,9 @@ def tag_stage(error: BaseException, name: str) -> None:
             pass
 
 
-@contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Tag an exception escaping this block with the engine stage it came from (the innermost tag
-    wins, see `tag_stage`), so that real faults are counted by stage like injected ones. The
-    exception is re-raised unchanged."""
-    try:
-        yield
-    except BaseException as error:
-        tag_stage(error, name)
-        raise
-
-
 def stage_of(error: BaseException, default: str) -> str:
     """The stage an engine error came from: an InjectedFault's own stage, else the innermost
-    `stage` block it left, else ``default``."""
+    stage that tagged it (`tag_stage`), else ``default``."""
     if isinstance(error, InjectedFault):
         return error.stage
     return getattr(error, "engine_stage", default)

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
 from ..model.rtc import RTCGuidance
-from .faults import NO_FAULTS, FaultInjector, stage
+from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
 from .types import ActionChunk, Observation
@@ -61,7 +61,8 @@ def prefill_frame(
     exception the frame's KV is released before the exception propagates.
     """
     owner = f"frame {frame_id} prefix"
-    with stage("prefill"):
+    segment = None
+    try:
         prefilled = runner.prefill(observation, owner) if runner is not None else None
         if prefilled is not None:
             segment, last_hidden = prefilled
@@ -71,10 +72,13 @@ def prefill_frame(
             # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
             segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
             last_hidden = prefix.last_hidden[0]
-        with pool.released_on_error(segment):
-            if prefilled is None:
-                pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
-            faults.check("prefill")
+            pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
+        faults.check("prefill")
+    except BaseException as error:
+        tag_stage(error, "prefill")
+        if segment is not None:
+            pool.release(segment)
+        raise
     return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
 
 
@@ -121,7 +125,7 @@ def timed_action(
     """
     start = clock()
     frame = prefill_frame(policy, pool, observation, frame_id, runner, faults)
-    with pool.released_on_error(frame.segment), stage("action"):
+    try:
         if runner is not None:
             runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
         prefilled = clock()
@@ -129,6 +133,10 @@ def timed_action(
         faults.check("action")
         model_actions = act_on_frame(policy, pool, frame, noise, num_steps, runner, guidance)
         actions = policy.robot_actions(model_actions, observation.state)
+    except BaseException as error:
+        tag_stage(error, "action")
+        pool.release(frame.segment)
+        raise
     done = clock()
     chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
     return frame, chunk

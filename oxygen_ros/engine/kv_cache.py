@@ -16,9 +16,8 @@ is never duplicated.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -171,16 +170,6 @@ class KVPool:
         self._free.extend(segment.blocks)
         self._free.sort()
         return True
-
-    @contextlib.contextmanager
-    def released_on_error(self, segment: KVSegment) -> Iterator[KVSegment]:
-        """Hand ``segment``'s reference back if the block inside raises (then re-raise): the way
-        every path that takes KV stays transactional."""
-        try:
-            yield segment
-        except BaseException:
-            self.release(segment)
-            raise
 
     def segments(self) -> List[KVSegment]:
         """The live segments, oldest first."""

@@ -474,7 +474,7 @@ class StaticRunner:
         self.stage_images(observation)
         n_valid = path.image_columns + n_tokens
         segment = self.pool.allocate(n_valid, owner)
-        with self.pool.released_on_error(segment):
+        try:
             host = path.inputs.host_views
             host["tokens"][0, :n_tokens] = tokens[:n_tokens]
             host["tokens"][0, n_tokens:] = 0
@@ -484,8 +484,10 @@ class StaticRunner:
             self._upload("prefill", path.inputs)
             self._replay(path)
             self.pool.claim(segment, n_valid)
-            last_hidden = path.last_hidden[0].clone()
-        return segment, last_hidden
+        except BaseException:
+            self.pool.release(segment)
+            raise
+        return segment, path.last_hidden[0].clone()
 
     # -- actions -----------------------------------------------------------------------------------
     def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Optional[Tensor]:

@@ -6,6 +6,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench realtime --rate-hz 60             # OxyGen under a 60 Hz timer
     oxygen-bench overload --requests-per-frame 8   # KV exhausted: refusals, action latency
     oxygen-bench soak --frames 20000               # KV and RSS drift over a long run
+    oxygen-bench soak --inject-faults              # ... with a fault every 500 ticks, rotating over the stages
     oxygen-bench action --preset pi05 --device cuda --dtype bfloat16 --cuda-graphs
                                                    # prefill + chunk latency, 1/2/3 cameras
     oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
+from oxygen_ros.engine.faults import STAGES, FaultInjector, InjectedFault
 from oxygen_ros.engine.frames import timed_action
 from oxygen_ros.engine.frames import max_prefix_tokens
 from oxygen_ros.engine.metrics import percentile
@@ -102,6 +104,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     _common(soak, "tiny")
     _workload_args(soak, 20_000)
     soak.add_argument("--rate-hz", type=float, default=30.0, help="deadline for miss counting (not paced)")
+    soak.add_argument("--inject-faults", action="store_true",
+                      help="inject a fault (engine/faults.py) every --fault-every ticks, rotating over the engine's stages")
+    soak.add_argument("--fault-every", type=positive_int, default=500, help="ticks between injected faults")
     action = sub.add_parser("action", help="action path alone (prefill + chunk) for 1, 2, 3 cameras")
     _common(action, "small")
     action.add_argument("--repeats", type=int, default=30)
@@ -404,42 +409,82 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+def soak_stages(config: EngineConfig) -> List[str]:
+    """The engine stages a soak rotates its faults over (graph replays only on the static paths;
+    text publishing is the node's)."""
+    return [st for st in STAGES if st != "text_publish" and (st != "graph_replay" or config.uses_static_paths)]
+
+
 def bench_soak(args: argparse.Namespace) -> Dict[str, object]:
+    """A long deadline-mode run: KV back to 0 after close, RSS flat. With --inject-faults, the tick
+    loop is the node's (act, then decode even when act failed) and every request's final delta is
+    checked: one each, faulted or not."""
     policy = _policy(args)
     observations = synthetic_observations(args.cameras)
-    engine = OxygenEngine(policy, _engine_config(args, decode_mode="deadline"))
+    config = _engine_config(args, decode_mode="deadline")
+    injector = FaultInjector()
+    engine = OxygenEngine(policy, config, faults=injector)
+    stages = soak_stages(config)
     period = 1.0 / args.rate_hz
     workload = Workload(requests_per_frame=args.requests_per_frame, max_tokens=args.tokens)
-    due, misses, finals = 0.0, 0, 0
+    due, misses = 0.0, 0
+    submitted: List[int] = []
+    finals: Dict[int, int] = {}
+    chunkless_faulted = chunkless_unfaulted = 0
     kv_start = rss_start = 0
+
+    def count_finals(deltas) -> None:
+        for d in deltas:
+            if d.final:
+                finals[d.request_id] = finals.get(d.request_id, 0) + 1
+
     started = time.perf_counter()
     for i in range(args.warmup + args.frames):
-        if i == args.warmup:
+        measured = i - args.warmup
+        if measured == 0:
             kv_start, rss_start = engine.memory()["bytes_in_use"], _rss_bytes()
-        due = submit_due(engine, due, workload)
+        if args.inject_faults and measured > 0 and measured % args.fault_every == 0:
+            injector.fail_next(stages[(measured // args.fault_every - 1) % len(stages)])
+        due = submit_due(engine, due, workload, submitted)
         tick = time.perf_counter()
-        result = engine.step(observations[i % len(observations)], now=tick, next_deadline=tick + period)
-        misses += i >= args.warmup and not result.stats.deadline_met
-        finals += sum(d.final for d in result.deltas)
+        try:
+            engine.act(observations[i % len(observations)])
+        except InjectedFault:
+            chunkless_faulted += 1
+        except Exception as error:  # a real fault: must not happen, counted and survived like the node
+            chunkless_unfaulted += 1
+            print(f"  tick {i}: act raised {type(error).__name__}: {error}", flush=True)
+        count_finals(engine.decode(until=tick + period))
+        misses += measured >= 0 and time.perf_counter() > tick + period
         if (i + 1) % 2000 == 0:
-            print(f"  {i + 1} ticks, KV {engine.memory()['bytes_in_use'] / 1e6:.2f} MB, RSS {_rss_bytes() / 1e6:.0f} MB", flush=True)
+            print(f"  {i + 1} ticks, KV {engine.memory()['bytes_in_use'] / 1e6:.2f} MB, RSS {_rss_bytes() / 1e6:.0f} MB, "
+                  f"faults {dict(injector.raised)}", flush=True)
     kv_running = engine.memory()["bytes_in_use"]
-    finals += sum(d.final for d in engine.decode(max_steps=10_000))
-    engine.close()
+    count_finals(engine.decode(max_steps=10_000))
+    count_finals(engine.close())
+    rss_end = _rss_bytes()
     result = {
         "ticks": args.frames,
         "wall_s": time.perf_counter() - started,
-        "requests_finished": finals,
+        "requests_submitted": len(submitted),
+        "requests_finished": sum(finals.values()),
+        "requests_without_one_final": sum(finals.get(r, 0) != 1 for r in submitted),
+        "faults_injected": dict(injector.raised),
+        "faults_by_stage": dict(engine.faults_by_stage),
+        "ticks_without_chunk_faulted": chunkless_faulted,
+        "ticks_without_chunk_unfaulted": chunkless_unfaulted,
         "kv_bytes_start": kv_start,
         "kv_bytes_end_running": kv_running,
         "kv_bytes_after_close": engine.memory()["bytes_in_use"],
         "live_segments_after_close": engine.memory()["live_segments"],
         "rss_start_mb": rss_start / 1e6,
-        "rss_end_mb": _rss_bytes() / 1e6,
+        "rss_end_mb": rss_end / 1e6,
+        "rss_drift_mb": (rss_end - rss_start) / 1e6,
         "deadline_misses": misses,
         "deadline_ms": period * 1e3,
     }
-    _print_table([result], list(result))
+    _print_table([{k: v for k, v in result.items() if not isinstance(v, dict)}], [k for k, v in result.items() if not isinstance(v, dict)])
+    print(f"faults injected per stage: {result['faults_injected']}; counted by the engine: {result['faults_by_stage']}")
     _write_json(args.json, result)
     return result
 

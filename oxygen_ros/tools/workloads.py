@@ -47,11 +47,14 @@ class Workload:
     kind: str = "narration"
 
 
-def submit_due(engine: EngineBase, due: float, workload: Workload) -> float:
-    """Submit this frame's share of ``workload.requests_per_frame``; returns the carried fraction."""
+def submit_due(engine: EngineBase, due: float, workload: Workload, submitted: Optional[List[int]] = None) -> float:
+    """Submit this frame's share of ``workload.requests_per_frame``; returns the carried fraction.
+    The new request ids are appended to ``submitted`` when given."""
     due += workload.requests_per_frame
     while due >= 1.0:
-        engine.submit(workload.kind, sampling=SamplingParams(max_tokens=workload.max_tokens))
+        request_id = engine.submit(workload.kind, sampling=SamplingParams(max_tokens=workload.max_tokens))
+        if submitted is not None:
+            submitted.append(request_id)
         due -= 1.0
     return due
 
