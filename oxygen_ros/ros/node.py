@@ -560,12 +560,14 @@ class OxygenNode(LifecycleNode):
         what a tick publishes (a chunk, its trajectory, one text delta)."""
         horizon = settings.action_horizon or self._engine.policy.config.action_horizon
         actions = np.zeros((horizon, len(settings.action_joint_names)), dtype=np.float32)
+        state = np.zeros(len(settings.joint_names), dtype=np.float64)
         delta = TextDelta(0, "narration", "word")
         chunk_s, delta_s = [], []
         for _ in range(20):
             started = time.monotonic()
-            serialize_message(chunk_to_joint_trajectory(actions, settings.action_joint_names, settings.action_dt,
-                                                        Time()))
+            command = build_command(settings, actions, state, Time(), self._safety_filter(settings))
+            if command.trajectory is not None:
+                serialize_message(command.trajectory)
             serialize_message(action_chunk_msg(
                 stamp=Time(), frame_id=0, joint_names=settings.action_joint_names, actions=actions,
                 dt=settings.action_dt, observation_age=0.0, prefill_ms=0.0, action_ms=0.0, frame_ms=0.0,
