@@ -161,6 +161,9 @@ class NaiveParallelEngine(EngineBase):
             deltas, self._done = self._done, []
         return deltas
 
+    def _end_warm_up_requests(self) -> None:
+        self.drain()
+
     def close(self) -> List[TextDelta]:
         if self._worker.is_alive():
             self._jobs.put(None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -14,9 +14,7 @@ from ..model.rtc import RTCGuidance
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner
-from .types import ActionChunk, Observation
-
-Clock = Callable[[], float]
+from .types import ActionChunk, Clock, Observation
 
 
 @dataclasses.dataclass

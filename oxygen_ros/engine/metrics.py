@@ -1,4 +1,4 @@
-"""Latency bookkeeping: step estimates per batch size and context, and run summaries."""
+"""Latency bookkeeping: step estimates per batch size and context, and percentiles."""
 
 from __future__ import annotations
 
@@ -62,6 +62,3 @@ def percentile(values: Iterable[float], q: float) -> float:
     data = list(values)
     return float(np.percentile(data, q)) if data else 0.0
 
-
-def summarize_ms(values: List[float]) -> Dict[str, float]:
-    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "mean": float(np.mean(values)) if values else 0.0}

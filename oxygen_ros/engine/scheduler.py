@@ -28,7 +28,9 @@ import collections
 import dataclasses
 import itertools
 import time
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Set
+from typing import Deque, Dict, List, Mapping, Optional, Set
+
+import numpy as np
 
 from ..model.policy import Pi05Policy
 from ..model.rtc import CONTINUITY_MODES, SCHEDULES
@@ -40,9 +42,9 @@ from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
 from .static_paths import StaticRunner
-from .types import ActionChunk, FrameResult, FrameStats, Observation, TextDelta
+from .types import ActionChunk, Clock, FrameResult, FrameStats, Observation, TextDelta, WarmUpReport
 
-Clock = Callable[[], float]
+WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buckets and timings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,12 +172,33 @@ class EngineBase:
             self._runners.append((runner, acts, text_batch))
         return runner
 
-    def warm_up(self, observation: Observation) -> int:
-        """Capture ahead of time the CUDA graphs that frames like ``observation`` will use (camera
-        set, prompt length, batch and context buckets up to this engine's limits), then freeze the
-        runners: from here on no bucket is created inside a frame (a shape not captured runs on the
-        nearest larger bucket or the eager path; `captures_during_frames` counts any capture anyway).
-        Returns the number of buckets created (always 0 on the dynamic paths, which have no buckets)."""
+    def warm_up(self, observation: Observation, frames: int = WARM_UP_FRAMES) -> WarmUpReport:
+        """Prepare the engine before its first real deadline, with frames like ``observation``:
+
+        1. create (on CUDA capture) the static buckets those frames will use (camera set, prompt
+           length, batch and context buckets up to this engine's limits), then freeze the runners:
+           from here on no bucket is created inside a frame (a shape not captured runs on the
+           nearest larger bucket or the eager path; `captures_during_frames` counts any capture);
+        2. engine-specific timings (`OxygenEngine`: decode steps at every batch size it may use);
+        3. ``frames`` (at least 2) frames with small greedy language requests, which pay the
+           first-call costs of the whole frame and time the action path.
+
+        Afterwards the engine is as if nothing ran: no frame kept, no request queued or active, the
+        pools empty with their peaks reset, frame and request ids and counters back at zero (the
+        step timers keep what they learned). Returns what was prepared and measured.
+
+        Raises RuntimeError when a frame or a request came first.
+        """
+        if self.frame_count or self._queue or self.active_requests:
+            raise RuntimeError("warm_up must run before the first frame and the first request")
+        created = self._prepare_buckets(observation)
+        self._calibrate(observation)
+        action_ms = self._first_frames(observation, max(frames, 2))
+        self._forget_warm_up()
+        return WarmUpReport(created, action_ms, self._language_step_ms(), max(frames, 2))
+
+    def _prepare_buckets(self, observation: Observation) -> int:
+        """Step 1 of `warm_up`: create the buckets and freeze; returns how many were created."""
         cfg = self.config
         tokenizer = self.policy.tokenizer
         kind_tokens = [len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()]
@@ -190,6 +213,44 @@ class EngineBase:
             )
             runner.freeze()
         return created
+
+    def _calibrate(self, observation: Observation) -> None:
+        """Step 2 of `warm_up` (nothing here; engines with step timers fill them)."""
+
+    def _first_frames(self, observation: Observation, frames: int) -> float:
+        """Step 3 of `warm_up`: frames with one or two short greedy requests each; returns the
+        median prefill + action ms of the frames after the first (which pays the first calls)."""
+        cfg = self.config
+        kind = next(iter(cfg.kind_prompts))
+        sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=cfg.seed)
+        action_ms = []
+        for frame in range(frames):
+            for _ in range(min(frame % 2 + 1, cfg.max_active_requests)):
+                self.submit(kind, sampling=sampling)
+            stats = self.step(observation).stats
+            action_ms.append(stats.prefill_ms + stats.action_ms)
+        return float(np.median(action_ms[1:]))
+
+    def _end_warm_up_requests(self) -> None:
+        """Finish whatever the warm-up frames left running (here: nothing outlives its frame)."""
+
+    def _forget_warm_up(self) -> None:
+        """Leave the engine as if the warm-up frames never ran (timers and buckets stay)."""
+        self._end_warm_up_requests()
+        self._queue.clear()
+        self._outbox = []
+        self.frame_count = 0
+        self._next_request_id = 1
+        self.tokens_generated = self.decode_steps = 0
+        self.faults_by_stage.clear()
+        for runner, _, _ in self._runners:
+            runner.fallbacks = runner.captures_during_frames = 0
+        for pool in self.pools():
+            pool.reset_peak()
+
+    def _language_step_ms(self) -> float:
+        """Estimated batch-1 decode step for the warm-up report (0.0: no step timer here)."""
+        return 0.0
 
     @property
     def captures_during_frames(self) -> int:
@@ -331,17 +392,10 @@ class OxygenEngine(EngineBase):
     def pools(self) -> List[KVPool]:
         return [self.pool]
 
-    def warm_up(self, observation: Observation) -> int:
-        """As `EngineBase.warm_up`, then time decode steps at batch 1, 2, 4, … max_active_requests on
-        a throwaway frame. Deadline mode then knows from the first tick how large a batch fits in
-        the slack; without this, a size not yet seen is estimated from the next larger one."""
-        created = super().warm_up(observation)
-        self._calibrate_decode(observation)
-        return created
-
-    def _calibrate_decode(self, observation: Observation, repeats: int = 3) -> None:
-        if self._active or self._frame is not None:
-            raise RuntimeError("warm_up must run before the first frame")
+    def _calibrate(self, observation: Observation, repeats: int = 3) -> None:
+        """Time admissions and decode steps at batch 1, 2, 4, … max_active_requests on a throwaway
+        frame: deadline mode then knows from the first tick how large a batch fits in the slack
+        (without this, a size not yet seen is estimated from the next larger one)."""
         cfg = self.config
         repeats = min(repeats, cfg.default_max_tokens - 1)  # steps a request of the usual length takes
         if repeats < 1:
@@ -373,7 +427,16 @@ class OxygenEngine(EngineBase):
                         self.decoder.release(request)
         finally:
             self.pool.release(frame.segment)
-            self.pool.reset_peak()  # the throwaway frame and requests are not part of any workload
+
+    def _end_warm_up_requests(self) -> None:
+        self.close()  # cancels what is still queued or active and lets the last frame go
+        self.fixed_steps_skipped = 0
+        if self.continuity:
+            self.continuity.reset()  # the first real chunk is not guided by a warm-up chunk
+            self.continuity.non_finite_chunks = 0
+
+    def _language_step_ms(self) -> float:
+        return 1e3 * self.timer.estimate(1)
 
     @property
     def active_requests(self) -> int:

@@ -7,11 +7,14 @@ same language and none of them needs torch to read a result.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 LANGUAGE_KINDS = ("narration", "answer", "memory")
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock; engines time frames and steps with one (``time.perf_counter``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,3 +78,19 @@ class FrameResult:
     action: Optional[ActionChunk]
     deltas: List[TextDelta]
     stats: FrameStats
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmUpReport:
+    """What `EngineBase.warm_up` prepared and measured.
+
+    buckets_created: static-shape buckets (CUDA graphs) created; 0 on the eager paths.
+    action_ms: prefill + action chunk, median over the warm-up frames after the first.
+    language_step_ms: estimated decode step at batch 1; 0.0 for engines without a step timer.
+    frames: warm-up frames run (their requests, KV and counters are gone afterwards).
+    """
+
+    buckets_created: int
+    action_ms: float
+    language_step_ms: float
+    frames: int
