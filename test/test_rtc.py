@@ -134,12 +134,12 @@ def test_unguided_path_is_bit_identical(policy, prefix):
     # The loop written out: float32 openpi schedule, per-step modulations, shared tables.
     b, horizon = noise.shape[:2]
     conditionings = condition_rows(model.action_conditioning(torch.stack(flow_schedule(10))))
-    positions, allowed = model._action_layout(prefix, b, horizon)
+    positions, allowed = model._action_layout(prefix.context, prefix.num_valid, b, horizon)
     tables = attention_tables(model.expert.cfg, positions, allowed, model.config.rope_base, model.compute_dtype)
     x = noise.float()
     with torch.no_grad():
         for conditioning in conditionings:
-            x = x + torch.tensor(-0.1, dtype=torch.float32) * model._velocity(prefix, x, conditioning, positions, allowed, tables)
+            x = x + torch.tensor(-0.1, dtype=torch.float32) * model._velocity(prefix.context, x, conditioning, positions, allowed, tables)
     assert torch.equal(model.sample_actions(prefix, noise), x)
     assert torch.equal(model.sample_actions(prefix, noise, guidance=None), x)
     nothing = RTCGuidance(torch.zeros_like(noise), torch.zeros(horizon, noise.shape[2]), 5.0)

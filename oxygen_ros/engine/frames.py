@@ -24,7 +24,6 @@ class FramePrefix:
     frame_id: int
     stamp: float
     segment: KVSegment
-    last_hidden: Tensor  # [width] final-normed hidden of the last prefix token
 
     @property
     def length(self) -> int:
@@ -61,15 +60,12 @@ def prefill_frame(
     owner = f"frame {frame_id} prefix"
     segment = None
     try:
-        prefilled = runner.prefill(observation, owner) if runner is not None else None
-        if prefilled is not None:
-            segment, last_hidden = prefilled
-        else:
+        segment = runner.prefill(observation, owner) if runner is not None else None
+        if segment is None:
             inputs = policy.encode(observation.images, observation.state, observation.prompt)
             prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
             # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
             segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
-            last_hidden = prefix.last_hidden[0]
             pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
         faults.check("prefill")
     except BaseException as error:
@@ -77,7 +73,7 @@ def prefill_frame(
         if segment is not None:
             pool.release(segment)
         raise
-    return FramePrefix(frame_id, observation.stamp, segment, last_hidden)
+    return FramePrefix(frame_id, observation.stamp, segment)
 
 
 def act_on_frame(
@@ -99,7 +95,7 @@ def act_on_frame(
         if actions is not None:
             return actions
     context = pool.view(frame.segment)
-    prefix = Prefix(context, torch.tensor([frame.length], device=noise.device), frame.last_hidden[None])
+    prefix = Prefix(context, torch.tensor([frame.length], device=noise.device))
     return policy.model.sample_actions(prefix, noise, num_steps, guidance)[0]
 
 

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ..model.config import IMAGE_SLOTS
-from ..model.mot import KVContext, Stream, attention_tables, condition_rows, joint_forward
+from ..model.mot import KVContext
 from ..model.pi05 import Pi05Model, flow_schedule
 from ..model.policy import Pi05Policy
 from ..model.preprocess import resize_with_pad, to_model_range
@@ -91,7 +91,7 @@ class PackedInts:
         self.views: Dict[str, Tensor] = {}
         self.host_views: Dict[str, np.ndarray] = {}
         start = 0
-        for (name, shape), size in zip(fields, sizes):
+        for (name, shape), size in zip(fields, sizes, strict=True):
             self.views[name] = self.device[start : start + size].view(shape)
             self.host_views[name] = self.host[start : start + size].reshape(shape)
             start += size
@@ -115,7 +115,11 @@ class _LayerGather(collections.abc.Sequence):
 
 
 class _StaticStep:
-    """Buffers + a sync-free ``_forward`` + the graph wrapper."""
+    """Buffers + a sync-free ``_forward`` + the graph wrapper.
+
+    ``_forward`` only moves data between the buffers, the model's methods and the pool; the model
+    computation itself is `Pi05Model`'s, the same the eager paths run.
+    """
 
     def __init__(self, model: Pi05Model, pool: KVPool, use_graph: bool, graph_pool: GraphPool) -> None:
         self.model = model
@@ -127,6 +131,11 @@ class _StaticStep:
         self.step()
 
     def _forward(self) -> None:
+        raise NotImplementedError
+
+    def fill_padding(self) -> None:
+        """Fill the host inputs with harmless values: every row reads and writes scratch slots only.
+        A call then overwrites the rows it uses; warm-up runs the step on this alone."""
         raise NotImplementedError
 
     def _write_kv(self, keys: Sequence[Tensor], values: Sequence[Tensor], slots: Tensor) -> None:
@@ -160,25 +169,23 @@ class StaticPrefill(_StaticStep):
         device = pool.keys.device
         self.images = images  # [n_present, 3, size, size] float32 in [-1, 1], shared per slot set
         self.inputs = PackedInts([("tokens", (1, prompt_len)), ("write", (self.columns,)), ("n_tokens", (1,))], device)
-        self.last_hidden = torch.zeros(1, cfg.backbone.width, dtype=model.compute_dtype, device=device)
         self._token_index = torch.arange(prompt_len, device=device)
         self._image_valid = torch.ones(1, self.image_columns, dtype=torch.bool, device=device)
         super().__init__(model, pool, use_graph, graph_pool)
 
+    def fill_padding(self) -> None:
+        host = self.inputs.host_views
+        host["tokens"][:] = 0
+        host["write"][:] = self.pool.scratch_slots(self.columns)
+        host["n_tokens"][0] = self.prompt_len
+
     def _forward(self) -> None:
         model = self.model
-        pg = model.paligemma_with_expert.paligemma.model
-        n_tokens = self.inputs["n_tokens"]
-        features = pg.multi_modal_projector(pg.vision_tower(self.images))  # [n, patches, width]
-        image_emb = features.to(model.compute_dtype).reshape(1, self.image_columns, -1)
+        image_emb = model.embed_present_images(self.images).reshape(1, self.image_columns, -1)
         embs = torch.cat([image_emb, model.embed_tokens(self.inputs["tokens"])], dim=1)
-        valid = torch.cat([self._image_valid, self._token_index[None] < n_tokens[:, None]], dim=1)
-        positions = valid.long().cumsum(dim=1) - 1  # padding is at the end: valid positions unchanged
-        allowed = valid[:, None, :].expand(-1, self.columns, -1)
-        out = joint_forward([Stream(model.backbone, embs)], positions, allowed, None, model.config.rope_base, dense_mask=False)
+        prompt_valid = self._token_index[None] < self.inputs["n_tokens"][:, None]  # padding at the end
+        out = model.prefix_forward(embs, torch.cat([self._image_valid, prompt_valid], dim=1), dense_mask=False)
         self._write_kv(out.keys, out.values, self.inputs["write"])
-        last = n_tokens + (self.image_columns - 1)  # index of the last valid column, [1]
-        self.last_hidden.copy_(out.hidden[0][0].index_select(0, last))
 
 
 class StaticActionChunk(_StaticStep):
@@ -196,29 +203,20 @@ class StaticActionChunk(_StaticStep):
         self._times = torch.stack(flow_schedule(num_steps)).to(device)  # openpi's float32 accumulation
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         self._context_index = torch.arange(context, device=device)
-        self._horizon_index = torch.arange(cfg.action_horizon, device=device)
-        self._actions_see_actions = torch.ones(1, cfg.action_horizon, cfg.action_horizon, dtype=torch.bool, device=device)
         super().__init__(model, pool, use_graph, graph_pool)
 
+    def fill_padding(self) -> None:
+        host = self.inputs.host_views
+        host["gather"][:] = self.pool.scratch_start
+        host["n_valid"][0] = 1
+
     def _forward(self) -> None:
-        model, pool = self.model, self.pool
-        gather, n_valid = self.inputs["gather"], self.inputs["n_valid"]
+        pool, gather, n_valid = self.pool, self.inputs["gather"], self.inputs["n_valid"]
         keys = pool.keys[:, gather][:, None]  # [L, 1, C, KVH, D]: read once, used by every step
         values = pool.values[:, gather][:, None]
         valid = self._context_index[None] < n_valid[:, None]  # [1, C]
         context = KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
-        horizon = self._horizon_index.shape[0]
-        positions = n_valid[:, None] + self._horizon_index[None]
-        allowed = torch.cat([valid[:, None, :].expand(1, horizon, -1), self._actions_see_actions], dim=2)
-        # As Pi05Model.sample_actions: modulations, RoPE tables and mask built once for all steps.
-        conditionings = condition_rows(model.action_conditioning(self._times))
-        tables = attention_tables(model.expert.cfg, positions, allowed, model.config.rope_base, model.compute_dtype, dense_mask=False)
-        x_t = self.noise
-        for conditioning in conditionings:
-            stream = Stream(model.expert, model.embed_actions(x_t), conditioning)
-            out = joint_forward([stream], positions, allowed, context, model.config.rope_base, tables=tables)
-            x_t = x_t + self._dt * model.velocity(out.hidden[0])
-        self.actions.copy_(x_t)
+        self.actions.copy_(self.model.denoise(context, n_valid, self.noise, self._times, self._dt, dense_mask=False))
 
 
 class StaticTextStep(_StaticStep):
@@ -253,25 +251,27 @@ class StaticTextStep(_StaticStep):
         self.greedy = torch.zeros(batch, dtype=torch.int64, device=device)
         self._context_index = torch.arange(context, device=device)
         self._new_index = torch.arange(new_tokens, device=device)
-        self._causal = torch.ones(new_tokens, new_tokens, dtype=torch.bool, device=device).tril()
         super().__init__(model, pool, use_graph, graph_pool)
 
+    def fill_padding(self) -> None:
+        host = self.inputs.host_views
+        host["gather"][:] = self.pool.scratch_start
+        host["tokens"][:] = 0
+        host["write"][:] = self.pool.scratch_slots(self.batch * self.new_tokens)
+        host["context_len"][:] = 0
+        host["new_len"][:] = 1  # one token over an empty context, its K/V to scratch
+        host["first_pos"][:] = 0
+
     def _forward(self) -> None:
-        model, pool = self.model, self.pool
-        x = self.inputs
-        b, t = self.batch, self.new_tokens
+        model, pool, x = self.model, self.pool, self.inputs
         context_valid = self._context_index[None] < x["context_len"][:, None]  # [B, C]
-        new_valid = self._new_index[None] < x["new_len"][:, None]  # [B, T]
         context = KVContext(_LayerGather(pool.keys, x["gather"]), _LayerGather(pool.values, x["gather"]), context_valid)
         positions = x["first_pos"][:, None] + self._new_index[None]
-        own = self._causal[None] & new_valid[:, None, :]
-        allowed = torch.cat([context_valid[:, None, :].expand(b, t, -1), own], dim=2)
-        stream = Stream(model.backbone, model.embed_tokens(x["tokens"]))
-        out = joint_forward([stream], positions, allowed, context, model.config.rope_base, dense_mask=False)
+        new_valid = self._new_index[None] < x["new_len"][:, None]  # [B, T]
+        out = model.forward_text(context, x["tokens"], positions, new_valid, dense_mask=False)
         self._write_kv(out.keys, out.values, x["write"])
-        hidden = out.hidden[0]
-        last = (x["new_len"] - 1)[:, None, None].expand(b, 1, hidden.shape[-1])
-        logits = model.logits(hidden.gather(1, last)[:, 0])
+        last = (x["new_len"] - 1)[:, None, None].expand(self.batch, 1, out.hidden.shape[-1])
+        logits = model.logits(out.hidden.gather(1, last)[:, 0])
         self.logits.copy_(logits)
         self.greedy.copy_(logits[:, : self.vocab_limit].argmax(dim=-1))
 
@@ -458,12 +458,11 @@ class StaticRunner:
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots
 
-    def prefill(self, observation: Observation, owner: str) -> Optional[Tuple[KVSegment, Tensor]]:
+    def prefill(self, observation: Observation, owner: str) -> Optional[KVSegment]:
         """Encode an observation into a new pool segment (one reference, held by the caller).
 
-        Returns the segment and the last prefix token's final-normed hidden state [width]; None
-        when frozen with no captured bucket for its cameras and prompt (run the eager prefill).
-        On an exception the segment is released.
+        Returns the segment; None when frozen with no captured bucket for its cameras and prompt
+        (run the eager prefill). On an exception the segment is released.
         """
         slots = self.policy.present_slots(observation.images)
         tokens, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
@@ -475,11 +474,10 @@ class StaticRunner:
         n_valid = path.image_columns + n_tokens
         segment = self.pool.allocate(n_valid, owner)
         try:
+            path.fill_padding()
             host = path.inputs.host_views
             host["tokens"][0, :n_tokens] = tokens[:n_tokens]
-            host["tokens"][0, n_tokens:] = 0
             host["write"][:n_valid] = self.pool.next_slots(segment, n_valid)
-            host["write"][n_valid:] = self.pool.scratch_slots(path.columns - n_valid)
             host["n_tokens"][0] = n_tokens
             self._upload("prefill", path.inputs)
             self._replay(path)
@@ -487,7 +485,7 @@ class StaticRunner:
         except BaseException:
             self.pool.release(segment)
             raise
-        return segment, path.last_hidden[0].clone()
+        return segment
 
     # -- actions -----------------------------------------------------------------------------------
     def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Optional[Tensor]:
@@ -497,9 +495,9 @@ class StaticRunner:
         path = self._frame_action(n_valid, num_steps)
         if path is None:
             return None
+        path.fill_padding()
         host = path.inputs.host_views
         host["gather"][:n_valid] = self.pool.host_slots(prefix, 0, n_valid)
-        host["gather"][n_valid:] = self.pool.scratch_start
         host["n_valid"][0] = n_valid
         self._upload("action", path.inputs)
         path.noise.copy_(noise.reshape(path.noise.shape))
@@ -541,15 +539,10 @@ class StaticRunner:
 
     def _run_text(self, path: StaticTextStep, rows: Sequence[TextRow], reads: Sequence[np.ndarray]) -> None:
         pool = self.pool
+        path.fill_padding()  # the rows past len(rows) stay padding
         host = path.inputs.host_views
         t = path.new_tokens
-        host["gather"][:] = pool.scratch_start
-        host["tokens"][:] = 0
-        host["write"][:] = pool.scratch_slots(path.batch * t)
-        host["context_len"][:] = 0
-        host["new_len"][:] = 1  # padding rows: one token over an empty context, K/V to scratch
-        host["first_pos"][:] = 0
-        for i, (row, read) in enumerate(zip(rows, reads)):
+        for i, (row, read) in enumerate(zip(rows, reads, strict=True)):
             n = len(row.tokens)
             host["gather"][i, : len(read)] = read
             host["context_len"][i] = len(read)
@@ -582,23 +575,13 @@ class StaticRunner:
         """
         before = self.num_paths
         frozen, self.frozen = self.frozen, False  # creating buckets here is what warm-up is for
-        pool = self.pool
         slots = self.policy.present_slots(observation.images)
         _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
         prefill = self.prefill_path(slots, int(mask.sum()))
         n_valid = prefill.image_columns + int(mask.sum())
-        host = prefill.inputs.host_views
-        host["tokens"][:] = 0
-        host["write"][:] = pool.scratch_slots(prefill.columns)
-        host["n_tokens"][0] = prefill.prompt_len
-        self._upload("prefill", prefill.inputs)
-        prefill()
+        self._run_padding("prefill", prefill)
         if num_steps is not None:
-            action = self.action_path(n_valid, num_steps)
-            action.inputs.host_views["gather"][:] = pool.scratch_start
-            action.inputs.host_views["n_valid"][0] = 1
-            self._upload("action", action.inputs)
-            action()
+            self._run_padding("action", self.action_path(n_valid, num_steps))
         if max_batch > 0:
             top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
             batches = [b for b in self.batch_buckets if b <= top]
@@ -608,16 +591,13 @@ class StaticRunner:
             # admissions come a few at a time; a larger burst captures its bucket when it happens
             shapes |= {(b, k, n_valid) for b in batches if b <= 4 for k in attach_tokens}
             for batch, new_tokens, context in sorted(shapes):
-                path = self.text_path(batch, new_tokens, context)
-                host = path.inputs.host_views
-                host["gather"][:] = pool.scratch_start
-                host["tokens"][:] = 0
-                host["write"][:] = pool.scratch_slots(path.batch * path.new_tokens)
-                host["context_len"][:] = 0
-                host["new_len"][:] = 1
-                host["first_pos"][:] = 0
-                self._upload("text", path.inputs)
-                path()
+                self._run_padding("text", self.text_path(batch, new_tokens, context))
         self.synchronize()
         self.frozen = frozen
         return self.num_paths - before
+
+    def _run_padding(self, name: str, path: _StaticStep) -> None:
+        """Run a bucket once on its padding inputs (scratch slots only): creates / captures it."""
+        path.fill_padding()
+        self._upload(name, path.inputs)
+        path()

@@ -9,6 +9,11 @@
 
 ``sample_actions_uncached`` and ``text_logits_uncached`` recompute everything in one joint pass with
 openpi's mask construction; tests use them as the reference for the cached paths.
+
+Each step is defined once, here: the engine's fixed-shape paths (``engine.static_paths``) call the
+same methods (`embed_present_images`, `prefix_forward`, `denoise`, `forward_text`) on their
+preallocated, padded tensors with explicit positions and masks, and ``dense_mask=False`` to keep
+the pass free of host syncs.
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ class Prefix:
 
     context: KVContext  # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
     num_valid: Tensor  # [B] number of valid prefix tokens = first position after the prefix
-    last_hidden: Tensor  # [B, width] final-normed hidden of the last valid prefix token
 
 
 @dataclasses.dataclass
@@ -123,15 +127,18 @@ class Pi05Model(nn.Module):
         Masked slots are not encoded (they are invisible to every token, so skipping them is exact);
         their rows are left zero.
         """
-        pg = self.paligemma_with_expert.paligemma.model
         b, n = images.shape[:2]
         patches = self.config.image_tokens
         out = torch.zeros(b, n, patches, self.config.backbone.width, dtype=self.compute_dtype, device=images.device)
         present = image_masks.nonzero(as_tuple=True)
         if present[0].numel():
-            feats = pg.multi_modal_projector(pg.vision_tower(images[present]))
-            out[present] = feats.to(out.dtype)
+            out[present] = self.embed_present_images(images[present])
         return out.reshape(b, n * patches, -1)
+
+    def embed_present_images(self, images: Tensor) -> Tensor:
+        """SigLIP + projector over images that are all present: [N, 3, H, W] -> [N, patches, width]."""
+        pg = self.paligemma_with_expert.paligemma.model
+        return pg.multi_modal_projector(pg.vision_tower(images)).to(self.compute_dtype)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Prompt/text token embeddings, scaled by sqrt(width) as openpi does (images are not)."""
@@ -151,13 +158,16 @@ class Pi05Model(nn.Module):
         embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         keep = valid.any(dim=0)  # columns invalid in every row are never attended: drop them (exact)
         embs, valid = embs[:, keep], valid[:, keep]
-        positions = valid.long().cumsum(dim=1) - 1  # positions skip padding and masked cameras
-        allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)  # bidirectional among valid tokens
-        out = joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base)
-        num_valid = valid.sum(dim=1)
-        last = valid.shape[1] - 1 - valid.flip(1).float().argmax(dim=1)
-        last_hidden = out.hidden[0][torch.arange(valid.shape[0], device=valid.device), last]
-        return Prefix(KVContext(out.keys, out.values, valid), num_valid, last_hidden)
+        out = self.prefix_forward(embs, valid)
+        return Prefix(KVContext(out.keys, out.values, valid), valid.sum(dim=1))
+
+    def prefix_forward(self, embs: Tensor, valid: Tensor, dense_mask: Optional[bool] = None) -> JointOutput:
+        """The backbone over prefix embeddings [B, S, width] with validity [B, S]: bidirectional
+        among valid tokens, positions counting valid tokens only (padding and masked cameras are
+        skipped). dense_mask: see `attention_bias`."""
+        positions = valid.long().cumsum(dim=1) - 1
+        allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
+        return joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base, dense_mask)
 
     # -- actions ---------------------------------------------------------------------------------
     def time_condition(self, t: Tensor) -> Tensor:
@@ -173,12 +183,13 @@ class Pi05Model(nn.Module):
         out = expert_hidden[:, -horizon:]
         return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
 
-    def _action_layout(self, prefix: Prefix, batch: int, horizon: int) -> Tuple[Tensor, Tensor]:
+    @staticmethod
+    def _action_layout(context: KVContext, num_valid: Tensor, batch: int, horizon: int) -> Tuple[Tensor, Tensor]:
         """Positions and visibility of the action tokens: after the prefix, seeing it and each other."""
-        ctx, device = prefix.context, prefix.num_valid.device
-        positions = prefix.num_valid[:, None] + torch.arange(horizon, device=device)
+        device = num_valid.device
+        positions = num_valid[:, None] + torch.arange(horizon, device=device)
         allowed = torch.cat(
-            [ctx.valid[:, None, :].expand(batch, horizon, -1), torch.ones(batch, horizon, horizon, dtype=torch.bool, device=device)],
+            [context.valid[:, None, :].expand(batch, horizon, -1), torch.ones(batch, horizon, horizon, dtype=torch.bool, device=device)],
             dim=2,
         )
         return positions, allowed
@@ -188,17 +199,17 @@ class Pi05Model(nn.Module):
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
     def _velocity(
-        self, prefix: Prefix, x_t: Tensor, conditioning: Conditioning, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]
+        self, context: KVContext, x_t: Tensor, conditioning: Conditioning, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]
     ) -> Tensor:
         stream = Stream(self.expert, self.embed_actions(x_t), conditioning)
-        out = joint_forward([stream], positions, allowed, prefix.context, self.config.rope_base, tables=tables)
+        out = joint_forward([stream], positions, allowed, context, self.config.rope_base, tables=tables)
         return self.velocity(out.hidden[0])
 
     def denoise_step(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
         """Velocity v(x_t, t) of the action chunk; attends to the prefix KV, never writes it."""
         b, horizon = x_t.shape[:2]
-        positions, allowed = self._action_layout(prefix, b, horizon)
-        return self._velocity(prefix, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None)
+        positions, allowed = self._action_layout(prefix.context, prefix.num_valid, b, horizon)
+        return self._velocity(prefix.context, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None)
 
     @torch.no_grad()
     def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10, guidance: Optional[RTCGuidance] = None) -> Tensor:
@@ -212,39 +223,58 @@ class Pi05Model(nn.Module):
         only: the prefix KV is read, never differentiated). None, or a guidance with nothing to
         guide, runs the plain sampler unchanged.
         """
-        b, horizon = noise.shape[:2]
         schedule = flow_schedule(num_steps)
         times = torch.stack(schedule).to(noise.device)
-        conditionings = condition_rows(self.action_conditioning(times))  # one per step, batch-broadcast
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
-        positions, allowed = self._action_layout(prefix, b, horizon)
-        tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype)
+        return self.denoise(prefix.context, prefix.num_valid, noise, times, dt, guidance)
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        context: KVContext,
+        num_valid: Tensor,
+        noise: Tensor,
+        times: Tensor,
+        dt: Tensor,
+        guidance: Optional[RTCGuidance] = None,
+        dense_mask: Optional[bool] = None,
+    ) -> Tensor:
+        """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
+        valid tokens: one step per entry of ``times`` (float32 [N], see `flow_schedule`), each
+        adding ``dt`` times the velocity. dense_mask: see `attention_bias`."""
+        b, horizon = noise.shape[:2]
+        conditionings = condition_rows(self.action_conditioning(times))  # one per step, batch-broadcast
+        positions, allowed = self._action_layout(context, num_valid, b, horizon)
+        tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype, dense_mask)
         x_t = noise.float()
         if guidance is not None and guidance.active:
-            for t, conditioning in zip(schedule, conditionings):
+            for t, conditioning in zip(times.tolist(), conditionings, strict=True):
 
                 def velocity(x: Tensor, conditioning: Conditioning = conditioning) -> Tensor:
-                    return self._velocity(prefix, x, conditioning, positions, allowed, tables)
+                    return self._velocity(context, x, conditioning, positions, allowed, tables)
 
-                x_t = x_t + dt * guidance.velocity(velocity, x_t, float(t))
+                x_t = x_t + dt * guidance.velocity(velocity, x_t, t)
             return x_t
-        for conditioning in conditionings:  # openpi's float32 loop condition decides the count
-            x_t = x_t + dt * self._velocity(prefix, x_t, conditioning, positions, allowed, tables)
+        for conditioning in conditionings:  # openpi's float32 loop condition decided the count
+            x_t = x_t + dt * self._velocity(context, x_t, conditioning, positions, allowed, tables)
         return x_t
 
     # -- language --------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward_text(self, context: KVContext, tokens: Tensor, positions: Tensor, valid: Optional[Tensor] = None) -> TextOutput:
+    def forward_text(
+        self, context: KVContext, tokens: Tensor, positions: Tensor, valid: Optional[Tensor] = None, dense_mask: Optional[bool] = None
+    ) -> TextOutput:
         """Run text tokens [B, T] that attend to ``context`` and causally to each other.
 
         positions: [B, T] RoPE positions; valid: [B, T] which new tokens are real (ragged batches).
+        dense_mask: see `attention_bias`.
         """
         b, t = tokens.shape
         if valid is None:
             valid = torch.ones(b, t, dtype=torch.bool, device=tokens.device)
         own = _causal(t, tokens.device)[None] & valid[:, None, :]
         allowed = torch.cat([context.valid[:, None, :].expand(b, t, -1), own], dim=2)
-        out = joint_forward([Stream(self.backbone, self.embed_tokens(tokens))], positions, allowed, context, self.config.rope_base)
+        out = joint_forward([Stream(self.backbone, self.embed_tokens(tokens))], positions, allowed, context, self.config.rope_base, dense_mask)
         return TextOutput(out.hidden[0], out.keys, out.values)
 
     def logits(self, hidden: Tensor) -> Tensor:
