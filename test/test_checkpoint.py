@@ -23,7 +23,10 @@ from oxygen_ros.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from oxygen_ros.engine import OxygenEngine
+from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.policy import load_policy
 from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.tools import make_checkpoint as make_checkpoint_tool
 from oxygen_ros.tools import model_info
@@ -475,3 +478,58 @@ def test_model_info_pi05_counts(capsys):
     assert json.loads(capsys.readouterr().out)["parameters"]["total"] == sum(
         p.numel() for p in Pi05Model(TINY).parameters()
     )
+
+
+# -- config resolution: the horizon tensor shapes do not fix ------------------------------------------
+
+
+def test_without_any_config_file_the_preset_horizon_is_used(ckpt, caplog):
+    (ckpt / "oxygen_config.json").unlink()
+    with caplog.at_level("INFO", logger="oxygen_ros.model.checkpoint"):
+        loaded = load_checkpoint(ckpt)
+    assert loaded.config == TINY  # tiny preset: horizon 10, max_token_len 96
+    assert "action_horizon 10 from the preset" in loaded.config_source
+    assert loaded.config_source in caplog.text
+
+
+def test_openpi_config_json_sets_horizon_and_token_length(ckpt):
+    (ckpt / "oxygen_config.json").unlink()
+    (ckpt / "config.json").write_text(json.dumps({"action_dim": 8, "action_horizon": 12, "max_token_len": 64}))
+    loaded = load_checkpoint(ckpt, robot_horizon=15)  # config.json wins over the robot
+    assert (loaded.config.action_horizon, loaded.config.max_token_len) == (12, 64)
+    assert loaded.config.vision == TINY.vision and loaded.config.backbone == TINY.backbone
+    assert "action_horizon 12 from openpi's config.json" in loaded.config_source
+    assert "max_token_len 64 from openpi's config.json" in loaded.config_source
+
+
+def test_oxygen_config_wins_over_openpi_config_json(ckpt):
+    (ckpt / "config.json").write_text(json.dumps({"action_horizon": 12}))
+    loaded = load_checkpoint(ckpt, robot_horizon=15)
+    assert loaded.config == TINY and loaded.config_source == "from oxygen_config.json"
+
+
+def test_a_robot_decides_the_horizon_when_no_file_does(ckpt):
+    (ckpt / "oxygen_config.json").unlink()
+    policy = load_policy(ckpt, robot="droid")  # DROID fine-tunes are trained with 15 steps
+    assert policy.config.action_horizon == 15 and policy.config.max_token_len == TINY.max_token_len
+    engine = OxygenEngine(policy)
+    image = np.zeros((224, 224, 3), dtype=np.uint8)
+    chunk = engine.act(Observation({"base_0_rgb": image}, np.zeros(8), "pick up the cup"))
+    engine.close()
+    assert chunk.actions.shape == (15, 8)  # the model denoised 15 action tokens
+
+
+@pytest.mark.parametrize(
+    "written, message",
+    [
+        ("{not json", "not readable JSON"),
+        ("[15]", "must hold a JSON object"),
+        ('{"action_horizon": 0}', "action_horizon must be a positive integer, got 0"),
+        ('{"max_token_len": "200"}', "max_token_len must be a positive integer, got '200'"),
+    ],
+)
+def test_a_bad_openpi_config_json_is_a_clear_error(ckpt, written, message):
+    (ckpt / "oxygen_config.json").unlink()
+    (ckpt / "config.json").write_text(written)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(ckpt)

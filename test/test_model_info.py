@@ -66,16 +66,17 @@ def test_without_its_config_file_the_tensor_shapes_pick_the_preset(broken):
     checks = _by_name(check_checkpoint(broken))
     assert _failed(checks.values()) == []
     assert (
-        "preset 'tiny' (no oxygen_config.json: the tensor shapes match it)"
+        "preset 'tiny' (no oxygen_config.json: the tensor shapes match it; action_horizon 10 from the preset)"
         in checks["config"].detail
     )
 
 
-def test_openpi_config_json_with_another_horizon_is_noted(broken):
+def test_openpi_config_json_decides_the_horizon_the_loader_uses(broken):
     (broken / "oxygen_config.json").unlink()
     (broken / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 15}))
     detail = _by_name(check_checkpoint(broken))["config"].detail
-    assert "openpi's config.json says action_horizon 15, this config 10" in detail
+    assert "preset 'tiny' with action_horizon 15, max_token_len 96" in detail  # the preset's 10 replaced
+    assert "action_horizon 15 from openpi's config.json" in detail
 
 
 def test_a_renamed_tensor_fails_the_tensor_check_naming_both_names(broken):

@@ -7,6 +7,16 @@ buffers for one *shape bucket* and a ``_forward`` that reads and writes only tho
 KV pool, with no host sync anywhere; `GraphedStep` runs it eagerly (CPU, tests) or captures it once
 in a CUDA graph and replays it. Tests check every path against its dynamic counterpart on CPU.
 
+The rule: this module owns buffers, buckets and graphs, never model logic. Every ``_forward``
+calls the same `Pi05Model` methods the eager paths call (`Pi05Model.embed_present_images`,
+`Pi05Model.prefix_forward`, `Pi05Model.denoise`, `Pi05Model.forward_text`), handing them padded
+buffers, explicit validity masks and positions and ``dense_mask=False``; what stays here is
+gathering K/V from the pool by slot index, writing new K/V to it and picking the last valid row.
+The static paths run when ``EngineConfig.static_shapes`` or ``cuda_graphs`` is set (the GPU
+setting); the eager paths run otherwise (the CPU default) and whenever a frozen runner has no
+captured bucket for a shape. Both stay because neither is within 10% of the other everywhere on a
+CPU (see the README's GPU section for the measurements).
+
 * `StaticPrefill` (present image slots, prompt bucket): SigLIP on the present slots only (a static
   slot list, so no ``nonzero``), the backbone over [images, prompt padded to the bucket] with an
   explicit mask, and the K/V written straight into the frame's pool segment *inside* the step:

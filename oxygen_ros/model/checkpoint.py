@@ -4,6 +4,8 @@
       model.safetensors                   weights, openpi's state-dict names
       assets/<asset_id>/norm_stats.json   quantile stats of state and actions
       oxygen_config.json                  optional: our Pi05Config (absent in openpi checkpoints)
+      config.json                         optional: what openpi's converter writes (its
+                                          action_horizon / max_token_len are read)
       tokenizer.model                     optional: sentencepiece model (written for tiny/small)
 
 Weights are read with safetensors only (never pickle), validated against the model before a single
@@ -38,6 +40,8 @@ DTypeLike = Union[torch.dtype, str]
 
 MODEL_FILENAME = "model.safetensors"
 CONFIG_FILENAME = "oxygen_config.json"
+OPENPI_CONFIG_FILENAME = "config.json"  # by openpi's examples/convert_jax_model_to_pytorch.py
+OPENPI_CONFIG_FIELDS = ("action_horizon", "max_token_len")  # what tensor shapes do not fix
 TOKENIZER_FILENAME = "tokenizer.model"
 ASSETS_DIRNAME = "assets"
 CONFIG_FORMAT_VERSION = 1
@@ -283,6 +287,7 @@ class LoadedCheckpoint:
     norm_stats: Dict[str, NormStats]
     asset_id: str
     ckpt_dir: Path
+    config_source: str = ""  # what decided the config (see `resolve_config`)
 
     @property
     def tokenizer_path(self) -> Optional[Path]:
@@ -297,13 +302,12 @@ def load_checkpoint(
     device: Union[str, torch.device] = "cpu",
     dtype: DTypeLike = torch.float32,
     asset_id: Optional[str] = None,
+    robot_horizon: Optional[int] = None,
 ) -> LoadedCheckpoint:
     """Load a checkpoint directory (openpi's PyTorch layout).
 
-    Config resolution: an explicit ``config`` wins (with a warning if oxygen_config.json disagrees);
-    else oxygen_config.json; else the preset whose tensor names and shapes match the file exactly
-    (an openpi pi0.5 checkpoint resolves to ``pi05``). Shapes do not fix ``action_horizon`` or
-    ``max_token_len``: pass ``config`` for a fine-tune that changed them.
+    The config comes from `resolve_config` (``robot_horizon``: the horizon the robot's checkpoints
+    were trained with, used when no config file says).
 
     ``asset_id`` selects ``assets/<asset_id>/norm_stats.json``; if omitted, the single asset
     directory present is used.
@@ -321,7 +325,8 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     weights = ckpt_dir / MODEL_FILENAME
     header = read_safetensors_header(weights)
-    config = _resolve_config(ckpt_dir, config, header)
+    resolved = resolve_config(ckpt_dir, header, config, robot_horizon)
+    config = resolved.config
     asset_id = resolve_asset_id(ckpt_dir, asset_id)
     norm_stats = load_checkpoint_norm_stats(ckpt_dir, asset_id, config)
 
@@ -336,7 +341,7 @@ def load_checkpoint(
     model = build_model(config, device, dtype)
     _stream_weights(weights, model)
     model.eval().requires_grad_(False)
-    return LoadedCheckpoint(model, config, norm_stats, asset_id, ckpt_dir)
+    return LoadedCheckpoint(model, config, norm_stats, asset_id, ckpt_dir, resolved.source)
 
 
 def read_safetensors_header(path: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -393,9 +398,58 @@ def find_tensor_problems(
     return problems
 
 
-def _resolve_config(
-    ckpt_dir: Path, config: Optional[Pi05Config], header: Mapping[str, Any]
-) -> Pi05Config:
+@dataclasses.dataclass(frozen=True)
+class ResolvedConfig:
+    config: Pi05Config
+    source: str  # what decided it, in words (logged; shown by oxygen-model-info)
+
+
+def read_openpi_config(ckpt_dir: Path) -> Dict[str, int]:
+    """``action_horizon`` / ``max_token_len`` from openpi's ``config.json``, those present; {}
+    without the file.
+
+    Raises:
+        CheckpointError: an unreadable file, not a JSON object, or a value that is not a positive
+            integer.
+    """
+    path = ckpt_dir / OPENPI_CONFIG_FILENAME
+    if not path.is_file():
+        return {}
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(written, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(written).__name__}")
+    fields = {}
+    for name in OPENPI_CONFIG_FIELDS:
+        value = written.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{path}: {name} must be a positive integer, got {value!r}")
+        fields[name] = value
+    return fields
+
+
+def resolve_config(
+    ckpt_dir: Path,
+    header: Mapping[str, Tuple[str, Tuple[int, ...]]],
+    config: Optional[Pi05Config] = None,
+    robot_horizon: Optional[int] = None,
+) -> ResolvedConfig:
+    """The config a checkpoint loads with, and what decided it (logged).
+
+    An explicit ``config`` wins (with a warning if oxygen_config.json disagrees); else
+    oxygen_config.json; else the preset whose tensor names and shapes match the file exactly (an
+    openpi pi0.5 checkpoint resolves to ``pi05``). Shapes fix neither ``action_horizon`` nor
+    ``max_token_len`` (a fine-tune is trained with its own: pi05_droid 15, pi05_libero 10), so
+    for a preset they come from openpi's config.json when it holds them, the horizon else from
+    ``robot_horizon`` (the robot adapter's), else the preset's own.
+
+    Raises:
+        CheckpointError: an unreadable config file or no single matching preset.
+    """
     config_path = ckpt_dir / CONFIG_FILENAME
     stored = read_config(config_path) if config_path.is_file() else None
     if config is not None:
@@ -406,10 +460,36 @@ def _resolve_config(
                 config_path,
                 stored.name,
             )
-        return config
-    if stored is not None:
-        return stored
-    return infer_config(header)
+        resolved = ResolvedConfig(config, "given explicitly")
+    elif stored is not None:
+        resolved = ResolvedConfig(stored, f"from {CONFIG_FILENAME}")
+    else:
+        resolved = _preset_with_openpi_fields(ckpt_dir, infer_config(header), robot_horizon)
+    logger.info("%s: config %r, %s", ckpt_dir, resolved.config.name, resolved.source)
+    horizon = resolved.config.action_horizon
+    if robot_horizon is not None and horizon != robot_horizon:
+        logger.warning(
+            "%s: the model denoises %d action tokens, the robot's checkpoints were trained with %d",
+            ckpt_dir,
+            horizon,
+            robot_horizon,
+        )
+    return resolved
+
+
+def _preset_with_openpi_fields(
+    ckpt_dir: Path, preset: Pi05Config, robot_horizon: Optional[int]
+) -> ResolvedConfig:
+    fields = read_openpi_config(ckpt_dir)
+    sources = [f"{k} {v} from openpi's {OPENPI_CONFIG_FILENAME}" for k, v in fields.items()]
+    if "action_horizon" not in fields:
+        if robot_horizon is not None:
+            fields["action_horizon"] = robot_horizon
+            sources.append(f"action_horizon {robot_horizon} from the robot adapter")
+        else:
+            sources.append(f"action_horizon {preset.action_horizon} from the preset")
+    source = f"no {CONFIG_FILENAME}: the tensor shapes match it; " + ", ".join(sources)
+    return ResolvedConfig(dataclasses.replace(preset, **fields), source)
 
 
 def infer_config(
@@ -429,7 +509,6 @@ def infer_config(
         scored.append((find_tensor_problems(header, expected_file_tensors(probe)), candidate))
     matches = [c for problems, c in scored if not problems]
     if len(matches) == 1:
-        logger.info("no %s: tensor shapes match preset %r", CONFIG_FILENAME, matches[0].name)
         return matches[0]
     if matches:
         raise CheckpointError(

@@ -164,11 +164,13 @@ def load_policy(
     """Load an openpi-layout checkpoint and its tokenizer into a ready policy for ``robot``.
 
     ``tokenizer_path`` defaults to the checkpoint's own ``tokenizer.model`` (tiny/small presets ship
-    one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly.
+    one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly. The robot's
+    trained horizon decides the model's when no config file does (`checkpoint.resolve_config`).
     """
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
 
-    loaded = load_checkpoint(checkpoint_dir, device=device, dtype=dtype)
+    robot = robot_adapter(robot) if isinstance(robot, str) else robot
+    loaded = load_checkpoint(checkpoint_dir, device=device, dtype=dtype, robot_horizon=robot.action_horizon)
     path = tokenizer_path or loaded.tokenizer_path
     if path is None:
         raise FileNotFoundError(

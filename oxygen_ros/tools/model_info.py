@@ -37,7 +37,7 @@ from oxygen_ros.model.checkpoint import (
     CheckpointError,
     expected_file_tensors,
     find_tensor_problems,
-    infer_config,
+    resolve_config,
     load_checkpoint_norm_stats,
     read_config,
     read_safetensors_header,
@@ -47,9 +47,6 @@ from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
 from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.model.preprocess import NormStatsError, load_norm_stats
 from oxygen_ros.model.tokenizer import Pi05Tokenizer, TokenizerError
-
-# Written by openpi's examples/convert_jax_model_to_pytorch.py next to model.safetensors.
-OPENPI_CONFIG_FILENAME = "config.json"
 
 _PG = "paligemma_with_expert.paligemma.model."
 # (label, parameter-name prefixes), in the order printed; every parameter falls in exactly one.
@@ -144,16 +141,19 @@ def _check_weights(ckpt_dir: Path) -> tuple[Check, dict[str, tuple[str, tuple[in
 
 
 def _describe(config: Pi05Config) -> str:
-    if PRESETS.get(config.name) == config:
+    preset = PRESETS.get(config.name)
+    if preset == config:
         return f"preset {config.name!r}"
+    horizon, tokens = config.action_horizon, config.max_token_len
+    if preset is not None and dataclasses.replace(preset, action_horizon=horizon, max_token_len=tokens) == config:
+        return f"preset {config.name!r} with action_horizon {horizon}, max_token_len {tokens}"
     return f"config {config.name!r} (not equal to any preset)"
 
 
 def _check_config(
     ckpt_dir: Path, header: dict[str, Any] | None, preset: str | None
 ) -> tuple[Check, Pi05Config | None]:
-    """The config the loader would use: --preset, else oxygen_config.json, else the matching
-    preset."""
+    """The config the loader would use (`resolve_config`), or --preset."""
     stored_path = ckpt_dir / CONFIG_FILENAME
     try:
         stored = read_config(stored_path) if stored_path.is_file() else None
@@ -165,37 +165,15 @@ def _check_config(
         if stored is not None and stored != config:
             note = f"; {CONFIG_FILENAME} holds {_describe(stored)}, overridden"
         return Check("config", True, f"{_describe(config)} (given with --preset{note})"), config
-    if stored is not None:
-        return Check("config", True, f"{_describe(stored)} (from {CONFIG_FILENAME})"), stored
-    if header is None:
+    if header is None and stored is None:
         return Check(
             "config", False, f"no {CONFIG_FILENAME} and no readable weights to infer it from"
         ), None
     try:
-        config = infer_config(header)
+        resolved = resolve_config(ckpt_dir, header or {})
     except CheckpointError as exc:
         return Check("config", False, str(exc)), None
-    detail = f"{_describe(config)} (no {CONFIG_FILENAME}: the tensor shapes match it)"
-    return Check("config", True, detail + _openpi_config_note(ckpt_dir, config)), config
-
-
-def _openpi_config_note(ckpt_dir: Path, config: Pi05Config) -> str:
-    """What openpi's converter wrote to config.json, where it differs from ``config``.
-
-    Tensor shapes fix neither ``action_horizon`` nor ``max_token_len``; a fine-tune trained with a
-    shorter horizon (pi05_droid 15, pi05_libero 10) needs a config that says so.
-    """
-    try:
-        written = json.loads((ckpt_dir / OPENPI_CONFIG_FILENAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    horizon = written.get("action_horizon") if isinstance(written, dict) else None
-    if isinstance(horizon, int) and horizon != config.action_horizon:
-        return (
-            f"; note: openpi's {OPENPI_CONFIG_FILENAME} says action_horizon {horizon}, this config "
-            f"{config.action_horizon}: load it with a config of action_horizon={horizon}"
-        )
-    return ""
+    return Check("config", True, f"{_describe(resolved.config)} ({resolved.source})"), resolved.config
 
 
 def _check_tensors(header: dict[str, Any] | None, config: Pi05Config | None) -> Check:
