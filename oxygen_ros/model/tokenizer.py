@@ -220,11 +220,6 @@ class StreamDecoder:
         self._ids.append(int(token_id))
         return self._advance(final=False)
 
-    def push_many(self, token_ids: Sequence[int]) -> str:
-        """Add several tokens; return the newly completed text."""
-        self._ids.extend(int(i) for i in token_ids)
-        return self._advance(final=False)
-
     def flush(self) -> str:
         """Emit whatever is held back (a dangling partial character at the end of a stream)."""
         return self._advance(final=True)

@@ -379,6 +379,7 @@ def bench_overload(args: argparse.Namespace) -> Dict[str, object]:
     rows = []
     for label, rate in (("action only", 0.0), ("overloaded", args.requests_per_frame)):
         engine = OxygenEngine(policy, _engine_config(args, decode_mode="fixed", kv_capacity_tokens=capacity, max_wait_frames=5))
+        engine.warm_up(observations[0])
         refused = 0
         action_ms: List[float] = []
         workload, due = Workload(requests_per_frame=rate, max_tokens=args.tokens), 0.0

@@ -41,7 +41,7 @@ def synthetic_observations(cameras: int, count: int = 8, state_dim: int = 7, siz
 @dataclasses.dataclass
 class Workload:
     frames: int = 50
-    warmup: int = 10
+    warmup: int = 10  # unmeasured frames after `EngineBase.warm_up`: the request batch reaches steady state
     requests_per_frame: float = 1.0
     max_tokens: int = 30
     kind: str = "narration"
@@ -231,8 +231,7 @@ def component_times(policy: Pi05Policy, config: EngineConfig, observation: Obser
     like the paper workload's steady state.
     """
     engine = OxygenEngine(policy, config)
-    if config.cuda_graphs:
-        engine.warm_up(observation)
+    engine.warm_up(observation)  # buckets captured and frozen, as in a real run
     pool, runner = engine.pool, engine.runner  # runner: the static paths when the config asks for them
     frames = [prefill_frame(policy, pool, observation, i, runner) for i in range(2)]
     noise = frame_noise(policy.config, 0, 0, policy.device)
