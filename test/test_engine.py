@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
+from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.metrics import StepTimer
 from oxygen_ros.engine.requests import SamplingParams
@@ -19,14 +19,7 @@ from oxygen_ros.model.policy import load_policy
 
 @pytest.fixture(scope="module")
 def policy(tiny_checkpoint):
-    """The tiny checkpoint with weights scaled up so that greedy text depends on its context
-    (N(0, 0.02) random weights give near-flat logits and one repeated token)."""
-    policy = load_policy(tiny_checkpoint, action_dim=7)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * (0.1 if p.dim() == 1 else 0.3))
-    return policy
+    return scaled_policy(tiny_checkpoint)
 
 
 def observation(i: int) -> Observation:

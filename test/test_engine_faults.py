@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
+from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.faults import NO_FAULTS, FaultInjector, InjectedFault
 from oxygen_ros.engine.requests import SamplingParams
@@ -27,13 +27,7 @@ MAX_TOKENS = 4
 
 @pytest.fixture(scope="module")
 def policy(tiny_checkpoint):
-    """The tiny checkpoint with large weights, so greedy text depends on its context."""
-    policy = load_policy(tiny_checkpoint, action_dim=7)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * (0.1 if p.dim() == 1 else 0.3))
-    return policy
+    return scaled_policy(tiny_checkpoint)
 
 
 def observation(state_seed: int = 0) -> Observation:

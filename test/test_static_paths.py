@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
+from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
@@ -27,16 +27,6 @@ from oxygen_ros.model.preprocess_torch import resize_geometry, resize_with_pad_t
 
 STATIC = EngineConfig(static_shapes=True)
 BASE, LEFT, RIGHT = "base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"
-
-
-def scaled_policy(checkpoint, device: str = "cpu"):
-    """The tiny checkpoint with large weights, so greedy text depends on its context."""
-    policy = load_policy(checkpoint, action_dim=7, device=device)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * (0.1 if p.dim() == 1 else 0.3))
-    return policy
 
 
 @pytest.fixture(scope="module")
