@@ -23,13 +23,13 @@ import pytest
 
 def _configure_ros_environment() -> None:
     env = os.environ
-    env.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
-    if env.get('ROS_DISTRO') == 'humble':
-        env.setdefault('ROS_LOCALHOST_ONLY', '1')
-    env.setdefault('ROS_DOMAIN_ID', str(random.SystemRandom().randint(1, 100)))
-    env.setdefault('RMW_IMPLEMENTATION', 'rmw_fastrtps_cpp')
-    if not env.get('AMENT_PREFIX_PATH') and sys.prefix != sys.base_prefix:
-        env['AMENT_PREFIX_PATH'] = sys.prefix
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if env.get("ROS_DISTRO") == "humble":
+        env.setdefault("ROS_LOCALHOST_ONLY", "1")
+    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(1, 100)))
+    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+    if not env.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
+        env["AMENT_PREFIX_PATH"] = sys.prefix
 
 
 _configure_ros_environment()
@@ -43,7 +43,7 @@ def ros_env() -> dict[str, str]:
     already set LD_LIBRARY_PATH in this process and the child inherits it.
     """
     env = dict(os.environ)
-    env['PYTHONUNBUFFERED'] = '1'
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
@@ -55,9 +55,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """A random-weight tiny checkpoint (openpi layout + trained tokenizer), built once per run."""
     from oxygen_ros.tools.make_checkpoint import make_checkpoint
 
-    return make_checkpoint(tmp_path_factory.mktemp('ckpt') / 'tiny', 'tiny', seed=0)
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)

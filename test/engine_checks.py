@@ -5,8 +5,6 @@ policy with weights large enough for context-dependent text (`scaled_policy`).""
 
 from __future__ import annotations
 
-from typing import List
-
 import pytest
 import torch
 
@@ -28,7 +26,7 @@ def scaled_policy(checkpoint, device: str = "cpu") -> Pi05Policy:
 
 @pytest.fixture(autouse=True)
 def check_engine_memory(monkeypatch) -> None:
-    engines: List[EngineBase] = []
+    engines: list[EngineBase] = []
 
     def recording(real_init):
         def init(self, *args, **kwargs):

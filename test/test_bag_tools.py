@@ -64,7 +64,9 @@ def test_bag_timestamps_are_monotonic_and_match_header_stamps(bag):
     for topic, (_, records) in read_bag(bag).items():
         stamps = [timestamp for timestamp, _ in records]
         assert stamps[0] == EPOCH_NS, topic
-        assert all(later > earlier for earlier, later in zip(stamps, stamps[1:])), topic
+        assert all(later > earlier for earlier, later in zip(stamps, stamps[1:], strict=False)), (
+            topic
+        )
         for timestamp, msg in records:
             assert msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec == timestamp
 
@@ -95,8 +97,16 @@ def test_bag_joint_states_are_smooth_sinusoids(bag):
 
 
 def test_compressed_sqlite3_bag_with_custom_size(tmp_path):
-    path = write_synthetic_bag(tmp_path / "small", 0.5, width=64, height=48, num_joints=3,
-                               compressed=True, storage="sqlite3", distro="humble")
+    path = write_synthetic_bag(
+        tmp_path / "small",
+        0.5,
+        width=64,
+        height=48,
+        num_joints=3,
+        compressed=True,
+        storage="sqlite3",
+        distro="humble",
+    )
     topics = read_bag(path)
     assert set(topics) == {BASE + "/compressed", WRIST + "/compressed", JOINTS}
     msgtype, records = topics[BASE + "/compressed"]
@@ -179,8 +189,9 @@ class Recorder:
         self.received = defaultdict(list)  # topic -> [message]
         for topic in topics:
             # Joint states: a history as deep as the bag, so a slow spin loses nothing.
-            msg_type, qos = (Image, qos_profile_sensor_data) if "camera" in topic else (
-                JointState, 1000)
+            msg_type, qos = (
+                (Image, qos_profile_sensor_data) if "camera" in topic else (JointState, 1000)
+            )
             self.node.create_subscription(msg_type, topic, self._callback(topic), qos)
         self._executor = SingleThreadedExecutor(context=context)
         self._executor.add_node(self.node)
@@ -257,11 +268,12 @@ def test_replay_keep_stamps_and_topic_filter(bag, ros_context, player_node):
         recorder.wait_for(JOINTS, 200)
     finally:
         recorder.close()
-    stamps = [msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec
-              for msg in recorder.received[JOINTS]]
+    stamps = [
+        msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec for msg in recorder.received[JOINTS]
+    ]
     assert len(stamps) >= 180
     assert stamps[0] == EPOCH_NS
-    assert all(later > earlier for earlier, later in zip(stamps, stamps[1:]))
+    assert all(later > earlier for earlier, later in zip(stamps, stamps[1:], strict=False))
 
 
 @pytest.mark.ros
@@ -289,9 +301,22 @@ def test_player_rejects_bad_rate_and_unknown_topics(bag, player_node):
 @pytest.mark.ros
 def test_replay_cli_subprocess(bag, ros_env):
     result = subprocess.run(
-        [sys.executable, "-m", "oxygen_ros.tools.replay", str(bag), "--rate", "20",
-         "--topics", JOINTS, BASE],
-        cwd=REPO, env=ros_env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "oxygen_ros.tools.replay",
+            str(bag),
+            "--rate",
+            "20",
+            "--topics",
+            JOINTS,
+            BASE,
+        ],
+        cwd=REPO,
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert "published 260 messages on 2 topic(s)" in result.stdout
@@ -301,7 +326,11 @@ def test_replay_cli_subprocess(bag, ros_env):
 def test_replay_cli_reports_missing_bag(tmp_path, ros_env):
     result = subprocess.run(
         [sys.executable, "-m", "oxygen_ros.tools.replay", str(tmp_path / "missing")],
-        cwd=REPO, env=ros_env, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1
     assert "cannot play" in result.stderr

@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from oxygen_ros.engine import OxygenEngine
+from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.checkpoint import (
     IGNORED_FILE_KEYS,
     CheckpointError,
@@ -23,11 +25,9 @@ from oxygen_ros.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from oxygen_ros.engine import OxygenEngine
-from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.policy import load_policy
 from oxygen_ros.model.pi05 import Pi05Model
+from oxygen_ros.model.policy import load_policy
 from oxygen_ros.tools import make_checkpoint as make_checkpoint_tool
 from oxygen_ros.tools import model_info
 from oxygen_ros.tools.make_checkpoint import make_checkpoint
@@ -480,7 +480,8 @@ def test_model_info_pi05_counts(capsys):
     )
 
 
-# -- config resolution: the horizon tensor shapes do not fix ------------------------------------------
+# -- config resolution: the horizon tensor shapes do not fix
+# ------------------------------------------
 
 
 def test_without_any_config_file_the_preset_horizon_is_used(ckpt, caplog):
@@ -494,7 +495,9 @@ def test_without_any_config_file_the_preset_horizon_is_used(ckpt, caplog):
 
 def test_openpi_config_json_sets_horizon_and_token_length(ckpt):
     (ckpt / "oxygen_config.json").unlink()
-    (ckpt / "config.json").write_text(json.dumps({"action_dim": 8, "action_horizon": 12, "max_token_len": 64}))
+    (ckpt / "config.json").write_text(
+        json.dumps({"action_dim": 8, "action_horizon": 12, "max_token_len": 64})
+    )
     loaded = load_checkpoint(ckpt, robot_horizon=15)  # config.json wins over the robot
     assert (loaded.config.action_horizon, loaded.config.max_token_len) == (12, 64)
     assert loaded.config.vision == TINY.vision and loaded.config.backbone == TINY.backbone

@@ -3,18 +3,14 @@ admission control, deadline-bound decoding, one prefill per frame."""
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 import numpy as np
 import pytest
-import torch
-
 from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
+
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.metrics import StepTimer
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation, TextDelta
-from oxygen_ros.model.policy import load_policy
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +27,7 @@ def observation(i: int) -> Observation:
     return Observation(images, rng.uniform(-1, 1, 7), "pick up the red cup", stamp=float(i))
 
 
-def collect(deltas: List[TextDelta], texts: Dict[int, List[TextDelta]]) -> None:
+def collect(deltas: list[TextDelta], texts: dict[int, list[TextDelta]]) -> None:
     for d in deltas:
         texts.setdefault(d.request_id, []).append(d)
 
@@ -55,11 +51,13 @@ def test_same_frame_and_noise_give_the_same_action_in_every_engine(policy):
         np.testing.assert_allclose(actions, reference, atol=1e-5, err_msg=name)
 
 
-def run_requests(policy, submissions: Dict[int, List[tuple]], frames: int) -> Dict[int, List[TextDelta]]:
+def run_requests(
+    policy, submissions: dict[int, list[tuple]], frames: int
+) -> dict[int, list[TextDelta]]:
     """Drive OxyGen in fixed-k mode; ``submissions[frame]`` = [(kind, text, max_tokens)] submitted
     before that frame. Returns every request's deltas by request id."""
     engine = OxygenEngine(policy, FIXED)
-    texts: Dict[int, List[TextDelta]] = {}
+    texts: dict[int, list[TextDelta]] = {}
     try:
         for f in range(frames):
             for kind, text, max_tokens in submissions.get(f, []):
@@ -71,7 +69,7 @@ def run_requests(policy, submissions: Dict[int, List[tuple]], frames: int) -> Di
     return texts
 
 
-def tokens_of(deltas: List[TextDelta]) -> str:
+def tokens_of(deltas: list[TextDelta]) -> str:
     assert deltas[-1].final and sum(d.final for d in deltas) == 1
     return "".join(d.text for d in deltas)
 
@@ -83,7 +81,11 @@ def test_request_text_is_identical_alone_or_batched_across_frames(policy):
         policy,
         {
             0: [("narration", "", 20), ("memory", "", 4)],  # older frame, different lengths
-            1: [("narration", "", 9), ("answer", "where is the cup?", 12), ("answer", "what next?", 30)],
+            1: [
+                ("narration", "", 9),
+                ("answer", "where is the cup?", 12),
+                ("answer", "what next?", 30),
+            ],
             2: [("memory", "", 7)],
         },
         frames=6,
@@ -99,7 +101,9 @@ def test_request_text_is_identical_alone_or_batched_across_frames(policy):
 
 @pytest.mark.timeout(1200)  # ~40 s idle on 2 cores; generous for a loaded CI host
 def test_thousand_frames_leave_no_leaked_kv(policy):
-    config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=2, default_max_tokens=6, max_active_requests=8)
+    config = EngineConfig(
+        decode_mode="fixed", decode_steps_per_frame=2, default_max_tokens=6, max_active_requests=8
+    )
     engine = OxygenEngine(policy, config)
     obs = observation(0)
     in_use = []
@@ -121,7 +125,9 @@ def test_thousand_frames_leave_no_leaked_kv(policy):
 def test_admission_control_refuses_cleanly_and_actions_continue(policy):
     prefix_tokens = 3 * policy.config.image_tokens + policy.config.max_token_len
     # Room for two prefixes (the action path's reserve) and very little else.
-    config = EngineConfig(decode_mode="fixed", kv_capacity_tokens=2 * prefix_tokens + 16, kv_block_size=16)
+    config = EngineConfig(
+        decode_mode="fixed", kv_capacity_tokens=2 * prefix_tokens + 16, kv_block_size=16
+    )
     engine = OxygenEngine(policy, config)
     engine.submit("narration", sampling=SamplingParams(max_tokens=30))
     result = engine.step(observation(0))
@@ -138,7 +144,7 @@ def test_requests_wait_for_a_decode_slot_then_run(policy):
     engine = OxygenEngine(policy, config)
     first = engine.submit("narration", sampling=SamplingParams(max_tokens=4))
     second = engine.submit("memory", sampling=SamplingParams(max_tokens=4))
-    texts: Dict[int, List[TextDelta]] = {}
+    texts: dict[int, list[TextDelta]] = {}
     collect(engine.step(observation(0)).deltas, texts)
     assert engine.queued_requests == 1 and second not in texts  # waiting, not refused
     collect(engine.step(observation(1)).deltas, texts)
@@ -161,7 +167,9 @@ class TickingClock:
 
 def test_deadline_mode_stops_decoding_before_the_deadline(policy):
     clock = TickingClock(0.001)
-    engine = OxygenEngine(policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0), clock=clock)
+    engine = OxygenEngine(
+        policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0), clock=clock
+    )
     for _ in range(4):
         engine.submit("narration", sampling=SamplingParams(max_tokens=50))
     steps = []
@@ -189,7 +197,11 @@ class ManualClock:
 
 def test_deadline_mode_steps_the_oldest_requests_that_fit_when_all_do_not(policy, monkeypatch):
     clock = ManualClock()
-    engine = OxygenEngine(policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0, max_active_requests=4), clock=clock)
+    engine = OxygenEngine(
+        policy,
+        EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0, max_active_requests=4),
+        clock=clock,
+    )
     real_step = engine.decoder.step
 
     def step_costing(requests):  # a decode step takes 1 ms + 1 ms per request
@@ -199,8 +211,12 @@ def test_deadline_mode_steps_the_oldest_requests_that_fit_when_all_do_not(policy
     monkeypatch.setattr(engine.decoder, "step", step_costing)
     engine.warm_up(observation(0))  # times batch 1, 2 and 4 before any frame
     assert engine.timer.measured_sizes() == [1, 2, 4]
-    assert engine.timer.estimate(2) == pytest.approx(0.003) and engine.timer.estimate(4) == pytest.approx(0.005)
-    assert engine.memory()["bytes_in_use"] == 0 and engine.memory()["peak_bytes"] == 0  # warm-up leaves no trace
+    assert engine.timer.estimate(2) == pytest.approx(0.003) and engine.timer.estimate(
+        4
+    ) == pytest.approx(0.005)
+    assert (
+        engine.memory()["bytes_in_use"] == 0 and engine.memory()["peak_bytes"] == 0
+    )  # warm-up leaves no trace
     ids = [engine.submit("narration", sampling=SamplingParams(max_tokens=50)) for _ in range(4)]
     engine.step(observation(1))  # no deadline: all four admitted
     assert engine.active_requests == 4
@@ -222,7 +238,9 @@ def test_step_cost_is_keyed_by_batch_and_context_and_unmeasured_keys_are_bounded
     timer.record(4, 0.002, context=100)  # key (4, 128)
     timer.record(4, 0.004, context=1000)  # key (4, 1024)
     assert timer.measured_sizes() == [4] and timer.measured_keys() == [(4, 128), (4, 1024)]
-    assert timer.estimate(4, 1000) == pytest.approx(0.004) and timer.estimate(4, 100) == pytest.approx(0.002)
+    assert timer.estimate(4, 1000) == pytest.approx(0.004) and timer.estimate(
+        4, 100
+    ) == pytest.approx(0.002)
     assert timer.estimate(4, 1000) > timer.estimate(4, 100)  # same batch, longer contexts: dearer
     # (4, 512): (4, 128) scaled x4 in context = 8 ms, (4, 1024) as it is = 4 ms -> 4 ms
     assert timer.estimate(4, 500) == pytest.approx(0.004)
@@ -236,7 +254,11 @@ def test_step_cost_is_keyed_by_batch_and_context_and_unmeasured_keys_are_bounded
 
 def test_fixed_mode_with_a_deadline_skips_the_steps_that_do_not_fit(policy, monkeypatch):
     clock = ManualClock()
-    engine = OxygenEngine(policy, EngineConfig(decode_mode="fixed", decode_steps_per_frame=5, deadline_margin_ms=1.0), clock=clock)
+    engine = OxygenEngine(
+        policy,
+        EngineConfig(decode_mode="fixed", decode_steps_per_frame=5, deadline_margin_ms=1.0),
+        clock=clock,
+    )
     real_step = engine.decoder.step
 
     def step_costing(requests):  # every decode step takes 2 ms
@@ -250,14 +272,21 @@ def test_fixed_mode_with_a_deadline_skips_the_steps_that_do_not_fit(policy, monk
     assert engine.decode_steps == 1 + 5 and engine.fixed_steps_skipped == 0
     # 5.5 ms of slack, 1 ms margin: steps end at 2 and 4 ms; a third would end at 6 + 1 > 5.5
     result = engine.step(observation(2), now=clock(), next_deadline=clock() + 0.0055)
-    assert result.stats.decode_steps == 2 and engine.fixed_steps_skipped == 3 and result.stats.deadline_met
-    assert engine.step(observation(3)).stats.decode_steps == 5  # without a deadline: the paper's exact k
+    assert (
+        result.stats.decode_steps == 2
+        and engine.fixed_steps_skipped == 3
+        and result.stats.deadline_met
+    )
+    # without a deadline: the paper's exact k
+    assert engine.step(observation(3)).stats.decode_steps == 5
     engine.close()
 
 
 def test_admission_is_estimated_by_its_own_cost_not_by_a_decode_step(policy, monkeypatch):
     clock = ManualClock()
-    engine = OxygenEngine(policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0), clock=clock)
+    engine = OxygenEngine(
+        policy, EngineConfig(decode_mode="deadline", deadline_margin_ms=1.0), clock=clock
+    )
     real_attach, real_step = engine.decoder.attach, engine.decoder.step
 
     def attach_costing(requests, frame):  # an admission prefill takes 10 ms
@@ -275,15 +304,16 @@ def test_admission_is_estimated_by_its_own_cost_not_by_a_decode_step(policy, mon
     assert engine.admission_timer.estimate(1, prompt) == pytest.approx(0.010)
     assert engine.timer.estimate(1, 1) == pytest.approx(0.001)
     engine.submit("narration", sampling=SamplingParams(max_tokens=50))
-    engine.step(observation(1), now=clock(), next_deadline=clock() + 0.005)  # 10 + 1 ms do not fit in 5
+    # 10 + 1 ms do not fit in 5
+    engine.step(observation(1), now=clock(), next_deadline=clock() + 0.005)
     assert engine.queued_requests == 1 and engine.active_requests == 0
     engine.step(observation(2), now=clock(), next_deadline=clock() + 0.020)
     assert engine.queued_requests == 0 and engine.active_requests == 1
     engine.close()
 
 
-def count_prefills(policy, monkeypatch) -> List[int]:
-    calls: List[int] = []
+def count_prefills(policy, monkeypatch) -> list[int]:
+    calls: list[int] = []
     real = policy.model.prefill
 
     def counting(*args, **kwargs):
@@ -294,7 +324,9 @@ def count_prefills(policy, monkeypatch) -> List[int]:
     return calls
 
 
-@pytest.mark.parametrize("name, expected", [("oxygen", 1), ("shared-kv", 1), ("isolated-sequential", 4)])
+@pytest.mark.parametrize(
+    "name, expected", [("oxygen", 1), ("shared-kv", 1), ("isolated-sequential", 4)]
+)
 def test_prefills_per_frame(policy, monkeypatch, name, expected):
     engine = make_engine(name, policy, FIXED)
     for _ in range(3):
@@ -343,8 +375,10 @@ def test_temperature_sampling_is_reproducible_per_seed(policy):
     def sample(seed: int) -> str:
         engine = OxygenEngine(policy, FIXED)
         engine.step(observation(0))
-        out: Dict[int, List[TextDelta]] = {}
-        rid = engine.submit("narration", sampling=SamplingParams(max_tokens=10, temperature=1.0, seed=seed))
+        out: dict[int, list[TextDelta]] = {}
+        rid = engine.submit(
+            "narration", sampling=SamplingParams(max_tokens=10, temperature=1.0, seed=seed)
+        )
         collect(engine.decode(max_steps=20), out)
         engine.close()
         return tokens_of(out[rid])
@@ -373,14 +407,17 @@ def test_requests_without_any_decode_slack_are_finished_as_stalled(policy):
     assert engine.memory()["bytes_in_use"] == 0
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"decode_mode": "eager"}, "decode_mode must be"),
-    ({"max_active_requests": 0}, "max_active_requests must be >= 1"),
-    ({"num_steps": 0}, "num_steps must be >= 1"),
-    ({"kv_capacity_tokens": -1}, "must be >= 0"),
-    ({"kind_prompts": {}}, "at least one language kind"),
-    ({"kind_prompts": {"narration": "  "}}, "must not be empty"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"decode_mode": "eager"}, "decode_mode must be"),
+        ({"max_active_requests": 0}, "max_active_requests must be >= 1"),
+        ({"num_steps": 0}, "num_steps must be >= 1"),
+        ({"kv_capacity_tokens": -1}, "must be >= 0"),
+        ({"kind_prompts": {}}, "at least one language kind"),
+        ({"kind_prompts": {"narration": "  "}}, "must not be empty"),
+    ],
+)
 def test_engine_config_rejects_bad_values_with_a_reason(fields, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**fields)

@@ -6,18 +6,15 @@ real `FaultInjector` at the real call sites; the reference is the same run witho
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
 
 import numpy as np
 import pytest
-import torch
-
 from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
+
 from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.faults import NO_FAULTS, FaultInjector, InjectedFault
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation, TextDelta
-from oxygen_ros.model.policy import load_policy
 
 FIXED = EngineConfig(decode_mode="fixed", decode_steps_per_frame=2, seed=3, max_active_requests=4)
 FRAMES = 7  # one request submitted before each of the first SUBMITTED frames
@@ -38,16 +35,18 @@ def observation(state_seed: int = 0) -> Observation:
         "base_0_rgb": rng.integers(0, 256, (240, 320, 3), dtype=np.uint8),
         "left_wrist_0_rgb": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
     }
-    return Observation(images, np.random.default_rng(state_seed).uniform(-1, 1, 7), "pick up the red cup")
+    return Observation(
+        images, np.random.default_rng(state_seed).uniform(-1, 1, 7), "pick up the red cup"
+    )
 
 
 @dataclasses.dataclass
 class Run:
-    actions: Dict[int, np.ndarray]  # frame index -> robot actions (frames whose act succeeded)
-    act_errors: Dict[int, BaseException]  # frame index -> what act raised
-    deltas: Dict[int, List[TextDelta]]  # request id -> every delta it got, close() included
-    faults_by_stage: Dict[str, int]
-    memory_after_close: Dict[str, int]
+    actions: dict[int, np.ndarray]  # frame index -> robot actions (frames whose act succeeded)
+    act_errors: dict[int, BaseException]  # frame index -> what act raised
+    deltas: dict[int, list[TextDelta]]  # request id -> every delta it got, close() included
+    faults_by_stage: dict[str, int]
+    memory_after_close: dict[str, int]
 
     def text(self, request_id: int) -> str:
         return "".join(d.text for d in self.deltas[request_id])
@@ -56,20 +55,24 @@ class Run:
         return self.deltas[request_id][-1]
 
 
-def run(policy, config: EngineConfig, faults: FaultInjector = NO_FAULTS, frames: int = FRAMES) -> Run:
+def run(
+    policy, config: EngineConfig, faults: FaultInjector = NO_FAULTS, frames: int = FRAMES
+) -> Run:
     """Drive act + decode like the node does (a failed act is caught, decode still runs); check
     the pool's invariants after every frame; finish with a long decode and close()."""
     engine = OxygenEngine(policy, config, faults=faults)
     out = Run({}, {}, {}, {}, {})
 
-    def collect(deltas: List[TextDelta]) -> None:
+    def collect(deltas: list[TextDelta]) -> None:
         for d in deltas:
             out.deltas.setdefault(d.request_id, []).append(d)
 
-    submitted: List[int] = []
+    submitted: list[int] = []
     for f in range(frames):
         if f < SUBMITTED:
-            submitted.append(engine.submit("narration", sampling=SamplingParams(max_tokens=MAX_TOKENS)))
+            submitted.append(
+                engine.submit("narration", sampling=SamplingParams(max_tokens=MAX_TOKENS))
+            )
         try:
             out.actions[f] = engine.act(observation()).actions
         except InjectedFault as error:
@@ -89,33 +92,45 @@ def reference(policy) -> Run:
     return run(policy, FIXED)
 
 
-def check_recovered(faulted: Run, reference: Run, stage: str, injector: FaultInjector, atol: float = 1e-5) -> List[int]:
+def check_recovered(
+    faulted: Run, reference: Run, stage: str, injector: FaultInjector, atol: float = 1e-5
+) -> list[int]:
     """The common outcome of any fault; returns the ids of the requests that failed."""
     assert injector.total_raised >= 1, "the schedule never fired: the test would prove nothing"
-    assert faulted.memory_after_close["bytes_in_use"] == 0 and faulted.memory_after_close["live_segments"] == 0
+    assert (
+        faulted.memory_after_close["bytes_in_use"] == 0
+        and faulted.memory_after_close["live_segments"] == 0
+    )
     assert faulted.faults_by_stage == {stage: injector.raised[stage]}
     for request_id, deltas in faulted.deltas.items():
-        assert [d.final for d in deltas].count(True) == 1 and deltas[-1].final, f"request {request_id}: {deltas}"
+        assert [d.final for d in deltas].count(True) == 1 and deltas[-1].final, (
+            f"request {request_id}: {deltas}"
+        )
     failed = [r for r in faulted.deltas if faulted.final(r).finish_reason == "failed"]
     for request_id in faulted.deltas:
         final = faulted.final(request_id)
         if request_id in failed:
             assert final.detail.startswith(f"InjectedFault: injected fault in {stage} (call ")
-            assert reference.text(request_id).startswith(faulted.text(request_id))  # cut short, never wrong
+            # cut short, never wrong
+            assert reference.text(request_id).startswith(faulted.text(request_id))
         else:  # untouched requests are served exactly as without the fault
             assert faulted.text(request_id) == reference.text(request_id), request_id
             assert final.finish_reason == reference.final(request_id).finish_reason
     # Every frame whose act succeeded gives the reference's actions (same frame id, same noise).
     assert set(faulted.actions) | set(faulted.act_errors) == set(range(FRAMES))
     for f, actions in faulted.actions.items():
-        np.testing.assert_allclose(actions, reference.actions[f], atol=atol, rtol=1e-5, err_msg=f"frame {f}")
+        np.testing.assert_allclose(
+            actions, reference.actions[f], atol=atol, rtol=1e-5, err_msg=f"frame {f}"
+        )
     return failed
 
 
 def test_reference_run_is_meaningful(reference):
     assert len(reference.deltas) == SUBMITTED and not reference.act_errors
     assert all(reference.final(r).finish_reason in ("length", "eos") for r in reference.deltas)
-    assert len({reference.text(r) for r in reference.deltas}) >= 1 and any(reference.text(r) for r in reference.deltas)
+    assert len({reference.text(r) for r in reference.deltas}) >= 1 and any(
+        reference.text(r) for r in reference.deltas
+    )
 
 
 @pytest.mark.parametrize("stage", ["prefill", "action"])
@@ -124,17 +139,24 @@ def test_a_fault_in_the_action_path_returns_the_frames_kv_and_reraises(policy, r
     faulted = run(policy, FIXED, injector)
     assert list(faulted.act_errors) == [2]
     error = faulted.act_errors[2]
-    assert isinstance(error, InjectedFault) and error.stage == stage and error.call == 3  # the original exception
+    # the original exception
+    assert isinstance(error, InjectedFault) and error.stage == stage and error.call == 3
     failed = check_recovered(faulted, reference, stage, injector)
-    assert failed == []  # requests never see an action-path fault: the one due at frame 2 waits a frame
+    # requests never see an action-path fault: the one due at frame 2 waits a frame
+    assert failed == []
 
 
-@pytest.mark.parametrize("stage, expected_failed", [
-    ("admission", [2]),  # the 2nd admission call attaches the request submitted before frame 1
-    ("detokenise", None),  # one request, whichever accepted the 3rd token
-    ("decode_step", None),  # every request of the 3rd batched step
-])
-def test_a_fault_in_a_language_stage_fails_only_the_requests_it_hit(policy, reference, stage, expected_failed):
+@pytest.mark.parametrize(
+    "stage, expected_failed",
+    [
+        ("admission", [2]),  # the 2nd admission call attaches the request submitted before frame 1
+        ("detokenise", None),  # one request, whichever accepted the 3rd token
+        ("decode_step", None),  # every request of the 3rd batched step
+    ],
+)
+def test_a_fault_in_a_language_stage_fails_only_the_requests_it_hit(
+    policy, reference, stage, expected_failed
+):
     injector = FaultInjector(at={stage: {3}} if stage != "admission" else {stage: {2}})
     faulted = run(policy, FIXED, injector)
     assert not faulted.act_errors
@@ -175,16 +197,22 @@ def test_a_real_error_in_the_prefill_is_counted_and_the_previous_frame_stays_ali
     assert deltas and {d.request_id for d in deltas} == {rid}
     assert engine.act(observation()).actions.shape == (policy.config.action_horizon, 7)
     finals = [d for d in deltas + engine.close() if d.final]
-    assert len(finals) == 1 and finals[0].request_id == rid and finals[0].finish_reason in ("cancelled", "eos")
+    assert (
+        len(finals) == 1
+        and finals[0].request_id == rid
+        and finals[0].finish_reason in ("cancelled", "eos")
+    )
     assert engine.memory()["bytes_in_use"] == 0 and engine.memory()["live_segments"] == 0
 
 
 def test_repeated_faults_do_not_accumulate_leaks(policy):
-    injector = FaultInjector(every={"prefill": 7, "action": 9, "admission": 4, "decode_step": 5, "detokenise": 11})
+    injector = FaultInjector(
+        every={"prefill": 7, "action": 9, "admission": 4, "decode_step": 5, "detokenise": 11}
+    )
     config = dataclasses.replace(FIXED, max_active_requests=6)
     engine = OxygenEngine(policy, config, faults=injector)
-    finals: Dict[int, int] = {}
-    submitted: List[int] = []
+    finals: dict[int, int] = {}
+    submitted: list[int] = []
     act_failures = 0
     for f in range(50):
         submitted.append(engine.submit("narration", sampling=SamplingParams(max_tokens=MAX_TOKENS)))
@@ -198,15 +226,22 @@ def test_repeated_faults_do_not_accumulate_leaks(policy):
     while engine.active_requests or engine.queued_requests:
         for d in engine.decode(max_steps=10):
             finals[d.request_id] = finals.get(d.request_id, 0) + d.final
-    assert injector.total_raised >= 20 and act_failures == injector.raised["prefill"] + injector.raised["action"]
+    assert (
+        injector.total_raised >= 20
+        and act_failures == injector.raised["prefill"] + injector.raised["action"]
+    )
     assert engine.faults_by_stage == injector.raised
-    assert all(finals.get(r) == 1 for r in submitted), {r: finals.get(r) for r in submitted if finals.get(r) != 1}
+    assert all(finals.get(r) == 1 for r in submitted), {
+        r: finals.get(r) for r in submitted if finals.get(r) != 1
+    }
     live = engine.memory()
     frame = engine._frame
     if frame is None:  # the last act failed: nothing at all is left
         assert live["bytes_in_use"] == 0 and live["live_segments"] == 0
     else:  # only the newest frame's prefix
-        assert live["live_segments"] == 1 and live["bytes_in_use"] == engine.pool.segment_bytes(frame.segment)
+        assert live["live_segments"] == 1 and live["bytes_in_use"] == engine.pool.segment_bytes(
+            frame.segment
+        )
     assert engine.close() == []
     assert engine.memory()["bytes_in_use"] == 0
 
@@ -218,5 +253,7 @@ def test_close_answers_every_request_still_queued_or_active(policy):
     first = engine.decode(max_steps=1)
     assert {d.request_id for d in first} == {ids[0]} and engine.queued_requests == 2
     finals = engine.close()
-    assert sorted((d.request_id, d.finish_reason, d.final) for d in finals) == [(i, "cancelled", True) for i in ids]
+    assert sorted((d.request_id, d.finish_reason, d.final) for d in finals) == [
+        (i, "cancelled", True) for i in ids
+    ]
     assert engine.close() == []  # idempotent, nothing answered twice

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 import pytest
-
 from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
+
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation
@@ -28,7 +26,7 @@ def observation(i: int) -> Observation:
 CONFIG = EngineConfig(decode_mode="fixed", decode_steps_per_frame=3, seed=4, max_active_requests=4)
 
 
-def run(engine, frames: int = 3) -> "tuple[list, Dict[int, str], list]":
+def run(engine, frames: int = 3) -> tuple[list, dict[int, str], list]:
     """Frames with one greedy request each: (action chunks, text per request id, request ids)."""
     chunks, texts, ids = [], {}, []
     for f in range(frames):

@@ -32,7 +32,13 @@ def test_gpu_bench_script_dry_run_on_cpu(tmp_path):
         RT_WARMUP="5",
         OUT=str(out),
     )
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bench.sh")], env=env, capture_output=True, text=True, timeout=800)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_bench.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     for name in ("action", "engines", "realtime", "summary"):
         assert (out / f"{name}.json").is_file(), name
@@ -45,7 +51,11 @@ def test_gpu_bench_script_dry_run_on_cpu(tmp_path):
     for engine in ("oxygen", "isolated-sequential", "shared-kv", "naive-parallel"):
         assert figures[f"engines_{engine}_frames_per_s"] > 0
     assert figures["realtime_frames_per_s"] > 0
-    assert set(summary["targets"]) >= {"action_2cam_p99_ms", "oxygen_speedup_vs_isolated", "realtime_tokens_per_s"}
+    assert set(summary["targets"]) >= {
+        "action_2cam_p99_ms",
+        "oxygen_speedup_vs_isolated",
+        "realtime_tokens_per_s",
+    }
     engines = json.loads((out / "engines.json").read_text())
     assert engines["errors"] == {} and engines["workload"]["static_shapes"] is True
     log = (out / "gpu_bench.log").read_text()
@@ -59,6 +69,12 @@ def test_gpu_bench_script_refuses_a_python_without_cuda(tmp_path):
     if torch.cuda.is_available():
         return  # the check passes on a GPU machine; nothing to refuse
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "bench"))
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bench.sh")], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_bench.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "torch.cuda.is_available() is False" in result.stdout + result.stderr

@@ -44,7 +44,8 @@ def test_contiguous_segment_view_is_zero_copy_and_exact():
     keys, values = tokens(12, 0.0), tokens(12, 0.5)
     p.write(seg, keys, values)
     ctx = p.view(seg)
-    assert ctx.keys[0].data_ptr() == p.keys[0, seg.blocks[0] * p.block_size].data_ptr()  # a view into the pool
+    # a view into the pool
+    assert ctx.keys[0].data_ptr() == p.keys[0, seg.blocks[0] * p.block_size].data_ptr()
     torch.testing.assert_close(ctx.keys[1][0], keys[1])
     torch.testing.assert_close(ctx.values[0][0], values[0])
     assert ctx.valid.all() and ctx.length == 12
@@ -87,9 +88,14 @@ def test_check_passes_a_consistent_pool_and_names_unowned_or_miscounted_segments
     p.retain(frame)  # the request reads the prefix
     p.check()
     p.check({frame.segment_id: 2, own.segment_id: 1})
-    with pytest.raises(KVInvariantError, match=r"segment 1 \(request 1\) is live but owned by no live frame or request"):
+    with pytest.raises(
+        KVInvariantError,
+        match=r"segment 1 \(request 1\) is live but owned by no live frame or request",
+    ):
         p.check({frame.segment_id: 2})  # the request was forgotten: its KV leaked
-    with pytest.raises(KVInvariantError, match=r"segment 0 \(frame 1 prefix\): ref_count 2, 1 known references"):
+    with pytest.raises(
+        KVInvariantError, match=r"segment 0 \(frame 1 prefix\): ref_count 2, 1 known references"
+    ):
         p.check({frame.segment_id: 1, own.segment_id: 1})
     with pytest.raises(KVInvariantError, match=r"segments \[7\] are referenced but already freed"):
         p.check({frame.segment_id: 2, own.segment_id: 1, 7: 1})
@@ -99,12 +105,15 @@ def test_check_finds_a_block_owned_twice_or_both_used_and_free():
     p = pool()
     a = p.allocate(8, "a")
     b = p.allocate(8, "b")
-    b.blocks.append(a.blocks[0])  # corrupt: one block in two segments (and b's capacity no longer matches)
+    # corrupt: one block in two segments (and b's capacity no longer matches)
+    b.blocks.append(a.blocks[0])
     with pytest.raises(KVInvariantError, match=r"segment 1 \(b\): block 0 also in segment 0 \(a\)"):
         p.check()
     b.blocks.pop()
     p._free.append(a.blocks[0])  # corrupt: a used block on the free list
-    with pytest.raises(KVInvariantError, match=r"blocks \[0\] are both free and in segments \['0 \(a\)'\]") as error:
+    with pytest.raises(
+        KVInvariantError, match=r"blocks \[0\] are both free and in segments \['0 \(a\)'\]"
+    ) as error:
         p.check()
     assert "2 blocks in use + 15 free != 16 blocks" in str(error.value)  # 2 used, 14 + 1 free
     p._free.remove(a.blocks[0])
@@ -117,4 +126,3 @@ def test_check_finds_a_block_owned_twice_or_both_used_and_free():
     p.release(b)
     p.check({})
     assert p.free_blocks == 16
-

@@ -41,9 +41,11 @@ def model() -> Pi05Model:
 
 def append(ctx: KVContext, keys, values) -> KVContext:
     return KVContext(
-        [torch.cat([a, b], 1) for a, b in zip(ctx.keys, keys)],
-        [torch.cat([a, b], 1) for a, b in zip(ctx.values, values)],
-        torch.cat([ctx.valid, torch.ones(ctx.valid.shape[0], keys[0].shape[1], dtype=torch.bool)], 1),
+        [torch.cat([a, b], 1) for a, b in zip(ctx.keys, keys, strict=False)],
+        [torch.cat([a, b], 1) for a, b in zip(ctx.values, values, strict=False)],
+        torch.cat(
+            [ctx.valid, torch.ones(ctx.valid.shape[0], keys[0].shape[1], dtype=torch.bool)], 1
+        ),
     )
 
 
@@ -51,7 +53,9 @@ def test_cached_actions_equal_uncached_joint_pass(model):
     images, image_masks, tokens, token_masks, noise = observation()
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     cached = model.sample_actions(prefix, noise, num_steps=10)
-    reference = model.sample_actions_uncached(images, image_masks, tokens, token_masks, noise, num_steps=10)
+    reference = model.sample_actions_uncached(
+        images, image_masks, tokens, token_masks, noise, num_steps=10
+    )
     assert cached.shape == noise.shape
     assert cached.abs().mean() > 0.1  # not a degenerate all-zero output
     torch.testing.assert_close(cached, reference, atol=1e-5, rtol=1e-5)
@@ -59,7 +63,9 @@ def test_cached_actions_equal_uncached_joint_pass(model):
 
 def test_decode_with_cache_equals_full_sequence_logits(model):
     images, image_masks, tokens, token_masks, _ = observation()
-    text = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    text = torch.randint(
+        0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3)
+    )
     reference = model.text_logits_uncached(images, image_masks, tokens, token_masks, text)
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     logits = []  # row 0 of the reference comes from the prefix, which the engine never samples from
@@ -72,14 +78,19 @@ def test_decode_with_cache_equals_full_sequence_logits(model):
 
 
 def test_multi_token_text_extension_equals_token_by_token(model):
-    """A kind's own prompt text is prefilled in one call; it must equal feeding it token by token."""
+    """A kind's own prompt text is prefilled in one call; it must equal feeding it token by
+    token."""
     images, image_masks, tokens, token_masks, _ = observation()
-    text = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(4))
+    text = torch.randint(
+        0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(4)
+    )
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     positions = prefix.num_valid[:, None] + torch.arange(5)
     together = model.forward_text(prefix.context, text, positions)
     reference = model.text_logits_uncached(images, image_masks, tokens, token_masks, text)
-    torch.testing.assert_close(model.logits(together.hidden), reference[:, 1:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        model.logits(together.hidden), reference[:, 1:], atol=1e-4, rtol=1e-4
+    )
 
 
 def test_masked_camera_and_prompt_padding_are_invisible(model):
@@ -87,13 +98,16 @@ def test_masked_camera_and_prompt_padding_are_invisible(model):
     base = model.sample_actions(model.prefill(images, image_masks, tokens, token_masks), noise)
     images2, tokens2 = images.clone(), tokens.clone()
     images2[0, 2] = -images2[0, 2]  # row 0 masks camera 2
-    tokens2[1, -4:] = (tokens2[1, -4:] + 7) % model.config.vocab_size  # row 1 pads its last 4 tokens
+    tokens2[1, -4:] = (
+        tokens2[1, -4:] + 7
+    ) % model.config.vocab_size  # row 1 pads its last 4 tokens
     changed = model.sample_actions(model.prefill(images2, image_masks, tokens2, token_masks), noise)
     torch.testing.assert_close(changed, base, atol=1e-6, rtol=0)
 
 
 def test_images_and_prompt_attend_bidirectionally(model):
-    """Changing the last valid prompt token changes the keys of the FIRST image token (no causal mask)."""
+    """Changing the last valid prompt token changes the keys of the FIRST image token (no causal
+    mask)."""
     images, image_masks, tokens, token_masks, _ = observation(batch=1)
     a = model.prefill(images, image_masks, tokens, token_masks)
     tokens2 = tokens.clone()
@@ -117,14 +131,20 @@ def test_prefix_never_attends_to_action_tokens(model):
     assert allowed[:, s:, s:].all()  # actions see each other in both directions
 
     def prefix_out(x):
-        streams = [Stream(model.backbone, embs), Stream(model.expert, model.embed_actions(x), model.action_conditioning(torch.ones(b)))]
-        return joint_forward(streams, positions, allowed, None, model.config.rope_base).hidden[0][valid]
+        streams = [
+            Stream(model.backbone, embs),
+            Stream(model.expert, model.embed_actions(x), model.action_conditioning(torch.ones(b))),
+        ]
+        return joint_forward(streams, positions, allowed, None, model.config.rope_base).hidden[0][
+            valid
+        ]
 
     torch.testing.assert_close(prefix_out(noise), prefix_out(noise * 3 + 1), atol=0, rtol=0)
 
 
 def test_positions_skip_masked_camera(model):
-    """A masked middle camera shifts the prompt's positions: prefix length counts valid tokens only."""
+    """A masked middle camera shifts the prompt's positions: prefix length counts valid tokens
+    only."""
     images, image_masks, tokens, token_masks, _ = observation(batch=1)
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     assert int(prefix.num_valid[0]) == 2 * model.config.image_tokens + int(token_masks.sum())

@@ -66,8 +66,8 @@ def test_without_its_config_file_the_tensor_shapes_pick_the_preset(broken):
     checks = _by_name(check_checkpoint(broken))
     assert _failed(checks.values()) == []
     assert (
-        "preset 'tiny' (no oxygen_config.json: the tensor shapes match it; action_horizon 10 from the preset)"
-        in checks["config"].detail
+        "preset 'tiny' (no oxygen_config.json: the tensor shapes match it; action_horizon 10 from "
+        "the preset)" in checks["config"].detail
     )
 
 
@@ -75,7 +75,9 @@ def test_openpi_config_json_decides_the_horizon_the_loader_uses(broken):
     (broken / "oxygen_config.json").unlink()
     (broken / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 15}))
     detail = _by_name(check_checkpoint(broken))["config"].detail
-    assert "preset 'tiny' with action_horizon 15, max_token_len 96" in detail  # the preset's 10 replaced
+    assert (
+        "preset 'tiny' with action_horizon 15, max_token_len 96" in detail
+    )  # the preset's 10 replaced
     assert "action_horizon 15 from openpi's config.json" in detail
 
 
@@ -128,8 +130,7 @@ def test_norm_stats_wider_than_the_model_fail(broken):
     detail = _by_name(check_checkpoint(broken))["norm stats"].detail
     wider = TINY_ACTION_DIM + 1
     assert (
-        f"state stats have {wider} dims but the model's action_dim is {TINY_ACTION_DIM}"
-        in detail
+        f"state stats have {wider} dims but the model's action_dim is {TINY_ACTION_DIM}" in detail
     )
 
 

@@ -106,8 +106,7 @@ def test_installed_package_imports_from_the_install_alone(workspace_install, ros
     )
     code = (
         "import oxygen_ros, oxygen_ros.action._ask as generated\n"
-        "from oxygen_ros.action import Ask\n"
-        "from oxygen_ros.msg import ActionChunk\n"
+        "from oxygen_ros.action import Ask\nfrom oxygen_ros.msg import ActionChunk\n"
         "from oxygen_ros.ros.ask_action import AnswerStream\n"
         "from rclpy.type_support import check_for_type_support\n"
         "check_for_type_support(Ask); check_for_type_support(ActionChunk)\n"

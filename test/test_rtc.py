@@ -20,7 +20,12 @@ from oxygen_ros.model.mot import attention_tables, condition_rows
 from oxygen_ros.model.pi05 import flow_schedule
 from oxygen_ros.model.rtc import RTCGuidance, guidance_weight, prefix_weights
 from oxygen_ros.ros.params import NodeSettings, SettingsError, check_value
-from oxygen_ros.tools.continuity_workload import TimedChunk, continuity_metrics, moving_scene, sample_chunk
+from oxygen_ros.tools.continuity_workload import (
+    TimedChunk,
+    continuity_metrics,
+    moving_scene,
+    sample_chunk,
+)
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import synthetic_observations
 
@@ -36,15 +41,20 @@ def policy():
 def prefix(policy):
     obs = synthetic_observations(2)[0]
     inputs = policy.encode(obs.images, obs.state, obs.prompt)
-    return policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    return policy.model.prefill(
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+    )
 
 
 def _noise(policy, seed: int) -> torch.Tensor:
     cfg = policy.config
-    return torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(
+        1, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed)
+    )
 
 
-# -- the soft mask and the guidance weight ----------------------------------------------------------
+# -- the soft mask and the guidance weight
+# ----------------------------------------------------------
 def test_linear_schedule_by_hand():
     # d = 2 frozen, overlap end = 6 of 8 steps: c_i = (6 - i) / 5 for i = 2..5, then zeros.
     expected = [1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0, 0.0]
@@ -52,14 +62,21 @@ def test_linear_schedule_by_hand():
 
 
 def test_exp_schedule_by_hand():
-    # c * (e^c - 1) / (e - 1) with c = 0.8, 0.6, 0.4, 0.2 (e = 2.718282): 0.570589, 0.287072, 0.114492, 0.025770.
+    # c * (e^c - 1) / (e - 1) with c = 0.8, 0.6, 0.4, 0.2 (e = 2.718282): 0.570589, 0.287072,
+    # 0.114492, 0.025770.
     expected = [1.0, 1.0, 0.5705890, 0.2870724, 0.1144922, 0.0257702, 0.0, 0.0]
     assert prefix_weights(8, 2, 6, "exp").tolist() == pytest.approx(expected, abs=1e-6)
 
 
 def test_schedule_edges():
     assert prefix_weights(5, 0, 0, "exp").tolist() == [0.0] * 5  # no overlap: nothing guided
-    assert prefix_weights(5, 4, 2, "exp").tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]  # frozen cut at the overlap
+    assert prefix_weights(5, 4, 2, "exp").tolist() == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # frozen cut at the overlap
     assert prefix_weights(4, 3, 3, "linear").tolist() == [1.0, 1.0, 1.0, 0.0]  # a hard mask
     # end 9 clamped to the horizon 4, d = 0: c_i = (4 - i) / 5
     assert prefix_weights(4, 0, 9, "linear").tolist() == pytest.approx([0.8, 0.6, 0.4, 0.2])
@@ -68,7 +85,8 @@ def test_schedule_edges():
 
 
 def test_guidance_weight_by_hand():
-    # (t^2 + (1-t)^2) / (t (1-t)): t=0.5 -> 0.5/0.25 = 2; t=0.8 -> 0.68/0.16 = 4.25; t=0.9 -> 0.82/0.09 = 9.11.
+    # (t^2 + (1-t)^2) / (t (1-t)): t=0.5 -> 0.5/0.25 = 2; t=0.8 -> 0.68/0.16 = 4.25; t=0.9 ->
+    # 0.82/0.09 = 9.11.
     assert guidance_weight(0.5, 5.0) == pytest.approx(2.0)
     assert guidance_weight(0.8, 5.0) == pytest.approx(4.25)
     assert guidance_weight(0.9, 5.0) == 5.0  # clipped at beta
@@ -77,21 +95,28 @@ def test_guidance_weight_by_hand():
     assert guidance_weight(0.0, 3.0) == 3.0
 
 
-# -- the guided sampler ---------------------------------------------------------------------------------
+# -- the guided sampler
+# ---------------------------------------------------------------------------------
 def test_hard_mask_high_beta_freezes_the_prefix(policy, prefix):
     model, cfg = policy.model, policy.config
     previous = model.sample_actions(prefix, _noise(policy, 1))
     noise = _noise(policy, 2)
     free = model.sample_actions(prefix, noise)
     frozen = 4
-    weights = prefix_weights(cfg.action_horizon, frozen, frozen, "linear")[:, None].expand(-1, cfg.action_dim)
-    guided = model.sample_actions(prefix, noise, guidance=RTCGuidance(previous, weights, max_guidance_weight=10.0))
+    weights = prefix_weights(cfg.action_horizon, frozen, frozen, "linear")[:, None].expand(
+        -1, cfg.action_dim
+    )
+    guided = model.sample_actions(
+        prefix, noise, guidance=RTCGuidance(previous, weights, max_guidance_weight=10.0)
+    )
     frozen_error = (guided - previous)[0, :frozen].abs().max().item()
     free_error = (free - previous)[0, :frozen].abs().max().item()
     assert free_error > 0.5  # fresh noise: a different chunk
     assert frozen_error < 0.02 * free_error
     # the unguided steps are not pulled onto the previous chunk
-    assert (guided - previous)[0, frozen:].abs().mean().item() > 0.3 * (free - previous)[0, frozen:].abs().mean().item()
+    assert (guided - previous)[0, frozen:].abs().mean().item() > 0.3 * (free - previous)[
+        0, frozen:
+    ].abs().mean().item()
 
 
 def test_vjp_guidance_matches_finite_differences(policy, prefix):
@@ -104,7 +129,9 @@ def test_vjp_guidance_matches_finite_differences(policy, prefix):
 
     x = _noise(policy, 3) * 0.7
     target = _noise(policy, 4)
-    weights = torch.rand(cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(5))
+    weights = torch.rand(
+        cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(5)
+    )
     beta = 5.0
     guided = RTCGuidance(target, weights, beta).velocity(velocity, x, t)
 
@@ -118,7 +145,12 @@ def test_vjp_guidance_matches_finite_differences(policy, prefix):
         for i in range(flat.numel()):
             step = torch.zeros_like(flat)
             step[i] = eps
-            columns.append(((velocity((flat + step).view_as(x)) - velocity((flat - step).view_as(x))) / (2 * eps)).flatten())
+            columns.append(
+                (
+                    (velocity((flat + step).view_as(x)) - velocity((flat - step).view_as(x)))
+                    / (2 * eps)
+                ).flatten()
+            )
         jacobian = torch.stack(columns, dim=1)  # [out, in]
         vjp = (jacobian.T @ error.flatten()).view_as(x)
     weight = (t * t + (1 - t) ** 2) / (t * (1 - t))  # 0.52 / 0.24 = 2.1667 < beta
@@ -135,11 +167,15 @@ def test_unguided_path_is_bit_identical(policy, prefix):
     b, horizon = noise.shape[:2]
     conditionings = condition_rows(model.action_conditioning(torch.stack(flow_schedule(10))))
     positions, allowed = model._action_layout(prefix.context, prefix.num_valid, b, horizon)
-    tables = attention_tables(model.expert.cfg, positions, allowed, model.config.rope_base, model.compute_dtype)
+    tables = attention_tables(
+        model.expert.cfg, positions, allowed, model.config.rope_base, model.compute_dtype
+    )
     x = noise.float()
     with torch.no_grad():
         for conditioning in conditionings:
-            x = x + torch.tensor(-0.1, dtype=torch.float32) * model._velocity(prefix.context, x, conditioning, positions, allowed, tables)
+            x = x + torch.tensor(-0.1, dtype=torch.float32) * model._velocity(
+                prefix.context, x, conditioning, positions, allowed, tables
+            )
     assert torch.equal(model.sample_actions(prefix, noise), x)
     assert torch.equal(model.sample_actions(prefix, noise, guidance=None), x)
     nothing = RTCGuidance(torch.zeros_like(noise), torch.zeros(horizon, noise.shape[2]), 5.0)
@@ -154,8 +190,15 @@ def test_engine_without_continuity_matches_the_plain_sampler(policy):
     first = engine.act(obs[0])
     second = engine.act(obs[1])
     inputs = policy.encode(obs[1].images, obs[1].state, obs[1].prompt)
-    prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
-    expected = policy.robot_actions(policy.model.sample_actions(prefix, frame_noise(policy.config, 0, second.frame_id, policy.device))[0], obs[1].state)
+    prefix = policy.model.prefill(
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+    )
+    expected = policy.robot_actions(
+        policy.model.sample_actions(
+            prefix, frame_noise(policy.config, 0, second.frame_id, policy.device)
+        )[0],
+        obs[1].state,
+    )
     np.testing.assert_array_equal(second.actions, expected)
     assert not np.array_equal(first.actions, second.actions)
     engine.close()
@@ -170,7 +213,9 @@ def test_guided_sampling_leaves_prefix_kv_untouched(policy):
     target = _noise(policy, 7)
     weights = prefix_weights(cfg.action_horizon, 3, 8, "exp")[:, None].expand(-1, cfg.action_dim)
     noise = frame_noise(cfg, 0, 1, policy.device)
-    guided = act_on_frame(policy, pool, frame, noise, 10, guidance=RTCGuidance(target, weights, 5.0))
+    guided = act_on_frame(
+        policy, pool, frame, noise, 10, guidance=RTCGuidance(target, weights, 5.0)
+    )
     plain = act_on_frame(policy, pool, frame, noise, 10)
     assert not torch.equal(guided, plain)  # guidance did act
     assert torch.equal(pool.keys, keys) and torch.equal(pool.values, values)
@@ -180,9 +225,11 @@ def test_guided_sampling_leaves_prefix_kv_untouched(policy):
     engine.close()
 
 
-# -- the engine feeds the previous chunk across frames ----------------------------------------------
+# -- the engine feeds the previous chunk across frames
+# ----------------------------------------------
 def test_resample_previous_by_hand():
-    previous = np.arange(10, dtype=np.float64)[:, None] * np.array([[1.0, -2.0]])  # row i = (i, -2i)
+    # row i = (i, -2i)
+    previous = np.arange(10, dtype=np.float64)[:, None] * np.array([[1.0, -2.0]])
     grid, covered = resample_previous(previous, 2.5, 10)
     # rows j = 0..6 sit at steps 2.5 .. 8.5 (the last step is 9): (2.5, -5), (3.5, -7), ...
     assert covered == 7
@@ -193,9 +240,7 @@ def test_resample_previous_by_hand():
     assert resample_previous(previous, -1.0, 10)[1] == 0  # stamps going backwards
 
 
-
 def test_engine_guides_with_the_previous_chunk_on_the_new_grid(policy):
-    cfg = policy.config
     engine = OxygenEngine(policy, EngineConfig(chunk_continuity="rtc", action_dt=0.02))
     scene = [moving_scene(0.0, 2), moving_scene(0.05, 2)]
     first = engine.act(scene[0])
@@ -207,7 +252,9 @@ def test_engine_guides_with_the_previous_chunk_on_the_new_grid(policy):
     # offset 0.05 / 0.02 = 2.5 steps: new step j is previous step 2.5 + j, covered for j = 0..6
     prev = first.actions.astype(np.float64)
     by_hand = 0.5 * (prev[2:9] + prev[3:10])
-    expected_target = policy.model_actions(np.concatenate([by_hand, np.repeat(prev[-1:], 3, axis=0)]), scene[1].state)
+    expected_target = policy.model_actions(
+        np.concatenate([by_hand, np.repeat(prev[-1:], 3, axis=0)]), scene[1].state
+    )
     np.testing.assert_allclose(guidance.target[0, :7].numpy(), expected_target[:7], atol=1e-5)
     # exp schedule, d = 2, end = 7: c_i = (7 - i) / 6 for i = 2..6
     c = np.array([(7 - i) / 6 for i in range(2, 7)])
@@ -221,7 +268,10 @@ def test_engine_guides_with_the_previous_chunk_on_the_new_grid(policy):
     free.frame_count = 1  # the same frame id, hence the same noise, as the engine's second frame
     unguided = free.act(scene[1])
     free.close()
-    assert np.abs(second.actions[:2] - by_hand[:2]).max() < 0.1 * np.abs(unguided.actions[:2] - by_hand[:2]).max()
+    assert (
+        np.abs(second.actions[:2] - by_hand[:2]).max()
+        < 0.1 * np.abs(unguided.actions[:2] - by_hand[:2]).max()
+    )
     np.testing.assert_array_equal(continuity.previous.actions, second.actions)
     engine.close()
 
@@ -231,13 +281,18 @@ def test_no_guidance_without_overlap(policy):
     obs = moving_scene(1.0, 1)
     assert continuity.guidance(obs) is None  # no previous chunk yet
     horizon = policy.config.action_horizon
-    continuity.record(obs, ActionChunk(1, 1.0, np.zeros((horizon, ROBOT_DIM), np.float32), 1.0, 2.0))
+    continuity.record(
+        obs, ActionChunk(1, 1.0, np.zeros((horizon, ROBOT_DIM), np.float32), 1.0, 2.0)
+    )
     assert continuity.latency_s == pytest.approx(0.003)
     assert continuity.frozen_steps() == 1
     assert continuity.guidance(moving_scene(0.5, 1)) is None  # stamps went backwards
-    assert continuity.guidance(moving_scene(1.0 + horizon * 0.02, 1)) is None  # the previous chunk has ended
+    # the previous chunk has ended
+    assert continuity.guidance(moving_scene(1.0 + horizon * 0.02, 1)) is None
     assert continuity.guidance(moving_scene(1.02, 1)) is not None
-    continuity.record(obs, ActionChunk(2, 1.0, np.zeros((horizon, ROBOT_DIM), np.float32), 5.0, 7.0))
+    continuity.record(
+        obs, ActionChunk(2, 1.0, np.zeros((horizon, ROBOT_DIM), np.float32), 5.0, 7.0)
+    )
     assert continuity.latency_s == pytest.approx(0.003 + 0.2 * (0.012 - 0.003))  # the EMA
     broken = np.zeros((horizon, ROBOT_DIM), np.float32)
     broken[3, 2] = np.nan
@@ -258,7 +313,8 @@ def test_rtc_on_the_static_path_runs_the_guided_sampler(policy):
     eager.close()
 
 
-# -- configuration ----------------------------------------------------------------------------------
+# -- configuration
+# ----------------------------------------------------------------------------------
 def test_config_and_parameter_checks():
     with pytest.raises(ValueError, match="chunk_continuity"):
         EngineConfig(chunk_continuity="smooth")
@@ -275,7 +331,8 @@ def test_config_and_parameter_checks():
     assert "rtc_schedule" in {f.name for f in NodeSettings.__dataclass_fields__.values()}
 
 
-# -- the bench's controller model -------------------------------------------------------------------
+# -- the bench's controller model
+# -------------------------------------------------------------------
 def test_controller_stream_and_switch_discontinuity_by_hand():
     dt = 0.1
     a = np.array([[0.0], [1.0], [2.0], [3.0]])  # step i due at stamp + (i + 1) dt
@@ -298,7 +355,22 @@ def test_bench_continuity_writes_both_modes(tmp_path):
     path = tmp_path / "continuity.json"
     threads = torch.get_num_threads()
     try:
-        assert main(["continuity", "--preset", "tiny", "--frames", "12", "--warmup", "2", "--json", str(path)]) == 0
+        assert (
+            main(
+                [
+                    "continuity",
+                    "--preset",
+                    "tiny",
+                    "--frames",
+                    "12",
+                    "--warmup",
+                    "2",
+                    "--json",
+                    str(path),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)  # the bench runs single-threaded, as the node does
     modes = json.loads(path.read_text())["modes"]

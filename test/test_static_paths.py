@@ -5,23 +5,29 @@ PIL path. The one CUDA-only check (graph replay == eager) is skipped without a G
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
-
 from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
+
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
 from oxygen_ros.engine.scheduler import make_pool
-from oxygen_ros.engine.static_paths import StaticRunner, TextRow, bucket_for, next_power_of_two, prompt_buckets, round_up
+from oxygen_ros.engine.static_paths import (
+    StaticRunner,
+    TextRow,
+    bucket_for,
+    next_power_of_two,
+    prompt_buckets,
+    round_up,
+)
 from oxygen_ros.engine.types import Observation, TextDelta
 from oxygen_ros.model.layers import attention_bias
-from oxygen_ros.model.policy import load_policy
 from oxygen_ros.model.preprocess import resize_with_pad, to_model_range
 from oxygen_ros.model.preprocess_torch import resize_geometry, resize_with_pad_torch
 
@@ -34,7 +40,12 @@ def policy(tiny_checkpoint):
     return scaled_policy(tiny_checkpoint)
 
 
-def observation(i: int, slots: Sequence[str] = (BASE, LEFT), prompt: str = "pick up the red cup", size=(240, 320)) -> Observation:
+def observation(
+    i: int,
+    slots: Sequence[str] = (BASE, LEFT),
+    prompt: str = "pick up the red cup",
+    size=(240, 320),
+) -> Observation:
     rng = np.random.default_rng(i)
     images = {slot: rng.integers(0, 256, (*size, 3), dtype=np.uint8) for slot in slots}
     return Observation(images, rng.uniform(-1, 1, 7), prompt, stamp=float(i))
@@ -66,12 +77,17 @@ def test_attention_bias_can_skip_the_host_sync():
 
 
 def test_scratch_slots_sit_outside_the_accounting():
-    pool = KVPool(num_layers=1, kv_heads=1, head_dim=2, capacity_tokens=32, block_size=8, scratch_tokens=5)
+    pool = KVPool(
+        num_layers=1, kv_heads=1, head_dim=2, capacity_tokens=32, block_size=8, scratch_tokens=5
+    )
     plain = KVPool(num_layers=1, kv_heads=1, head_dim=2, capacity_tokens=32, block_size=8)
     assert pool.capacity_bytes == plain.capacity_bytes and pool.keys.shape[1] == 37
     assert pool.scratch_slots(7).tolist() == [32, 33, 34, 35, 36, 32, 33]
     segment = pool.allocate(10, "x")
-    assert pool.next_slots(segment, 10).tolist() == pool.slots(segment, 0, 10).tolist() and segment.length == 0
+    assert (
+        pool.next_slots(segment, 10).tolist() == pool.slots(segment, 0, 10).tolist()
+        and segment.length == 0
+    )
     pool.claim(segment, 10)  # counted as written only now
     assert segment.length == 10
     with pytest.raises(KVMemoryError, match="past its reserved"):
@@ -80,7 +96,8 @@ def test_scratch_slots_sit_outside_the_accounting():
         plain.scratch_slots(1)
 
 
-# -- prefill + action chunk -------------------------------------------------------------------------
+# -- prefill + action chunk
+# -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -99,9 +116,20 @@ def test_static_action_path_equals_dynamic(policy, slots, prompt):
     obs = observation(1, slots, prompt)
     dynamic = prefill_frame(policy, pool, obs, 1)
     static = prefill_frame(policy, pool, obs, 2, runner)
-    assert static.length == dynamic.length == len(slots) * policy.config.image_tokens + int(policy.prompt_tokens(obs.state, prompt)[1].sum())
-    keys_d, keys_s = pool.keys[:, pool_slots(pool, dynamic.segment)], pool.keys[:, pool_slots(pool, static.segment)]
-    values_d, values_s = pool.values[:, pool_slots(pool, dynamic.segment)], pool.values[:, pool_slots(pool, static.segment)]
+    assert (
+        static.length
+        == dynamic.length
+        == len(slots) * policy.config.image_tokens
+        + int(policy.prompt_tokens(obs.state, prompt)[1].sum())
+    )
+    keys_d, keys_s = (
+        pool.keys[:, pool_slots(pool, dynamic.segment)],
+        pool.keys[:, pool_slots(pool, static.segment)],
+    )
+    values_d, values_s = (
+        pool.values[:, pool_slots(pool, dynamic.segment)],
+        pool.values[:, pool_slots(pool, static.segment)],
+    )
     # fp32; the only difference is the summation order over padded (masked) columns
     torch.testing.assert_close(keys_s, keys_d, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(values_s, values_d, atol=2e-5, rtol=1e-5)
@@ -122,17 +150,25 @@ def test_static_action_path_is_bit_exact_without_padding(policy):
     runner.prompt_buckets = (n_tokens,) + runner.prompt_buckets
     dynamic = prefill_frame(policy, pool, obs, 1)
     static = prefill_frame(policy, pool, obs, 2, runner)
-    assert torch.equal(pool.keys[:, pool_slots(pool, static.segment)], pool.keys[:, pool_slots(pool, dynamic.segment)])
+    assert torch.equal(
+        pool.keys[:, pool_slots(pool, static.segment)],
+        pool.keys[:, pool_slots(pool, dynamic.segment)],
+    )
     noise = frame_noise(policy.config, 0, 2, policy.device)
-    assert torch.equal(act_on_frame(policy, pool, static, noise, 10, runner), act_on_frame(policy, pool, dynamic, noise, 10))
+    assert torch.equal(
+        act_on_frame(policy, pool, static, noise, 10, runner),
+        act_on_frame(policy, pool, dynamic, noise, 10),
+    )
 
 
-def snapshot(pool: KVPool) -> Tuple[torch.Tensor, torch.Tensor]:
+def snapshot(pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
     return pool.keys.clone(), pool.values.clone()
 
 
-def changed_slots(pool: KVPool, before: Tuple[torch.Tensor, torch.Tensor]) -> set:
-    diff = (pool.keys != before[0]).flatten(2).any(-1).any(0) | (pool.values != before[1]).flatten(2).any(-1).any(0)
+def changed_slots(pool: KVPool, before: tuple[torch.Tensor, torch.Tensor]) -> set:
+    diff = (pool.keys != before[0]).flatten(2).any(-1).any(0) | (pool.values != before[1]).flatten(
+        2
+    ).any(-1).any(0)
     return set(torch.nonzero(diff).flatten().tolist())
 
 
@@ -144,22 +180,36 @@ def test_prefill_writes_exactly_the_valid_prefix_columns(policy):
     frame = prefill_frame(policy, pool, obs, 1, runner)
     scratch = set(range(pool.scratch_start, pool.scratch_start + pool.scratch_tokens))
     valid = set(pool_slots(pool, frame.segment).tolist())
-    assert frame.segment.length == 2 * policy.config.image_tokens + int(policy.prompt_tokens(obs.state, "go")[1].sum())
+    assert frame.segment.length == 2 * policy.config.image_tokens + int(
+        policy.prompt_tokens(obs.state, "go")[1].sum()
+    )
     written = changed_slots(pool, before)
     assert valid <= written and written - valid <= scratch  # padding went to scratch, nowhere else
     assert pool.bytes_in_use == pool.segment_bytes(frame.segment) and pool.live_segments == 1
-    action = act_on_frame(policy, pool, frame, frame_noise(policy.config, 0, 1, policy.device), 10, runner)
-    assert changed_slots(pool, (pool.keys.clone(), pool.values.clone())) == set()  # the chunk only reads
+    action = act_on_frame(
+        policy, pool, frame, frame_noise(policy.config, 0, 1, policy.device), 10, runner
+    )
+    # the chunk only reads
+    assert changed_slots(pool, (pool.keys.clone(), pool.values.clone())) == set()
     assert action.shape == (policy.config.action_horizon, policy.config.action_dim)
 
 
-# -- text steps ---------------------------------------------------------------------------------------
+# -- text steps
+# ---------------------------------------------------------------------------------------
 
 
-def make_requests(policy, specs: Sequence[Tuple[str, str, int]], first_id: int = 1) -> List[LanguageRequest]:
+def make_requests(
+    policy, specs: Sequence[tuple[str, str, int]], first_id: int = 1
+) -> list[LanguageRequest]:
     prompts = STATIC.kind_prompts
     return [
-        LanguageRequest(first_id + i, kind, policy.tokenizer.encode_text(prompts[kind].format(text=text)), SamplingParams(max_tokens=n), policy.tokenizer)
+        LanguageRequest(
+            first_id + i,
+            kind,
+            policy.tokenizer.encode_text(prompts[kind].format(text=text)),
+            SamplingParams(max_tokens=n),
+            policy.tokenizer,
+        )
         for i, (kind, text, n) in enumerate(specs)
     ]
 
@@ -168,7 +218,13 @@ def test_static_text_step_logits_and_kv_equal_the_eager_step(policy):
     """One ragged batch (rows from two frames of different lengths, padded to a bucket of 4): the
     same logits, the same greedy tokens, the same K/V written; padding rows write only scratch."""
     pools = [make_pool(policy, STATIC) for _ in range(2)]
-    frames = [[prefill_frame(policy, pool, observation(f, slots), f) for f, slots in ((1, (BASE,)), (2, (BASE, LEFT, RIGHT)))] for pool in pools]
+    frames = [
+        [
+            prefill_frame(policy, pool, observation(f, slots), f)
+            for f, slots in ((1, (BASE,)), (2, (BASE, LEFT, RIGHT)))
+        ]
+        for pool in pools
+    ]
     owns = [[pool.allocate(12, f"request {i}") for i in range(3)] for pool in pools]
     texts = [[5, 9, 200], [17], [3, 4]]  # ragged new tokens: a kind prompt prefill of mixed lengths
     parents = [0, 1, 1]
@@ -185,40 +241,68 @@ def test_static_text_step_logits_and_kv_equal_the_eager_step(policy):
     context = pool.gather([[(frame[p].segment, frame[p].length)] for p in parents])
     positions = torch.tensor([[frame[p].length + j for j in range(width)] for p in parents])
     out = model.forward_text(context, tokens, positions, valid)
-    eager_logits = model.logits(out.hidden[torch.arange(3), torch.tensor([len(t) - 1 for t in texts])])
+    eager_logits = model.logits(
+        out.hidden[torch.arange(3), torch.tensor([len(t) - 1 for t in texts])]
+    )
     for i, t in enumerate(texts):
-        pool.write(owns[0][i], [k[i, : len(t)] for k in out.keys], [v[i, : len(t)] for v in out.values])
+        pool.write(
+            owns[0][i], [k[i, : len(t)] for k in out.keys], [v[i, : len(t)] for v in out.values]
+        )
 
     # static
     pool, frame = pools[1], frames[1]
     runner = StaticRunner(policy, pool)
     before = snapshot(pool)
-    rows = [TextRow([(frame[p].segment, frame[p].length)], t, frame[p].length, owns[1][i]) for i, (t, p) in enumerate(zip(texts, parents))]
+    rows = [
+        TextRow([(frame[p].segment, frame[p].length)], t, frame[p].length, owns[1][i])
+        for i, (t, p) in enumerate(zip(texts, parents, strict=False))
+    ]
     greedy, logits = runner.text(rows, [True, True, True])
     assert runner.text_buckets == [(4, 4, 256)]  # 3 rows of <= 3 tokens over <= 238 slots, bucketed
     vocab = policy.tokenizer.vocab_size
     assert greedy.tolist() == eager_logits[:, :vocab].argmax(-1).tolist()
-    torch.testing.assert_close(torch.stack([logits[i] for i in range(3)]), eager_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.stack([logits[i] for i in range(3)]), eager_logits, atol=1e-4, rtol=1e-4
+    )
     for i, t in enumerate(texts):
         assert owns[1][i].length == owns[0][i].length == len(t)
-        torch.testing.assert_close(pools[1].keys[:, pool_slots(pools[1], owns[1][i])], pools[0].keys[:, pool_slots(pools[0], owns[0][i])], atol=2e-5, rtol=1e-5)
-        torch.testing.assert_close(pools[1].values[:, pool_slots(pools[1], owns[1][i])], pools[0].values[:, pool_slots(pools[0], owns[0][i])], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            pools[1].keys[:, pool_slots(pools[1], owns[1][i])],
+            pools[0].keys[:, pool_slots(pools[0], owns[0][i])],
+            atol=2e-5,
+            rtol=1e-5,
+        )
+        torch.testing.assert_close(
+            pools[1].values[:, pool_slots(pools[1], owns[1][i])],
+            pools[0].values[:, pool_slots(pools[0], owns[0][i])],
+            atol=2e-5,
+            rtol=1e-5,
+        )
     written = changed_slots(pools[1], before)
     own_slots = set().union(*(set(pool_slots(pools[1], own).tolist()) for own in owns[1]))
-    assert own_slots <= written and written - own_slots <= set(range(pools[1].scratch_start, pools[1].keys.shape[1]))
+    assert own_slots <= written and written - own_slots <= set(
+        range(pools[1].scratch_start, pools[1].keys.shape[1])
+    )
 
 
-def run_decoder(policy, static: bool, steps: int) -> Tuple[List[List[int]], Dict[int, str]]:
+def run_decoder(policy, static: bool, steps: int) -> tuple[list[list[int]], dict[int, str]]:
     """Attach requests of mixed kinds and lengths to two frames, then decode them together; the
     batch shrinks as requests finish (different buckets). Returns tokens per step and texts."""
     pool = make_pool(policy, STATIC)
     decoder = LanguageDecoder(policy, pool, StaticRunner(policy, pool) if static else None)
-    frames = [prefill_frame(policy, pool, observation(f, slots), f) for f, slots in ((1, (BASE,)), (2, (BASE, RIGHT)))]
+    frames = [
+        prefill_frame(policy, pool, observation(f, slots), f)
+        for f, slots in ((1, (BASE,)), (2, (BASE, RIGHT)))
+    ]
     first = make_requests(policy, [("narration", "", 9), ("memory", "", 4)])
-    second = make_requests(policy, [("answer", "where is the cup?", 12), ("narration", "", 3), ("answer", "what next?", 7)], first_id=3)
-    texts: Dict[int, str] = {}
+    second = make_requests(
+        policy,
+        [("answer", "where is the cup?", 12), ("narration", "", 3), ("answer", "what next?", 7)],
+        first_id=3,
+    )
+    texts: dict[int, str] = {}
 
-    def collect(deltas: List[TextDelta]) -> List[int]:
+    def collect(deltas: list[TextDelta]) -> list[int]:
         for d in deltas:
             texts[d.request_id] = texts.get(d.request_id, "") + d.text
         return [d.request_id for d in deltas]
@@ -246,18 +330,27 @@ def test_static_decoding_equals_dynamic_decoding_across_frames(policy):
     assert len(set(dynamic[1].values())) == 5  # the requests really produce different texts
 
 
-# -- whole engines --------------------------------------------------------------------------------------
+# -- whole engines
+# --------------------------------------------------------------------------------------
 
 
-def drive(policy, name: str, config: EngineConfig, frames: int = 5) -> Tuple[List[np.ndarray], Dict[int, str]]:
+def drive(
+    policy, name: str, config: EngineConfig, frames: int = 5
+) -> tuple[list[np.ndarray], dict[int, str]]:
     engine = make_engine(name, policy, config)
-    texts: Dict[int, str] = {}
+    texts: dict[int, str] = {}
     actions = []
-    submissions = {0: [("narration", "", 6, 0.0), ("memory", "", 3, 0.0)], 1: [("answer", "where is the cup?", 5, 0.0)], 2: [("narration", "", 4, 0.8)]}
+    submissions = {
+        0: [("narration", "", 6, 0.0), ("memory", "", 3, 0.0)],
+        1: [("answer", "where is the cup?", 5, 0.0)],
+        2: [("narration", "", 4, 0.8)],
+    }
     try:
         for f in range(frames):
             for kind, text, n, temperature in submissions.get(f, []):
-                engine.submit(kind, text, SamplingParams(max_tokens=n, temperature=temperature, seed=7))
+                engine.submit(
+                    kind, text, SamplingParams(max_tokens=n, temperature=temperature, seed=7)
+                )
             result = engine.step(observation(f, (BASE, LEFT) if f % 2 else (BASE,)))
             actions.append(result.action.actions)
             deltas = result.deltas
@@ -280,7 +373,7 @@ def test_engines_with_static_shapes_match_the_default_paths(policy, name):
     fixed = dict(decode_mode="fixed", decode_steps_per_frame=2, seed=3)
     default_actions, default_texts = drive(policy, name, EngineConfig(**fixed))
     static_actions, static_texts = drive(policy, name, EngineConfig(**fixed, static_shapes=True))
-    for a, b in zip(static_actions, default_actions):
+    for a, b in zip(static_actions, default_actions, strict=False):
         np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-5)  # robot units (unnormalised)
     assert static_texts == default_texts and len(default_texts) == 4
 
@@ -295,12 +388,20 @@ def test_cuda_graphs_need_cuda_and_gpu_preprocess_needs_static_paths(policy):
 
 
 def test_warm_up_prepares_every_bucket_a_workload_uses_and_leaves_the_pool_empty(policy):
-    config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=1, static_shapes=True, max_active_requests=6, default_max_tokens=8)
+    config = EngineConfig(
+        decode_mode="fixed",
+        decode_steps_per_frame=1,
+        static_shapes=True,
+        max_active_requests=6,
+        default_max_tokens=8,
+    )
     engine = OxygenEngine(policy, config)
     before = snapshot(engine.pool)
     created = engine._prepare_buckets(observation(0))  # warm-up's first part alone
     assert created == engine.runner.num_paths > 0
-    assert changed_slots(engine.pool, before) <= set(range(engine.pool.scratch_start, engine.pool.keys.shape[1]))
+    assert changed_slots(engine.pool, before) <= set(
+        range(engine.pool.scratch_start, engine.pool.keys.shape[1])
+    )
     report = engine.warm_up(observation(0))  # + decode timing at batch 1, 2, 4, 6 and frames
     assert report.buckets_created == 0  # everything already existed
     assert {1, 2, 4, 6} <= set(engine.timer.measured_sizes())  # the frames may add more
@@ -315,19 +416,27 @@ def test_warm_up_prepares_every_bucket_a_workload_uses_and_leaves_the_pool_empty
     engine.close()
 
 
-# -- preprocessing on the device ----------------------------------------------------------------------
+# -- preprocessing on the device
+# ----------------------------------------------------------------------
 
 
 def test_gpu_preprocessing_matches_openpi_pil_path(record_property):
     rng = np.random.default_rng(0)
     square = rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)
     reference = to_model_range(resize_with_pad(square, 224, 224))
-    assert np.array_equal(resize_with_pad_torch(torch.from_numpy(square), 224, 224)[0].numpy(), reference)  # bit-exact
+    assert np.array_equal(
+        resize_with_pad_torch(torch.from_numpy(square), 224, 224)[0].numpy(), reference
+    )  # bit-exact
     worst = {}
     for shape in [(240, 320), (480, 640), (720, 1280), (100, 150), (300, 200), (112, 112)]:
         y, x = np.mgrid[0 : shape[0], 0 : shape[1]]
-        smooth = np.stack([x * 255 // shape[1], y * 255 // shape[0], (x + y) * 127 // sum(shape)], -1).astype(np.uint8)
-        for name, image in (("noise", rng.integers(0, 256, (*shape, 3), dtype=np.uint8)), ("smooth", smooth)):
+        smooth = np.stack(
+            [x * 255 // shape[1], y * 255 // shape[0], (x + y) * 127 // sum(shape)], -1
+        ).astype(np.uint8)
+        for name, image in (
+            ("noise", rng.integers(0, 256, (*shape, 3), dtype=np.uint8)),
+            ("smooth", smooth),
+        ):
             cpu = to_model_range(resize_with_pad(image, 224, 224))
             gpu = resize_with_pad_torch(torch.from_numpy(image), 224, 224)[0].numpy()
             diff = np.abs(cpu - gpu)
@@ -343,7 +452,9 @@ def test_gpu_preprocessing_matches_openpi_pil_path(record_property):
 
 def test_engine_with_gpu_preprocessing_gives_identical_actions_for_224_images(policy):
     def actions(gpu_preprocess: bool) -> np.ndarray:
-        engine = OxygenEngine(policy, EngineConfig(static_shapes=True, gpu_preprocess=gpu_preprocess))
+        engine = OxygenEngine(
+            policy, EngineConfig(static_shapes=True, gpu_preprocess=gpu_preprocess)
+        )
         chunk = engine.step(observation(4, (BASE, LEFT), size=(224, 224))).action.actions
         engine.close()
         return chunk
@@ -351,7 +462,8 @@ def test_engine_with_gpu_preprocessing_gives_identical_actions_for_224_images(po
     assert np.array_equal(actions(True), actions(False))
 
 
-# -- CUDA only ---------------------------------------------------------------------------------------------
+# -- CUDA only
+# ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -362,29 +474,41 @@ def test_cuda_graph_replay_equals_eager_static_paths(tiny_checkpoint):
     results = {}
     for path in ("dynamic", "static", "graphs"):
         config = EngineConfig(
-            decode_mode="fixed", decode_steps_per_frame=3, seed=3, static_shapes=path != "dynamic", cuda_graphs=path == "graphs", gpu_preprocess=path != "dynamic"
+            decode_mode="fixed",
+            decode_steps_per_frame=3,
+            seed=3,
+            static_shapes=path != "dynamic",
+            cuda_graphs=path == "graphs",
+            gpu_preprocess=path != "dynamic",
         )
         engine = OxygenEngine(policy, config)
         engine.warm_up(observation(0, size=(224, 224)))
-        texts: Dict[int, str] = {}
+        texts: dict[int, str] = {}
         chunks = []
         for f in range(4):
             engine.submit("narration", sampling=SamplingParams(max_tokens=6))
-            result = engine.step(observation(f, size=(224, 224)))  # 224 px: GPU preprocessing is exact
+            # 224 px: GPU preprocessing is exact
+            result = engine.step(observation(f, size=(224, 224)))
             chunks.append(result.action.actions)
             for d in result.deltas:
                 texts[d.request_id] = texts.get(d.request_id, "") + d.text
         engine.close()
         results[path] = chunks, texts
         if path != "dynamic":
-            assert engine.runner.paths and all(p.step.captured == (path == "graphs") for p in engine.runner.paths)
-    for eager, replayed, dynamic in zip(results["static"][0], results["graphs"][0], results["dynamic"][0]):
+            assert engine.runner.paths and all(
+                p.step.captured == (path == "graphs") for p in engine.runner.paths
+            )
+    for eager, replayed, dynamic in zip(
+        results["static"][0], results["graphs"][0], results["dynamic"][0], strict=False
+    ):
         np.testing.assert_allclose(replayed, eager, atol=1e-5, rtol=1e-6)
-        np.testing.assert_allclose(replayed, dynamic, atol=2e-3, rtol=1e-4)  # other kernels (masked SDPA)
+        # other kernels (masked SDPA)
+        np.testing.assert_allclose(replayed, dynamic, atol=2e-3, rtol=1e-4)
     assert results["graphs"][1] == results["static"][1]
 
 
-# -- frozen after warm-up: no capture inside a frame ------------------------------------------------------
+# -- frozen after warm-up: no capture inside a frame
+# ------------------------------------------------------
 
 
 def test_after_warm_up_no_bucket_is_created_inside_a_frame(policy):
@@ -392,12 +516,21 @@ def test_after_warm_up_no_bucket_is_created_inside_a_frame(policy):
     camera, a much longer task and a long question: no bucket is created (no CUDA graph would be
     captured mid-run), the uncaptured shapes run on a larger bucket or eagerly, and actions and
     texts equal the eager engine's."""
-    fixed = dict(decode_mode="fixed", decode_steps_per_frame=2, seed=3, max_active_requests=4, default_max_tokens=6)
+    fixed = dict(
+        decode_mode="fixed",
+        decode_steps_per_frame=2,
+        seed=3,
+        max_active_requests=4,
+        default_max_tokens=6,
+    )
     static = OxygenEngine(policy, EngineConfig(**fixed, static_shapes=True))
     eager = OxygenEngine(policy, EngineConfig(**fixed))
     created = static.warm_up(observation(0)).buckets_created
     assert created > 0 and static.runner.frozen
-    long_task = "put the towel in the basket, then close the drawer slowly and wave goodbye to the camera twice"
+    long_task = (
+        "put the towel in the basket, then close the drawer slowly and wave goodbye to the camera "
+        "twice"
+    )
     frames = [
         observation(1),
         observation(2, (BASE,)),  # a camera masked mid-run
@@ -405,15 +538,28 @@ def test_after_warm_up_no_bucket_is_created_inside_a_frame(policy):
         observation(4, (BASE, LEFT, RIGHT)),  # a camera more than at warm-up
         observation(5),
     ]
-    asks = {0: "", 1: "where is the cup and what colour is the towel next to the drawer?", 3: "why?"}
-    texts: Dict[str, Dict[int, str]] = {"static": {}, "eager": {}}
+    asks = {
+        0: "",
+        1: "where is the cup and what colour is the towel next to the drawer?",
+        3: "why?",
+    }
+    texts: dict[str, dict[int, str]] = {"static": {}, "eager": {}}
     try:
         for f, obs in enumerate(frames):
             for engine in (static, eager):
                 if f in asks:
-                    engine.submit("answer" if asks[f] else "narration", asks[f], SamplingParams(max_tokens=5))
-            results = {name: engine.step(obs) for name, engine in (("static", static), ("eager", eager))}
-            np.testing.assert_allclose(results["static"].action.actions, results["eager"].action.actions, atol=2e-4, rtol=1e-5)
+                    engine.submit(
+                        "answer" if asks[f] else "narration", asks[f], SamplingParams(max_tokens=5)
+                    )
+            results = {
+                name: engine.step(obs) for name, engine in (("static", static), ("eager", eager))
+            }
+            np.testing.assert_allclose(
+                results["static"].action.actions,
+                results["eager"].action.actions,
+                atol=2e-4,
+                rtol=1e-5,
+            )
             for name, result in results.items():
                 for d in result.deltas:
                     texts[name][d.request_id] = texts[name].get(d.request_id, "") + d.text
@@ -424,7 +570,8 @@ def test_after_warm_up_no_bucket_is_created_inside_a_frame(policy):
         static.close()
         eager.close()
     assert static.captures_during_frames == 0 and static.runner.num_paths == created
-    assert static.static_fallbacks >= 2  # at least the (base) and (base, left, right) prefills ran eagerly
+    # at least the (base) and (base, left, right) prefills ran eagerly
+    assert static.static_fallbacks >= 2
     assert texts["static"] == texts["eager"] and len(texts["eager"]) == 3
 
 
@@ -438,5 +585,10 @@ def test_a_bucket_created_after_freezing_is_counted(policy):
     assert runner.captures_during_frames == 1
     segment = pool.allocate(1000, "x")
     pool.claim(segment, 1000)
-    assert runner.act(segment, torch.zeros(1, policy.config.action_horizon, policy.config.action_dim), 5) is None  # no 5-step bucket
+    assert (
+        runner.act(
+            segment, torch.zeros(1, policy.config.action_horizon, policy.config.action_dim), 5
+        )
+        is None
+    )  # no 5-step bucket
     pool.release(segment)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional, Type
 
 from ..model.policy import Pi05Policy
 from .baselines import IsolatedSequentialEngine, NaiveParallelEngine, SharedKVEngine
 from .scheduler import Clock, EngineBase, EngineConfig, OxygenEngine
 
-ENGINES: Dict[str, Type[EngineBase]] = {
-    cls.name: cls for cls in (OxygenEngine, IsolatedSequentialEngine, SharedKVEngine, NaiveParallelEngine)
+ENGINES: dict[str, type[EngineBase]] = {
+    cls.name: cls
+    for cls in (OxygenEngine, IsolatedSequentialEngine, SharedKVEngine, NaiveParallelEngine)
 }
 
 
-def make_engine(name: str, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> EngineBase:
+def make_engine(
+    name: str,
+    policy: Pi05Policy,
+    config: EngineConfig | None = None,
+    clock: Clock = time.perf_counter,
+) -> EngineBase:
     """Build an engine by name: oxygen, isolated-sequential, shared-kv or naive-parallel."""
     try:
         cls = ENGINES[name]

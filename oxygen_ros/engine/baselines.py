@@ -16,7 +16,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import List, Optional, Tuple
 
 import torch
 
@@ -34,13 +33,20 @@ class _SequentialEngine(EngineBase):
 
     share_prefix = False
 
-    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self,
+        policy: Pi05Policy,
+        config: EngineConfig | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         super().__init__(policy, config, clock)
         self.pool = make_pool(policy, self.config)
         self.runner = self._make_runner(self.pool, acts=True, text_batch=1)
-        self.decoder = LanguageDecoder(policy, self.pool, self.runner, self.faults, self.faults_by_stage)
+        self.decoder = LanguageDecoder(
+            policy, self.pool, self.runner, self.faults, self.faults_by_stage
+        )
 
-    def pools(self) -> List[KVPool]:
+    def pools(self) -> list[KVPool]:
         return [self.pool]
 
     @property
@@ -51,10 +57,21 @@ class _SequentialEngine(EngineBase):
         """Between frames these engines hold no KV at all: the pool must be empty."""
         self.pool.check({})
 
-    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
+    def _run_frame(
+        self, observation: Observation, next_deadline: float | None
+    ) -> tuple[ActionChunk, list[TextDelta]]:
         frame_id = self._new_frame_id()
         cfg = self.config
-        frame, chunk = timed_action(self.policy, self.pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock, self.runner)
+        frame, chunk = timed_action(
+            self.policy,
+            self.pool,
+            observation,
+            frame_id,
+            cfg.seed,
+            cfg.num_steps,
+            self.clock,
+            self.runner,
+        )
         deltas, self._outbox = self._outbox, []
         while self._queue:
             request = self._queue.popleft()
@@ -64,7 +81,8 @@ class _SequentialEngine(EngineBase):
                 source = prefill_frame(self.policy, self.pool, observation, frame_id, self.runner)
             out, steps = self.decoder.run_to_completion(request, source)
             if source is not frame:
-                self.pool.release(source.segment)  # the isolated copy: the request released its reference
+                # the isolated copy: the request released its reference
+                self.pool.release(source.segment)
             deltas += out
             self.decode_steps += steps
             self.tokens_generated += steps
@@ -93,23 +111,34 @@ class NaiveParallelEngine(EngineBase):
 
     name = "naive-parallel"
 
-    def __init__(self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self,
+        policy: Pi05Policy,
+        config: EngineConfig | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         super().__init__(policy, config, clock)
         self.action_pool = make_pool(policy, self.config)
         self.language_pool = make_pool(policy, self.config)
         # one runner per worker and pool: their graphs never share memory, whatever the interleaving
         self.action_runner = self._make_runner(self.action_pool, acts=True, text_batch=0)
         self.language_runner = self._make_runner(self.language_pool, acts=False, text_batch=1)
-        self.decoder = LanguageDecoder(policy, self.language_pool, self.language_runner, self.faults, self.faults_by_stage)
-        self._jobs: "queue.Queue[Optional[Tuple[Observation, int, List[LanguageRequest]]]]" = queue.Queue()
-        self._done: List[TextDelta] = []
+        self.decoder = LanguageDecoder(
+            policy, self.language_pool, self.language_runner, self.faults, self.faults_by_stage
+        )
+        self._jobs: queue.Queue[tuple[Observation, int, list[LanguageRequest]] | None] = (
+            queue.Queue()
+        )
+        self._done: list[TextDelta] = []
         self._lock = threading.Lock()
         self._busy = 0
         self._threads = torch.get_num_threads()
-        self._worker = threading.Thread(target=self._language_worker, name="language-worker", daemon=True)
+        self._worker = threading.Thread(
+            target=self._language_worker, name="language-worker", daemon=True
+        )
         self._worker.start()
 
-    def pools(self) -> List[KVPool]:
+    def pools(self) -> list[KVPool]:
         return [self.action_pool, self.language_pool]
 
     @property
@@ -117,7 +146,9 @@ class NaiveParallelEngine(EngineBase):
         with self._lock:
             return self._busy
 
-    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> Tuple[ActionChunk, List[TextDelta]]:
+    def _run_frame(
+        self, observation: Observation, next_deadline: float | None
+    ) -> tuple[ActionChunk, list[TextDelta]]:
         frame_id = self._new_frame_id()
         requests = list(self._queue)
         self._queue.clear()
@@ -127,7 +158,14 @@ class NaiveParallelEngine(EngineBase):
             self._jobs.put((observation, frame_id, requests))
         cfg = self.config
         frame, chunk = timed_action(
-            self.policy, self.action_pool, observation, frame_id, cfg.seed, cfg.num_steps, self.clock, self.action_runner
+            self.policy,
+            self.action_pool,
+            observation,
+            frame_id,
+            cfg.seed,
+            cfg.num_steps,
+            self.clock,
+            self.action_runner,
         )
         self.action_pool.release(frame.segment)
         with self._lock:
@@ -142,7 +180,9 @@ class NaiveParallelEngine(EngineBase):
             if job is None:
                 return
             observation, frame_id, requests = job
-            frame = prefill_frame(self.policy, self.language_pool, observation, frame_id, self.language_runner)
+            frame = prefill_frame(
+                self.policy, self.language_pool, observation, frame_id, self.language_runner
+            )
             for request in requests:
                 out, steps = self.decoder.run_to_completion(request, frame)
                 with self._lock:
@@ -152,7 +192,7 @@ class NaiveParallelEngine(EngineBase):
                     self.tokens_generated += steps
             self.language_pool.release(frame.segment)
 
-    def drain(self, timeout: float = 60.0) -> List[TextDelta]:
+    def drain(self, timeout: float = 60.0) -> list[TextDelta]:
         """Wait until the language worker has finished every job handed to it; return its deltas."""
         deadline = time.monotonic() + timeout
         while self.active_requests and time.monotonic() < deadline:
@@ -164,7 +204,7 @@ class NaiveParallelEngine(EngineBase):
     def _end_warm_up_requests(self) -> None:
         self.drain()
 
-    def close(self) -> List[TextDelta]:
+    def close(self) -> list[TextDelta]:
         if self._worker.is_alive():
             self._jobs.put(None)
             self._worker.join(timeout=30)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +24,7 @@ from .types import ActionChunk, Observation
 LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's action-path latency
 
 
-def resample_previous(previous: np.ndarray, offset: float, horizon: int) -> Tuple[np.ndarray, int]:
+def resample_previous(previous: np.ndarray, offset: float, horizon: int) -> tuple[np.ndarray, int]:
     """The previous chunk [H_prev, J] on the new chunk's time grid: row ``j`` is the previous chunk
     at step ``offset + j``, linearly interpolated. Returns ([horizon, J], covered) where the first
     ``covered`` rows lie within the previous chunk; later rows repeat its last action (they get
@@ -65,7 +64,12 @@ class ChunkContinuity:
     """
 
     def __init__(
-        self, policy: Pi05Policy, action_dt: float, execution_horizon: int = 0, max_guidance_weight: float = 5.0, schedule: str = "exp"
+        self,
+        policy: Pi05Policy,
+        action_dt: float,
+        execution_horizon: int = 0,
+        max_guidance_weight: float = 5.0,
+        schedule: str = "exp",
     ) -> None:
         if not (math.isfinite(action_dt) and action_dt > 0):
             raise ValueError(f"action_dt must be a positive number of seconds, got {action_dt}")
@@ -75,8 +79,8 @@ class ChunkContinuity:
         self.execution_horizon = execution_horizon
         self.max_guidance_weight = max_guidance_weight
         self.schedule = schedule
-        self.previous: Optional[PreviousChunk] = None
-        self.latency_s: Optional[float] = None  # EMA of prefill + action time
+        self.previous: PreviousChunk | None = None
+        self.latency_s: float | None = None  # EMA of prefill + action time
         self.non_finite_chunks = 0  # chunks not kept as guidance because they hold NaN/Inf
 
     def frozen_steps(self) -> int:
@@ -85,7 +89,7 @@ class ChunkContinuity:
             return 0
         return max(0, math.ceil(self.latency_s / self.action_dt - 1e-9))
 
-    def guidance(self, observation: Observation) -> Optional[RTCGuidance]:
+    def guidance(self, observation: Observation) -> RTCGuidance | None:
         """The guidance for a chunk from ``observation``; None when the previous chunk does not
         overlap it (first frame, a gap longer than the chunk, stamps going backwards)."""
         if self.previous is None or self.max_guidance_weight <= 0:
@@ -100,8 +104,12 @@ class ChunkContinuity:
         dims = torch.zeros(self.policy.config.action_dim, dtype=torch.float32)
         dims[: self.policy.action_dim] = 1.0  # the model's padding dims are free
         device = self.policy.device
-        model_target = torch.from_numpy(self.policy.model_actions(target, observation.state))[None].to(device)
-        return RTCGuidance(model_target, (steps[:, None] * dims[None]).to(device), self.max_guidance_weight)
+        model_target = torch.from_numpy(self.policy.model_actions(target, observation.state))[
+            None
+        ].to(device)
+        return RTCGuidance(
+            model_target, (steps[:, None] * dims[None]).to(device), self.max_guidance_weight
+        )
 
     def record(self, observation: Observation, chunk: ActionChunk) -> None:
         """Keep ``chunk`` as the one the controller now executes and update the latency EMA.
@@ -110,12 +118,18 @@ class ChunkContinuity:
         free, and ``non_finite_chunks`` counts it.
         """
         latency = (chunk.prefill_ms + chunk.action_ms) * 1e-3
-        self.latency_s = latency if self.latency_s is None else self.latency_s + LATENCY_SMOOTHING * (latency - self.latency_s)
+        self.latency_s = (
+            latency
+            if self.latency_s is None
+            else self.latency_s + LATENCY_SMOOTHING * (latency - self.latency_s)
+        )
         if not np.isfinite(chunk.actions).all():
             self.non_finite_chunks += 1
             self.previous = None
             return
-        self.previous = PreviousChunk(np.array(chunk.actions, copy=True), chunk.stamp, np.array(observation.state, copy=True))
+        self.previous = PreviousChunk(
+            np.array(chunk.actions, copy=True), chunk.stamp, np.array(observation.state, copy=True)
+        )
 
     def reset(self) -> None:
         """Forget the previous chunk (the next one starts free); the latency estimate stays."""

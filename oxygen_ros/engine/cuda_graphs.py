@@ -15,7 +15,7 @@ writes must be the same for a repeated run on the same inputs (warm-up runs exec
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ class GraphedStep:
         fn: Callable[[], None],
         device: torch.device,
         use_graph: bool,
-        pool: Optional[Tuple[int, int]] = None,
+        pool: tuple[int, int] | None = None,
         warmup: int = 2,
     ) -> None:
         if use_graph and device.type != "cuda":
@@ -44,7 +44,7 @@ class GraphedStep:
         self.use_graph = use_graph
         self.pool = pool  # graphs of one runner share a memory pool: they never run concurrently
         self.warmup = warmup
-        self.graph: Optional["torch.cuda.CUDAGraph"] = None
+        self.graph: torch.cuda.CUDAGraph | None = None
 
     @property
     def captured(self) -> bool:
@@ -75,7 +75,7 @@ class GraphedStep:
             self.graph = graph
 
 
-def new_graph_pool(device: torch.device, use_graph: bool) -> Optional[Tuple[int, int]]:
+def new_graph_pool(device: torch.device, use_graph: bool) -> tuple[int, int] | None:
     """A private memory pool for a family of graphs that replay one after another, never at once."""
     return torch.cuda.graph_pool_handle() if use_graph and device.type == "cuda" else None
 
@@ -91,9 +91,11 @@ class HostStager:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pinned = device.type == "cuda"
-        self._buffers: Dict[Tuple[str, Tuple[int, ...], torch.dtype], Tuple[Tensor, Optional["torch.cuda.Event"]]] = {}
+        self._buffers: dict[
+            tuple[str, tuple[int, ...], torch.dtype], tuple[Tensor, torch.cuda.Event | None]
+        ] = {}
 
-    def _buffer(self, key: str, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    def _buffer(self, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         slot = (key, shape, dtype)
         if slot not in self._buffers:
             self._buffers[slot] = (torch.empty(shape, dtype=dtype, pin_memory=self.pinned), None)
@@ -109,7 +111,8 @@ class HostStager:
         """
         host = np.asarray(host)
         if not self.pinned:  # CPU: straight into the destination
-            source = host if host.flags.writeable else host.copy()  # torch warns on read-only arrays
+            # torch warns on read-only arrays
+            source = host if host.flags.writeable else host.copy()
             dst.copy_(torch.from_numpy(np.ascontiguousarray(source)).reshape(dst.shape))
             return dst
         shape = tuple(host.shape)

@@ -9,7 +9,7 @@ injector with no schedule never raises and costs one dictionary lookup per call.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 STAGES = (
     "prefill",  # the frame's shared prefill
@@ -42,24 +42,31 @@ class FaultInjector:
         ValueError: an unknown stage name or a period below 1.
     """
 
-    def __init__(self, every: Optional[Mapping[str, int]] = None, at: Optional[Mapping[str, Iterable[int]]] = None) -> None:
-        self.every: Dict[str, int] = dict(every or {})
-        self.at: Dict[str, frozenset] = {stage: frozenset(calls) for stage, calls in (at or {}).items()}
+    def __init__(
+        self,
+        every: Mapping[str, int] | None = None,
+        at: Mapping[str, Iterable[int]] | None = None,
+    ) -> None:
+        self.every: dict[str, int] = dict(every or {})
+        self.at: dict[str, frozenset] = {
+            stage: frozenset(calls) for stage, calls in (at or {}).items()
+        }
         unknown = sorted((set(self.every) | set(self.at)) - set(STAGES))
         if unknown:
             raise ValueError(f"unknown fault stages {unknown}; expected some of {STAGES}")
         bad = {stage: n for stage, n in self.every.items() if n < 1}
         if bad:
             raise ValueError(f"fault periods must be >= 1, got {bad}")
-        self.calls: Dict[str, int] = {}
-        self.raised: Dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.raised: dict[str, int] = {}
 
     @property
     def armed(self) -> bool:
         return bool(self.every or self.at)
 
     def check(self, stage: str) -> None:
-        """Count one call of ``stage``; raise :class:`InjectedFault` when this call is scheduled to fail."""
+        """Count one call of ``stage``; raise :class:`InjectedFault` when this call is scheduled to
+        fail."""
         if not self.armed:
             return
         call = self.calls.get(stage, 0) + 1
@@ -106,5 +113,6 @@ def stage_of(error: BaseException, default: str) -> str:
 
 
 def describe(error: BaseException) -> str:
-    """``"<ExceptionType>: <message>"``: what a failed request's final delta carries in ``detail``."""
+    """``"<ExceptionType>: <message>"``: what a failed request's final delta carries in
+    ``detail``."""
     return f"{type(error).__name__}: {error}"

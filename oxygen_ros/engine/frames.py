@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -48,7 +47,7 @@ def prefill_frame(
     pool: KVPool,
     observation: Observation,
     frame_id: int,
-    runner: Optional[StaticRunner] = None,
+    runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
 ) -> FramePrefix:
     """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill.
@@ -63,10 +62,15 @@ def prefill_frame(
         segment = runner.prefill(observation, owner) if runner is not None else None
         if segment is None:
             inputs = policy.encode(observation.images, observation.state, observation.prompt)
-            prefix = policy.model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
-            # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is real.
+            prefix = policy.model.prefill(
+                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+            )
+            # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is
+            # real.
             segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
-            pool.write(segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values])
+            pool.write(
+                segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values]
+            )
         faults.check("prefill")
     except BaseException as error:
         tag_stage(error, "prefill")
@@ -82,8 +86,8 @@ def act_on_frame(
     frame: FramePrefix,
     noise: Tensor,
     num_steps: int,
-    runner: Optional[StaticRunner] = None,
-    guidance: Optional[RTCGuidance] = None,
+    runner: StaticRunner | None = None,
+    guidance: RTCGuidance | None = None,
 ) -> Tensor:
     """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it).
 
@@ -107,10 +111,10 @@ def timed_action(
     seed: int,
     num_steps: int,
     clock: Clock,
-    runner: Optional[StaticRunner] = None,
+    runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
-    guidance: Optional[RTCGuidance] = None,
-) -> "tuple[FramePrefix, ActionChunk]":
+    guidance: RTCGuidance | None = None,
+) -> tuple[FramePrefix, ActionChunk]:
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
     ``guidance``: see `act_on_frame`.
 
@@ -121,7 +125,8 @@ def timed_action(
     frame = prefill_frame(policy, pool, observation, frame_id, runner, faults)
     try:
         if runner is not None:
-            runner.synchronize()  # the static prefill never syncs by itself: charge its GPU time here
+            # the static prefill never syncs by itself: charge its GPU time here
+            runner.synchronize()
         prefilled = clock()
         noise = frame_noise(policy.config, seed, frame_id, policy.device)
         faults.check("action")
@@ -132,5 +137,7 @@ def timed_action(
         pool.release(frame.segment)
         raise
     done = clock()
-    chunk = ActionChunk(frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3)
+    chunk = ActionChunk(
+        frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3
+    )
     return frame, chunk

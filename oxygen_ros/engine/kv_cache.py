@@ -17,7 +17,7 @@ is never duplicated.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -40,12 +40,14 @@ class KVSegment:
 
     segment_id: int
     owner: str
-    blocks: List[int]
+    blocks: list[int]
     capacity: int
     length: int = 0
     ref_count: int = 1
     # Pool slot of each reserved token, in order (host int64): reads and writes index it directly.
-    slot_table: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    slot_table: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False
+    )
 
 
 class KVPool:
@@ -63,7 +65,9 @@ class KVPool:
         """scratch_tokens: extra slots after the managed blocks, outside all accounting, where
         fixed-shape steps (``engine.static_paths``) send the K/V of their padding tokens."""
         if capacity_tokens < block_size or block_size < 1:
-            raise ValueError(f"KV pool needs capacity >= block size >= 1, got {capacity_tokens=} {block_size=}")
+            raise ValueError(
+                f"KV pool needs capacity >= block size >= 1, got {capacity_tokens=} {block_size=}"
+            )
         if scratch_tokens < 0:
             raise ValueError(f"scratch_tokens must be >= 0, got {scratch_tokens}")
         self.block_size = block_size
@@ -71,11 +75,14 @@ class KVPool:
         slots = self.num_blocks * block_size
         self.scratch_start = slots
         self.scratch_tokens = scratch_tokens
-        self.keys = torch.zeros(num_layers, slots + scratch_tokens, kv_heads, head_dim, dtype=dtype, device=device)
+        self.keys = torch.zeros(
+            num_layers, slots + scratch_tokens, kv_heads, head_dim, dtype=dtype, device=device
+        )
         self.values = torch.zeros_like(self.keys)
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys.element_size()
-        self._free = list(range(self.num_blocks))  # kept sorted: lowest ids first -> contiguous runs
-        self._segments: Dict[int, KVSegment] = {}
+        # kept sorted: lowest ids first -> contiguous runs
+        self._free = list(range(self.num_blocks))
+        self._segments: dict[int, KVSegment] = {}
         self._next_id = 0
         self.peak_bytes = 0
 
@@ -110,7 +117,7 @@ class KVPool:
     def segment_bytes(self, segment: KVSegment) -> int:
         return len(segment.blocks) * self.block_bytes
 
-    def usage_by_owner(self) -> Dict[str, int]:
+    def usage_by_owner(self) -> dict[str, int]:
         """Bytes reserved per live segment owner (e.g. ``frame 12 prefix``, ``request 3``)."""
         return {s.owner: self.segment_bytes(s) for s in self._segments.values()}
 
@@ -128,17 +135,23 @@ class KVPool:
         need = self.blocks_for(max(tokens, 1))
         if need > len(self._free):
             raise KVMemoryError(
-                f"KV pool full: {owner} needs {need} blocks ({tokens} tokens), {len(self._free)} of {self.num_blocks} free"
+                f"KV pool full: {owner} needs {need} blocks ({tokens} tokens), {len(self._free)} "
+                f"of {self.num_blocks} free"
             )
         blocks = self._take_contiguous(need) or self._take_lowest(need)
-        table = (np.asarray(blocks, dtype=np.int64)[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)
-        segment = KVSegment(self._next_id, owner, blocks, capacity=need * self.block_size, slot_table=table)
+        table = (
+            np.asarray(blocks, dtype=np.int64)[:, None] * self.block_size
+            + np.arange(self.block_size)
+        ).reshape(-1)
+        segment = KVSegment(
+            self._next_id, owner, blocks, capacity=need * self.block_size, slot_table=table
+        )
         self._next_id += 1
         self._segments[segment.segment_id] = segment
         self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
         return segment
 
-    def _take_contiguous(self, need: int) -> Optional[List[int]]:
+    def _take_contiguous(self, need: int) -> list[int] | None:
         free = self._free
         run_start = 0
         for i in range(1, len(free) + 1):
@@ -150,19 +163,23 @@ class KVPool:
                 run_start = i
         return None
 
-    def _take_lowest(self, need: int) -> List[int]:
+    def _take_lowest(self, need: int) -> list[int]:
         blocks, self._free = self._free[:need], self._free[need:]
         return blocks
 
     def retain(self, segment: KVSegment) -> KVSegment:
         """Take one more reference to a live segment (a task starts reading it)."""
-        assert segment.ref_count > 0 and segment.segment_id in self._segments, "retain of a freed segment"
+        assert segment.ref_count > 0 and segment.segment_id in self._segments, (
+            "retain of a freed segment"
+        )
         segment.ref_count += 1
         return segment
 
     def release(self, segment: KVSegment) -> bool:
         """Drop one reference; returns True when this freed the segment's blocks."""
-        assert segment.ref_count > 0 and segment.segment_id in self._segments, "double release of a KV segment"
+        assert segment.ref_count > 0 and segment.segment_id in self._segments, (
+            "double release of a KV segment"
+        )
         segment.ref_count -= 1
         if segment.ref_count:
             return False
@@ -171,11 +188,11 @@ class KVPool:
         self._free.sort()
         return True
 
-    def segments(self) -> List[KVSegment]:
+    def segments(self) -> list[KVSegment]:
         """The live segments, oldest first."""
         return list(self._segments.values())
 
-    def check(self, expected_refs: Optional[Mapping[int, int]] = None) -> None:
+    def check(self, expected_refs: Mapping[int, int] | None = None) -> None:
         """Verify the pool's invariants; raise KVInvariantError naming every offending segment.
 
         Always checked: each live segment has ref_count >= 1, length <= capacity = its blocks'
@@ -184,18 +201,26 @@ class KVPool:
         knows of, e.g. the engine's live frame and requests), every live segment must be listed with
         exactly that count and every listed one must be live: a segment nobody owns is a leak.
         """
-        problems: List[str] = []
-        owner_of: Dict[int, KVSegment] = {}
+        problems: list[str] = []
+        owner_of: dict[int, KVSegment] = {}
         for seg in self._segments.values():
             name = f"segment {seg.segment_id} ({seg.owner})"
             if seg.ref_count < 1:
                 problems.append(f"{name}: ref_count {seg.ref_count} < 1")
-            if not 0 <= seg.length <= seg.capacity or seg.capacity != len(seg.blocks) * self.block_size:
-                problems.append(f"{name}: length {seg.length}, capacity {seg.capacity} for {len(seg.blocks)} blocks")
+            if (
+                not 0 <= seg.length <= seg.capacity
+                or seg.capacity != len(seg.blocks) * self.block_size
+            ):
+                problems.append(
+                    f"{name}: length {seg.length}, capacity {seg.capacity} for {len(seg.blocks)} "
+                    "blocks"
+                )
             for block in seg.blocks:
                 other = owner_of.setdefault(block, seg)
                 if other is not seg:
-                    problems.append(f"{name}: block {block} also in segment {other.segment_id} ({other.owner})")
+                    problems.append(
+                        f"{name}: block {block} also in segment {other.segment_id} ({other.owner})"
+                    )
         free = set(self._free)
         if len(free) != len(self._free):
             problems.append("free list holds a block twice")
@@ -204,14 +229,22 @@ class KVPool:
             names = sorted({f"{owner_of[b].segment_id} ({owner_of[b].owner})" for b in both})
             problems.append(f"blocks {both[:8]} are both free and in segments {names}")
         if len(owner_of) + len(free) != self.num_blocks:
-            problems.append(f"{len(owner_of)} blocks in use + {len(free)} free != {self.num_blocks} blocks")
+            problems.append(
+                f"{len(owner_of)} blocks in use + {len(free)} free != {self.num_blocks} blocks"
+            )
         if expected_refs is not None:
             for seg in self._segments.values():
                 want = expected_refs.get(seg.segment_id)
                 if want is None:
-                    problems.append(f"segment {seg.segment_id} ({seg.owner}) is live but owned by no live frame or request")
+                    problems.append(
+                        f"segment {seg.segment_id} ({seg.owner}) is live but owned by no live "
+                        "frame or request"
+                    )
                 elif want != seg.ref_count:
-                    problems.append(f"segment {seg.segment_id} ({seg.owner}): ref_count {seg.ref_count}, {want} known references")
+                    problems.append(
+                        f"segment {seg.segment_id} ({seg.owner}): ref_count {seg.ref_count}, "
+                        f"{want} known references"
+                    )
             gone = sorted(set(expected_refs) - set(self._segments))
             if gone:
                 problems.append(f"segments {gone} are referenced but already freed")
@@ -240,7 +273,9 @@ class KVPool:
         Raises KVMemoryError when they pass the segment's reserved capacity.
         """
         if segment.length + tokens > segment.capacity:
-            raise KVMemoryError(f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}")
+            raise KVMemoryError(
+                f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}"
+            )
         return self.host_slots(segment, segment.length, segment.length + tokens)
 
     def claim(self, segment: KVSegment, tokens: int) -> None:
@@ -250,30 +285,38 @@ class KVPool:
         Raises KVMemoryError past the reserved capacity.
         """
         if segment.length + tokens > segment.capacity:
-            raise KVMemoryError(f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}")
+            raise KVMemoryError(
+                f"{segment.owner}: writing {tokens} tokens past its reserved {segment.capacity}"
+            )
         segment.length += tokens
 
     def write(self, segment: KVSegment, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
         """Append tokens to a segment: keys/values per layer, each [T, KVH, D]."""
         t = keys[0].shape[0]
         if segment.length + t > segment.capacity:
-            raise KVMemoryError(f"{segment.owner}: writing {t} tokens past its reserved {segment.capacity}")
+            raise KVMemoryError(
+                f"{segment.owner}: writing {t} tokens past its reserved {segment.capacity}"
+            )
         idx = self.slots(segment, segment.length, segment.length + t)
-        for layer, (k, v) in enumerate(zip(keys, values)):
+        for layer, (k, v) in enumerate(zip(keys, values, strict=False)):
             self.keys[layer].index_copy_(0, idx, k.to(self.keys.dtype))
             self.values[layer].index_copy_(0, idx, v.to(self.values.dtype))
         segment.length += t
 
-    def append_one(self, segments: Sequence[KVSegment], keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+    def append_one(
+        self, segments: Sequence[KVSegment], keys: Sequence[Tensor], values: Sequence[Tensor]
+    ) -> None:
         """Append one token to each segment in a single write per layer (a batched decode step).
 
         keys/values per layer [B, KVH, D], row i belonging to ``segments[i]``.
         """
         for segment in segments:
             if segment.length + 1 > segment.capacity:
-                raise KVMemoryError(f"{segment.owner}: writing past its reserved {segment.capacity} tokens")
+                raise KVMemoryError(
+                    f"{segment.owner}: writing past its reserved {segment.capacity} tokens"
+                )
         idx = torch.cat([self.slots(seg, seg.length, seg.length + 1) for seg in segments])
-        for layer, (k, v) in enumerate(zip(keys, values)):
+        for layer, (k, v) in enumerate(zip(keys, values, strict=False)):
             self.keys[layer].index_copy_(0, idx, k.to(self.keys.dtype))
             self.values[layer].index_copy_(0, idx, v.to(self.values.dtype))
         for segment in segments:
@@ -292,9 +335,12 @@ class KVPool:
         valid = torch.ones(1, segment.length, dtype=torch.bool, device=self.keys.device)
         return KVContext(keys, values, valid)
 
-    def gather(self, rows: Sequence[Sequence[Tuple[KVSegment, int]]]) -> KVContext:
+    def gather(self, rows: Sequence[Sequence[tuple[KVSegment, int]]]) -> KVContext:
         """Batch context: row i is the concatenation of (segment, n_tokens) pieces, right-padded."""
-        reads = [np.concatenate([seg.slot_table[:n] for seg, n in row]) if row else np.zeros(0, np.int64) for row in rows]
+        reads = [
+            np.concatenate([seg.slot_table[:n] for seg, n in row]) if row else np.zeros(0, np.int64)
+            for row in rows
+        ]
         width = max(len(r) for r in reads)
         host_idx = np.zeros((len(rows), width), dtype=np.int64)
         host_valid = np.zeros((len(rows), width), dtype=bool)

@@ -8,7 +8,7 @@ back to the pool, and the fault is counted by stage; requests it did not hit go 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from .requests import LanguageRequest, RequestState
 from .static_paths import StaticRunner, TextRow
 from .types import TextDelta
 
-DEFAULT_KIND_PROMPTS: Dict[str, str] = {
+DEFAULT_KIND_PROMPTS: dict[str, str] = {
     "narration": "\nNarrate: ",
     "answer": "\nQuestion: {text}\nAnswer: ",
     "memory": "\nMemory note: ",
@@ -43,17 +43,17 @@ class LanguageDecoder:
         self,
         policy: Pi05Policy,
         pool: KVPool,
-        runner: Optional[StaticRunner] = None,
+        runner: StaticRunner | None = None,
         faults: FaultInjector = NO_FAULTS,
-        fault_counts: Optional[Dict[str, int]] = None,
+        fault_counts: dict[str, int] | None = None,
     ) -> None:
         self.policy = policy
         self.pool = pool
         self.runner = runner
         self.faults = faults
-        self.fault_counts: Dict[str, int] = {} if fault_counts is None else fault_counts
+        self.fault_counts: dict[str, int] = {} if fault_counts is None else fault_counts
 
-    def attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[TextDelta]:
+    def attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> list[TextDelta]:
         """Give requests a reference to ``frame``'s prefix and their own KV, prefill their kind text
         on top of the shared prefix (images are never re-encoded), and sample each first token.
 
@@ -71,7 +71,10 @@ class LanguageDecoder:
                 r.state = RequestState.ACTIVE
             tokens = None
             if self.runner is not None:
-                rows = [TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own) for r in requests]
+                rows = [
+                    TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own)
+                    for r in requests
+                ]
                 tokens = self._static_step(requests, rows)
             if tokens is None:
                 tokens = self._eager_attach(requests, frame)
@@ -82,7 +85,7 @@ class LanguageDecoder:
             r.position = frame.length + len(r.prompt)
         return self._accept(requests, tokens)
 
-    def _eager_attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> List[int]:
+    def _eager_attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> list[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
         lengths = [len(r.prompt) for r in requests]
@@ -98,10 +101,14 @@ class LanguageDecoder:
         last = torch.tensor(lengths) - 1
         logits = model.logits(out.hidden[torch.arange(len(requests)), last.to(device)])
         for i, r in enumerate(requests):
-            pool.write(r.own, [k[i, : lengths[i]] for k in out.keys], [v[i, : lengths[i]] for v in out.values])
+            pool.write(
+                r.own,
+                [k[i, : lengths[i]] for k in out.keys],
+                [v[i, : lengths[i]] for v in out.values],
+            )
         return [r.choose(logits[i]) for i, r in enumerate(requests)]
 
-    def step(self, requests: Sequence[LanguageRequest]) -> List[TextDelta]:
+    def step(self, requests: Sequence[LanguageRequest]) -> list[TextDelta]:
         """One batched decode step: feed each request's pending token, sample its next one.
 
         Never raises for a fault in here: see the module docstring.
@@ -109,7 +116,15 @@ class LanguageDecoder:
         try:
             tokens = None
             if self.runner is not None:
-                rows = [TextRow([(r.prefix, r.prefix.length), (r.own, r.own.length)], [r.pending_token], r.position, r.own) for r in requests]
+                rows = [
+                    TextRow(
+                        [(r.prefix, r.prefix.length), (r.own, r.own.length)],
+                        [r.pending_token],
+                        r.position,
+                        r.own,
+                    )
+                    for r in requests
+                ]
                 tokens = self._static_step(requests, rows)
             if tokens is None:
                 tokens = self._eager_step(requests)
@@ -120,10 +135,12 @@ class LanguageDecoder:
             r.position += 1
         return self._accept(requests, tokens)
 
-    def _accept(self, requests: Sequence[LanguageRequest], tokens: Sequence[int]) -> List[TextDelta]:
+    def _accept(
+        self, requests: Sequence[LanguageRequest], tokens: Sequence[int]
+    ) -> list[TextDelta]:
         """Each request records its sampled token; one whose detokenising raises fails alone."""
         deltas = []
-        for r, token in zip(requests, tokens):
+        for r, token in zip(requests, tokens, strict=False):
             try:
                 self.faults.check("detokenise")
                 deltas.append(r.accept(token))
@@ -131,7 +148,9 @@ class LanguageDecoder:
                 deltas += self.fail([r], error, "detokenise")
         return deltas
 
-    def fail(self, requests: Sequence[LanguageRequest], error: BaseException, default_stage: str) -> List[TextDelta]:
+    def fail(
+        self, requests: Sequence[LanguageRequest], error: BaseException, default_stage: str
+    ) -> list[TextDelta]:
         """End ``requests`` (hit by ``error``) with a final ``failed`` delta each, release their KV
         and count the fault once under its stage. Returns the final deltas."""
         name = stage_of(error, default_stage)
@@ -142,7 +161,7 @@ class LanguageDecoder:
             self.release(r)
         return deltas
 
-    def _eager_step(self, requests: Sequence[LanguageRequest]) -> List[int]:
+    def _eager_step(self, requests: Sequence[LanguageRequest]) -> list[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
         rows = [[(r.prefix, r.prefix.length), (r.own, r.own.length)] for r in requests]
@@ -151,10 +170,14 @@ class LanguageDecoder:
         positions = torch.tensor([[r.position] for r in requests], device=device)
         out = model.forward_text(context, tokens, positions)
         logits = model.logits(out.hidden[:, 0])
-        pool.append_one([r.own for r in requests], [k[:, 0] for k in out.keys], [v[:, 0] for v in out.values])
+        pool.append_one(
+            [r.own for r in requests], [k[:, 0] for k in out.keys], [v[:, 0] for v in out.values]
+        )
         return [r.choose(logits[i]) for i, r in enumerate(requests)]
 
-    def _static_step(self, requests: Sequence[LanguageRequest], rows: Sequence[TextRow]) -> Optional[List[int]]:
+    def _static_step(
+        self, requests: Sequence[LanguageRequest], rows: Sequence[TextRow]
+    ) -> list[int] | None:
         """Greedy rows take the step's on-device argmax; sampling rows draw from its logits. None:
         the frozen runner has no bucket for these rows (run the eager step)."""
         sampled = [r.sampling.temperature > 0.0 for r in requests]
@@ -162,11 +185,15 @@ class LanguageDecoder:
         if result is None:
             return None
         greedy, logits = result
-        return [r.choose(logits[i]) if sampled[i] else int(greedy[i]) for i, r in enumerate(requests)]
+        return [
+            r.choose(logits[i]) if sampled[i] else int(greedy[i]) for i, r in enumerate(requests)
+        ]
 
-    def run_to_completion(self, request: LanguageRequest, frame: FramePrefix) -> "tuple[List[TextDelta], int]":
-        """Attach one request to ``frame`` and decode it alone until it finishes, then release its KV
-        (the baselines' way). Returns its deltas and the model steps taken (= tokens sampled)."""
+    def run_to_completion(
+        self, request: LanguageRequest, frame: FramePrefix
+    ) -> tuple[list[TextDelta], int]:
+        """Attach one request to ``frame`` and decode it alone until it finishes, then release its
+        KV (the baselines' way). Returns its deltas and the model steps taken (= tokens sampled)."""
         deltas = self.attach([request], frame)
         steps = 1
         while request.state is RequestState.ACTIVE:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -20,9 +20,9 @@ class StepTimer:
             raise ValueError(f"context_step must be >= 1, got {context_step}")
         self.alpha = alpha
         self.context_step = context_step
-        self._ema: Dict[Tuple[int, int], float] = {}
+        self._ema: dict[tuple[int, int], float] = {}
 
-    def key(self, batch: int, context: int = 0) -> Tuple[int, int]:
+    def key(self, batch: int, context: int = 0) -> tuple[int, int]:
         """(batch, context rounded up to the bucket: at least one bucket)."""
         step = self.context_step
         return batch, max(step, -(-context // step) * step)
@@ -32,11 +32,11 @@ class StepTimer:
         old = self._ema.get(key)
         self._ema[key] = seconds if old is None else old + self.alpha * (seconds - old)
 
-    def measured_sizes(self) -> List[int]:
+    def measured_sizes(self) -> list[int]:
         """Batch sizes with at least one measurement."""
         return sorted({batch for batch, _ in self._ema})
 
-    def measured_keys(self) -> List[Tuple[int, int]]:
+    def measured_keys(self) -> list[tuple[int, int]]:
         return sorted(self._ema)
 
     def estimate(self, batch: int, context: int = 0) -> float:
@@ -61,4 +61,3 @@ class StepTimer:
 def percentile(values: Iterable[float], q: float) -> float:
     data = list(values)
     return float(np.percentile(data, q)) if data else 0.0
-

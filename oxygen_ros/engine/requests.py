@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -30,7 +29,7 @@ class SamplingParams:
     max_tokens: int = 30
     temperature: float = 0.0
     seed: int = 0
-    stop: Tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -46,7 +45,14 @@ class RequestState(enum.Enum):
 
 
 class LanguageRequest:
-    def __init__(self, request_id: int, kind: str, prompt: List[int], sampling: SamplingParams, tokenizer: Pi05Tokenizer) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        kind: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        tokenizer: Pi05Tokenizer,
+    ) -> None:
         if kind not in LANGUAGE_KINDS:
             raise ValueError(f"unknown language kind {kind!r}; expected one of {LANGUAGE_KINDS}")
         self.request_id = request_id
@@ -54,12 +60,12 @@ class LanguageRequest:
         self.prompt = prompt  # the kind's own text, prefilled on top of the shared prefix
         self.sampling = sampling
         self.state = RequestState.QUEUED
-        self.frame_id: Optional[int] = None
-        self.prefix: Optional[KVSegment] = None
-        self.own: Optional[KVSegment] = None
+        self.frame_id: int | None = None
+        self.prefix: KVSegment | None = None
+        self.own: KVSegment | None = None
         self.position = 0  # RoPE position of the next token fed
-        self.pending_token: Optional[int] = None  # sampled, not yet fed back
-        self.tokens: List[int] = []
+        self.pending_token: int | None = None  # sampled, not yet fed back
+        self.tokens: list[int] = []
         self.finish_reason = ""
         self.waited_frames = 0  # frames spent queued
         self.stalled_frames = 0  # consecutive frames active without a decode step
@@ -87,7 +93,8 @@ class LanguageRequest:
         return int(torch.multinomial(probs, 1, generator=self._generator))
 
     def accept(self, token: int) -> TextDelta:
-        """Record a sampled token; returns the text delta (final when this token ends the request)."""
+        """Record a sampled token; returns the text delta (final when this token ends the
+        request)."""
         if token == self._eos:
             return self.finish("eos")
         self.tokens.append(token)
@@ -102,7 +109,13 @@ class LanguageRequest:
         if len(self.tokens) >= self.sampling.max_tokens:
             return self.finish("length", delta)
         self.pending_token = token
-        return TextDelta(self.request_id, self.kind, delta, token_count=len(self.tokens), frame_id=self.frame_id or 0)
+        return TextDelta(
+            self.request_id,
+            self.kind,
+            delta,
+            token_count=len(self.tokens),
+            frame_id=self.frame_id or 0,
+        )
 
     def fail(self, detail: str) -> TextDelta:
         """End the request because a stage serving it raised: its final delta says why."""
@@ -119,6 +132,11 @@ class LanguageRequest:
         self.finish_reason = reason
         self.pending_token = None
         return TextDelta(
-            self.request_id, self.kind, delta, final=True, token_count=len(self.tokens), finish_reason=reason,
+            self.request_id,
+            self.kind,
+            delta,
+            final=True,
+            token_count=len(self.tokens),
+            finish_reason=reason,
             frame_id=self.frame_id or 0,
         )

@@ -1,5 +1,5 @@
-"""The OxyGen loop: one shared prefill per frame, a deadline-bound action, and cross-frame continuous
-batching of every active language request in the slack before the next deadline.
+"""The OxyGen loop: one shared prefill per frame, a deadline-bound action, and cross-frame
+continuous batching of every active language request in the slack before the next deadline.
 
     step(observation, next_deadline):
         prefill once -> prefix KV (unified pool)           } act(): the hard-deadline path,
@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from typing import Deque, Dict, List, Mapping, Optional, Set
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -50,7 +50,9 @@ WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buck
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     num_steps: int = 10  # flow-matching denoising steps per action chunk
-    decode_mode: str = "deadline"  # "deadline": measured step latency decides; "fixed": k steps per frame
+    decode_mode: str = (
+        "deadline"  # "deadline": measured step latency decides; "fixed": k steps per frame
+    )
     decode_steps_per_frame: int = 5  # k, used in fixed mode
     max_active_requests: int = 16
     max_queued_requests: int = 64
@@ -59,13 +61,19 @@ class EngineConfig:
     # in a row (every tick overran its deadline) is finished as "stalled", freeing its KV
     kv_capacity_tokens: int = 0  # 0 = room for max_active_requests frames of prefix plus their text
     kv_block_size: int = 16
-    deadline_margin_ms: float = 3.0  # slack left unused before the deadline (the node: decode_margin_ms)
+    deadline_margin_ms: float = (
+        3.0  # slack left unused before the deadline (the node: decode_margin_ms)
+    )
     seed: int = 0
     default_max_tokens: int = 30
-    kind_prompts: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_KIND_PROMPTS))
+    kind_prompts: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_KIND_PROMPTS)
+    )
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
-    cuda_graphs: bool = False  # capture those steps in CUDA graphs; implies static_shapes, CUDA only
+    cuda_graphs: bool = (
+        False  # capture those steps in CUDA graphs; implies static_shapes, CUDA only
+    )
     gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
     context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
     # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk is denoised as an
@@ -80,19 +88,45 @@ class EngineConfig:
         if self.decode_mode not in ("deadline", "fixed"):
             raise ValueError(f"decode_mode must be 'deadline' or 'fixed', got {self.decode_mode!r}")
         if self.gpu_preprocess and not self.uses_static_paths:
-            raise ValueError("gpu_preprocess=True works on the static paths: set static_shapes=True (or cuda_graphs=True)")
-        for name in ("num_steps", "max_active_requests", "kv_block_size", "default_max_tokens", "context_bucket", "max_stall_frames"):
+            raise ValueError(
+                "gpu_preprocess=True works on the static paths: set static_shapes=True (or "
+                "cuda_graphs=True)"
+            )
+        for name in (
+            "num_steps",
+            "max_active_requests",
+            "kv_block_size",
+            "default_max_tokens",
+            "context_bucket",
+            "max_stall_frames",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.decode_steps_per_frame < 0 or self.max_queued_requests < 0 or self.kv_capacity_tokens < 0:
-            raise ValueError("decode_steps_per_frame, max_queued_requests and kv_capacity_tokens must be >= 0")
-        if self.chunk_continuity not in CONTINUITY_MODES:
-            raise ValueError(f"chunk_continuity must be one of {', '.join(CONTINUITY_MODES)}, got {self.chunk_continuity!r}")
-        if self.rtc_schedule not in SCHEDULES:
-            raise ValueError(f"rtc_schedule must be one of {', '.join(SCHEDULES)}, got {self.rtc_schedule!r}")
-        if not (self.action_dt > 0 and self.rtc_execution_horizon >= 0 and 0 <= self.rtc_max_guidance_weight < float("inf")):
+        if (
+            self.decode_steps_per_frame < 0
+            or self.max_queued_requests < 0
+            or self.kv_capacity_tokens < 0
+        ):
             raise ValueError(
-                f"action_dt must be > 0 (got {self.action_dt}), rtc_execution_horizon >= 0 (got {self.rtc_execution_horizon}) "
+                "decode_steps_per_frame, max_queued_requests and kv_capacity_tokens must be >= 0"
+            )
+        if self.chunk_continuity not in CONTINUITY_MODES:
+            raise ValueError(
+                f"chunk_continuity must be one of {', '.join(CONTINUITY_MODES)}, got "
+                f"{self.chunk_continuity!r}"
+            )
+        if self.rtc_schedule not in SCHEDULES:
+            raise ValueError(
+                f"rtc_schedule must be one of {', '.join(SCHEDULES)}, got {self.rtc_schedule!r}"
+            )
+        if not (
+            self.action_dt > 0
+            and self.rtc_execution_horizon >= 0
+            and 0 <= self.rtc_max_guidance_weight < float("inf")
+        ):
+            raise ValueError(
+                f"action_dt must be > 0 (got {self.action_dt}), rtc_execution_horizon >= 0 (got "
+                f"{self.rtc_execution_horizon}) "
                 f"and rtc_max_guidance_weight finite and >= 0 (got {self.rtc_max_guidance_weight})"
             )
         if not self.kind_prompts:
@@ -127,7 +161,7 @@ def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
 
 def make_runner(
     policy: Pi05Policy, pool: KVPool, config: EngineConfig, faults: FaultInjector = NO_FAULTS
-) -> Optional[StaticRunner]:
+) -> StaticRunner | None:
     """The static-shape runner of ``pool`` when the config asks for it, else None (eager paths).
 
     Raises ValueError for cuda_graphs=True with the model off CUDA.
@@ -135,7 +169,11 @@ def make_runner(
     if not config.uses_static_paths:
         return None
     return StaticRunner(
-        policy, pool, cuda_graphs=config.cuda_graphs, gpu_preprocess=config.gpu_preprocess, context_bucket=config.context_bucket,
+        policy,
+        pool,
+        cuda_graphs=config.cuda_graphs,
+        gpu_preprocess=config.gpu_preprocess,
+        context_bucket=config.context_bucket,
         faults=faults,
     )
 
@@ -149,22 +187,26 @@ class EngineBase:
     name = "base"
 
     def __init__(
-        self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter, faults: FaultInjector = NO_FAULTS
+        self,
+        policy: Pi05Policy,
+        config: EngineConfig | None = None,
+        clock: Clock = time.perf_counter,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
         self.policy = policy
         self.config = config or EngineConfig()
         self.clock = clock
         self.faults = faults
-        self.faults_by_stage: Dict[str, int] = {}  # stage -> faults caught or propagated there
+        self.faults_by_stage: dict[str, int] = {}  # stage -> faults caught or propagated there
         self.frame_count = 0
         self._next_request_id = 1
-        self._queue: Deque[LanguageRequest] = collections.deque()
-        self._outbox: List[TextDelta] = []  # deltas produced outside a frame (refusals at submit)
+        self._queue: collections.deque[LanguageRequest] = collections.deque()
+        self._outbox: list[TextDelta] = []  # deltas produced outside a frame (refusals at submit)
         self.tokens_generated = 0  # cumulative language tokens sampled
         self.decode_steps = 0  # cumulative batched decode steps (admission prefills included)
-        self._runners: List["tuple[StaticRunner, bool, int]"] = []  # (runner, acts, max text batch)
+        self._runners: list[tuple[StaticRunner, bool, int]] = []  # (runner, acts, max text batch)
 
-    def _make_runner(self, pool: KVPool, acts: bool, text_batch: int) -> Optional[StaticRunner]:
+    def _make_runner(self, pool: KVPool, acts: bool, text_batch: int) -> StaticRunner | None:
         """A static runner for one of this engine's pools (None on the eager paths); ``acts`` and
         ``text_batch`` say what `warm_up` should prepare for it."""
         runner = make_runner(self.policy, pool, self.config, self.faults)
@@ -201,7 +243,9 @@ class EngineBase:
         """Step 1 of `warm_up`: create the buckets and freeze; returns how many were created."""
         cfg = self.config
         tokenizer = self.policy.tokenizer
-        kind_tokens = [len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()]
+        kind_tokens = [
+            len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()
+        ]
         created = 0
         for runner, acts, batch in self._runners:
             created += runner.warm_up(
@@ -271,19 +315,26 @@ class EngineBase:
             pool.check()
 
     # -- intake --------------------------------------------------------------------------------
-    def submit(self, kind: str, text: str = "", sampling: Optional[SamplingParams] = None) -> int:
+    def submit(self, kind: str, text: str = "", sampling: SamplingParams | None = None) -> int:
         """Queue a language request; it reads the prefix of the frame at which it is admitted.
 
         Returns the request id. A full queue refuses at once (a final delta with the reason).
         """
         if kind not in self.config.kind_prompts:
-            raise ValueError(f"unknown language kind {kind!r}; configured kinds: {sorted(self.config.kind_prompts)}")
+            raise ValueError(
+                f"unknown language kind {kind!r}; configured kinds: "
+                f"{sorted(self.config.kind_prompts)}"
+            )
         sampling = sampling or SamplingParams(max_tokens=self.config.default_max_tokens)
         prompt = self.policy.tokenizer.encode_text(self.config.kind_prompts[kind].format(text=text))
-        request = LanguageRequest(self._next_request_id, kind, prompt, sampling, self.policy.tokenizer)
+        request = LanguageRequest(
+            self._next_request_id, kind, prompt, sampling, self.policy.tokenizer
+        )
         self._next_request_id += 1
         if len(self._queue) >= self.config.max_queued_requests:
-            self._outbox.append(self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)"))
+            self._outbox.append(
+                self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)")
+            )
         else:
             self._queue.append(request)
         return request.request_id
@@ -298,7 +349,12 @@ class EngineBase:
         return self.frame_count
 
     # -- interface -----------------------------------------------------------------------------
-    def step(self, observation: Observation, now: Optional[float] = None, next_deadline: Optional[float] = None) -> FrameResult:
+    def step(
+        self,
+        observation: Observation,
+        now: float | None = None,
+        next_deadline: float | None = None,
+    ) -> FrameResult:
         """Run one frame: its action chunk (always) and whatever language this engine does in it.
 
         now: when the frame's tick started on the engine clock (default: the clock now); frame time
@@ -324,10 +380,12 @@ class EngineBase:
         )
         return FrameResult(chunk, deltas, stats)
 
-    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> "tuple[ActionChunk, List[TextDelta]]":
+    def _run_frame(
+        self, observation: Observation, next_deadline: float | None
+    ) -> tuple[ActionChunk, list[TextDelta]]:
         raise NotImplementedError
 
-    def pools(self) -> List[KVPool]:
+    def pools(self) -> list[KVPool]:
         raise NotImplementedError
 
     @property
@@ -338,7 +396,7 @@ class EngineBase:
     def active_requests(self) -> int:
         raise NotImplementedError
 
-    def memory(self) -> Dict[str, int]:
+    def memory(self) -> dict[str, int]:
         """KV accounting summed over this engine's pools (bytes)."""
         pools = self.pools()
         return {
@@ -349,7 +407,7 @@ class EngineBase:
             "live_segments": sum(p.live_segments for p in pools),
         }
 
-    def close(self) -> List[TextDelta]:
+    def close(self) -> list[TextDelta]:
         """Finish everything and release all KV (idempotent). Returns the final deltas not yet
         delivered: refusals from `submit` and a ``cancelled`` one for each unfinished request."""
         deltas, self._outbox = self._outbox, []
@@ -358,10 +416,16 @@ class EngineBase:
         return deltas
 
 
-def _continuity(policy: Pi05Policy, config: EngineConfig) -> Optional[ChunkContinuity]:
+def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | None:
     if config.chunk_continuity != "rtc":
         return None
-    return ChunkContinuity(policy, config.action_dt, config.rtc_execution_horizon, config.rtc_max_guidance_weight, config.rtc_schedule)
+    return ChunkContinuity(
+        policy,
+        config.action_dt,
+        config.rtc_execution_horizon,
+        config.rtc_max_guidance_weight,
+        config.rtc_schedule,
+    )
 
 
 class OxygenEngine(EngineBase):
@@ -370,26 +434,37 @@ class OxygenEngine(EngineBase):
     name = "oxygen"
 
     def __init__(
-        self, policy: Pi05Policy, config: Optional[EngineConfig] = None, clock: Clock = time.perf_counter, faults: FaultInjector = NO_FAULTS
+        self,
+        policy: Pi05Policy,
+        config: EngineConfig | None = None,
+        clock: Clock = time.perf_counter,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
         super().__init__(policy, config, clock, faults)
         self.pool = make_pool(policy, self.config)
-        self.runner = self._make_runner(self.pool, acts=True, text_batch=self.config.max_active_requests)
+        self.runner = self._make_runner(
+            self.pool, acts=True, text_batch=self.config.max_active_requests
+        )
         self.decoder = LanguageDecoder(policy, self.pool, self.runner, faults, self.faults_by_stage)
-        self.timer = StepTimer(context_step=self.config.context_bucket)  # decode steps: (batch, longest context)
-        self.admission_timer = StepTimer(context_step=16)  # admission prefills: (requests, their new tokens)
-        self.fixed_steps_skipped = 0  # fixed-mode steps left out because they did not fit before ``until``
-        self._frame: Optional[FramePrefix] = None  # newest frame; the engine holds one reference
-        self._active: List[LanguageRequest] = []
+        # decode steps: (batch, longest context)
+        self.timer = StepTimer(context_step=self.config.context_bucket)
+        # admission prefills: (requests, their new tokens)
+        self.admission_timer = StepTimer(context_step=16)
+        self.fixed_steps_skipped = (
+            0  # fixed-mode steps left out because they did not fit before ``until``
+        )
+        self._frame: FramePrefix | None = None  # newest frame; the engine holds one reference
+        self._active: list[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
         self.continuity = _continuity(policy, self.config)
         if self.pool.num_blocks < 2 * self._prefix_blocks:
             raise ValueError(
-                f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two frame prefixes "
+                f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two "
+                "frame prefixes "
                 f"of up to {max_prefix_tokens(policy)} tokens; raise kv_capacity_tokens"
             )
 
-    def pools(self) -> List[KVPool]:
+    def pools(self) -> list[KVPool]:
         return [self.pool]
 
     def _calibrate(self, observation: Observation, repeats: int = 3) -> None:
@@ -397,18 +472,39 @@ class OxygenEngine(EngineBase):
         frame: deadline mode then knows from the first tick how large a batch fits in the slack
         (without this, a size not yet seen is estimated from the next larger one)."""
         cfg = self.config
-        repeats = min(repeats, cfg.default_max_tokens - 1)  # steps a request of the usual length takes
+        # steps a request of the usual length takes
+        repeats = min(repeats, cfg.default_max_tokens - 1)
         if repeats < 1:
             return
-        sizes = sorted({min(1 << i, cfg.max_active_requests) for i in range(cfg.max_active_requests.bit_length() + 1)})
-        frame, _ = timed_action(self.policy, self.pool, observation, -1, cfg.seed, cfg.num_steps, self.clock, self.runner)
+        sizes = sorted(
+            {
+                min(1 << i, cfg.max_active_requests)
+                for i in range(cfg.max_active_requests.bit_length() + 1)
+            }
+        )
+        frame, _ = timed_action(
+            self.policy,
+            self.pool,
+            observation,
+            -1,
+            cfg.seed,
+            cfg.num_steps,
+            self.clock,
+            self.runner,
+        )
         kind = next(iter(cfg.kind_prompts))
         prompt = self.policy.tokenizer.encode_text(cfg.kind_prompts[kind].format(text=""))
         sampling = SamplingParams(max_tokens=cfg.default_max_tokens)
         try:
             for size in sizes:
-                requests = [LanguageRequest(-1 - i, kind, prompt, sampling, self.policy.tokenizer) for i in range(size)]
-                if self.pool.blocks_for(requests[0].kv_tokens_needed) * size > self.pool.free_blocks - self._prefix_blocks:
+                requests = [
+                    LanguageRequest(-1 - i, kind, prompt, sampling, self.policy.tokenizer)
+                    for i in range(size)
+                ]
+                if (
+                    self.pool.blocks_for(requests[0].kv_tokens_needed) * size
+                    > self.pool.free_blocks - self._prefix_blocks
+                ):
                     break  # the pool cannot hold this many requests beside a frame prefix
                 try:
                     for request in requests:  # one by one: admission buckets exist for small bursts
@@ -457,8 +553,16 @@ class OxygenEngine(EngineBase):
         guidance = self.continuity.guidance(observation) if self.continuity else None
         try:
             self._frame, chunk = timed_action(
-                self.policy, self.pool, observation, self._new_frame_id(), cfg.seed, cfg.num_steps, self.clock, self.runner,
-                self.faults, guidance,
+                self.policy,
+                self.pool,
+                observation,
+                self._new_frame_id(),
+                cfg.seed,
+                cfg.num_steps,
+                self.clock,
+                self.runner,
+                self.faults,
+                guidance,
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))
@@ -468,7 +572,7 @@ class OxygenEngine(EngineBase):
         return chunk
 
     # -- the language path -----------------------------------------------------------------------
-    def decode(self, until: Optional[float] = None, max_steps: Optional[int] = None) -> List[TextDelta]:
+    def decode(self, until: float | None = None, max_steps: int | None = None) -> list[TextDelta]:
         """Admit queued requests onto the newest prefix, then run batched decode steps.
 
         Deadline mode: each step takes the largest batch of active requests, oldest first, whose
@@ -486,7 +590,7 @@ class OxygenEngine(EngineBase):
             max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
         deltas, self._outbox = self._outbox, []
         deltas += self._admit(until)
-        progressed: Set[int] = set()
+        progressed: set[int] = set()
         steps = 0
         last = self.clock()
         while self._active and steps < max_steps:
@@ -494,7 +598,9 @@ class OxygenEngine(EngineBase):
                 batch = self._active[: self._batch_that_fits(until, last)]
             else:
                 batch = list(self._active)
-                if until is not None and not self._fits(until, self.timer.estimate(len(batch), self._context(batch)), last):
+                if until is not None and not self._fits(
+                    until, self.timer.estimate(len(batch), self._context(batch)), last
+                ):
                     self.fixed_steps_skipped += max_steps - steps
                     break
             if not batch:
@@ -509,61 +615,84 @@ class OxygenEngine(EngineBase):
             self.decode_steps += 1
             self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
-            if sum(self.faults_by_stage.values()) == faults_before:  # a failed step's time says nothing
+            if (
+                sum(self.faults_by_stage.values()) == faults_before
+            ):  # a failed step's time says nothing
                 self.timer.record(len(batch), now - last, context)
             last = now
         deltas += self._finish_stalled(progressed)
         return deltas
 
     @staticmethod
-    def _context(requests: List[LanguageRequest]) -> int:
+    def _context(requests: list[LanguageRequest]) -> int:
         """Tokens the longest row of a decode step over ``requests`` reads (prefix + its own)."""
         return max(r.prefix.length + r.own.length for r in requests)
 
     def _batch_that_fits(self, until: float, now: float) -> int:
         """How many of the active requests (oldest first) one step can take before ``until``."""
-        contexts = list(itertools.accumulate((r.prefix.length + r.own.length for r in self._active), max))
+        contexts = list(
+            itertools.accumulate((r.prefix.length + r.own.length for r in self._active), max)
+        )
         size = len(self._active)
-        while size > 0 and not self._fits(until, self.timer.estimate(size, contexts[size - 1]), now):
+        while size > 0 and not self._fits(
+            until, self.timer.estimate(size, contexts[size - 1]), now
+        ):
             size -= 1
         return size
 
-    def _finish_stalled(self, progressed: Set[int]) -> List[TextDelta]:
+    def _finish_stalled(self, progressed: set[int]) -> list[TextDelta]:
         """Under sustained overload deadline mode never finds slack: rather than hold KV forever
         (or delay the action path), requests that made no progress for too long are finished."""
-        deltas: List[TextDelta] = []
+        deltas: list[TextDelta] = []
         for request in self._active:
-            request.stalled_frames = 0 if request.request_id in progressed else request.stalled_frames + 1
+            request.stalled_frames = (
+                0 if request.request_id in progressed else request.stalled_frames + 1
+            )
             if request.stalled_frames > self.config.max_stall_frames:
                 delta = request.finish("stalled")
-                delta.detail = f"no decode slack for {request.stalled_frames} frames (every tick overran)"
+                delta.detail = (
+                    f"no decode slack for {request.stalled_frames} frames (every tick overran)"
+                )
                 deltas.append(delta)
         self._retire_finished()
         return deltas
 
-    def _fits(self, until: float, seconds: float, now: Optional[float] = None) -> bool:
+    def _fits(self, until: float, seconds: float, now: float | None = None) -> bool:
         """Would work estimated at ``seconds`` end before ``until`` (minus the margin)?"""
         now = self.clock() if now is None else now
         return now + seconds + self.config.deadline_margin_ms * 1e-3 <= until
 
-    def _admit(self, until: Optional[float]) -> List[TextDelta]:
-        deltas: List[TextDelta] = []
+    def _admit(self, until: float | None) -> list[TextDelta]:
+        deltas: list[TextDelta] = []
         if self._frame is None:
             return deltas
-        admitted: List[LanguageRequest] = []
+        admitted: list[LanguageRequest] = []
         new_tokens = 0  # kind-prompt tokens the admission prefill feeds
-        language_blocks = self.pool.num_blocks - 2 * self._prefix_blocks  # keep: its prefix + the next frame's
+        # keep: its prefix + the next frame's
+        language_blocks = self.pool.num_blocks - 2 * self._prefix_blocks
         for request in list(self._queue):
             need = self.pool.blocks_for(request.kv_tokens_needed)
             if need > language_blocks:
                 self._queue.remove(request)
-                why = f"needs {request.kv_tokens_needed} KV tokens; the pool allows {language_blocks * self.pool.block_size}"
+                allows = language_blocks * self.pool.block_size
+                why = f"needs {request.kv_tokens_needed} KV tokens; the pool allows {allows}"
                 deltas.append(self._refuse(request, why))
                 continue
-            room = self.pool.free_blocks - need - sum(self.pool.blocks_for(r.kv_tokens_needed) for r in admitted)
-            if len(self._active) + len(admitted) >= self.config.max_active_requests or room < self._prefix_blocks:
-                break  # wait: concurrency or memory limit (the next frame's prefix is always kept free)
-            if until is not None and not self._fits(until, self.admission_timer.estimate(len(admitted) + 1, new_tokens + len(request.prompt))):
+            room = (
+                self.pool.free_blocks
+                - need
+                - sum(self.pool.blocks_for(r.kv_tokens_needed) for r in admitted)
+            )
+            if (
+                len(self._active) + len(admitted) >= self.config.max_active_requests
+                or room < self._prefix_blocks
+            ):
+                # wait: concurrency or memory limit (the next frame's prefix is always kept free)
+                break
+            if until is not None and not self._fits(
+                until,
+                self.admission_timer.estimate(len(admitted) + 1, new_tokens + len(request.prompt)),
+            ):
                 break
             self._queue.remove(request)
             admitted.append(request)
@@ -572,7 +701,11 @@ class OxygenEngine(EngineBase):
             request.waited_frames += 1
         for request in [r for r in self._queue if r.waited_frames > self.config.max_wait_frames]:
             self._queue.remove(request)
-            deltas.append(self._refuse(request, f"waited {request.waited_frames} frames for KV memory or a decode slot"))
+            deltas.append(
+                self._refuse(
+                    request, f"waited {request.waited_frames} frames for KV memory or a decode slot"
+                )
+            )
         if admitted:
             faults_before = sum(self.faults_by_stage.values())
             start = self.clock()
@@ -595,7 +728,7 @@ class OxygenEngine(EngineBase):
                 still.append(request)
         self._active = still
 
-    def cancel(self, request_id: int) -> Optional[TextDelta]:
+    def cancel(self, request_id: int) -> TextDelta | None:
         """Stop a queued or active request now; returns its final delta (None if unknown)."""
         for request in list(self._queue) + self._active:
             if request.request_id == request_id:
@@ -607,16 +740,19 @@ class OxygenEngine(EngineBase):
         return None
 
     # -- one frame ---------------------------------------------------------------------------------
-    def _run_frame(self, observation: Observation, next_deadline: Optional[float]) -> "tuple[ActionChunk, List[TextDelta]]":
+    def _run_frame(
+        self, observation: Observation, next_deadline: float | None
+    ) -> tuple[ActionChunk, list[TextDelta]]:
         chunk = self.act(observation)
         return chunk, self.decode(next_deadline)
 
     def check_memory(self) -> None:
         """`KVPool.check` against the references this engine knows of: one to its newest frame's
         prefix, and for each active request one to its frame's prefix and one to its own segment;
-        queued requests hold none. Raises KVInvariantError naming the offending segments or requests.
+        queued requests hold none. Raises KVInvariantError naming the offending segments or
+        requests.
         """
-        refs: Dict[int, int] = collections.Counter()
+        refs: dict[int, int] = collections.Counter()
         if self._frame is not None:
             refs[self._frame.segment.segment_id] += 1
         wrong = [r.request_id for r in self._queue if r.prefix is not None or r.own is not None]
@@ -627,10 +763,12 @@ class OxygenEngine(EngineBase):
             refs[r.prefix.segment_id] += 1
             refs[r.own.segment_id] += 1
         if wrong:
-            raise KVInvariantError(f"requests {wrong}: queued ones holding KV or active ones without their KV")
+            raise KVInvariantError(
+                f"requests {wrong}: queued ones holding KV or active ones without their KV"
+            )
         self.pool.check(refs)
 
-    def close(self) -> List[TextDelta]:
+    def close(self) -> list[TextDelta]:
         deltas, self._outbox = self._outbox, []
         deltas += [request.finish("cancelled") for request in list(self._queue) + self._active]
         self._queue.clear()

@@ -48,7 +48,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ from .kv_cache import KVPool, KVSegment
 from .types import Observation
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-GraphPool = Optional[Tuple[int, int]]
+GraphPool = tuple[int, int] | None
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -85,7 +85,7 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
-def prompt_buckets(max_token_len: int) -> Tuple[int, ...]:
+def prompt_buckets(max_token_len: int) -> tuple[int, ...]:
     """Powers of two from 16 below max_token_len, then max_token_len (pi05: 16 32 64 128 200)."""
     buckets = [b for b in (16, 32, 64, 128, 256, 512, 1024) if b < max_token_len]
     return tuple(buckets) + (max_token_len,)
@@ -94,12 +94,12 @@ def prompt_buckets(max_token_len: int) -> Tuple[int, ...]:
 class PackedInts:
     """Named int64 inputs of one step in one device buffer, mirrored by a host array to fill."""
 
-    def __init__(self, fields: Sequence[Tuple[str, Tuple[int, ...]]], device: torch.device) -> None:
+    def __init__(self, fields: Sequence[tuple[str, tuple[int, ...]]], device: torch.device) -> None:
         sizes = [math.prod(shape) for _, shape in fields]
         self.host = np.zeros(sum(sizes), dtype=np.int64)
         self.device = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
-        self.views: Dict[str, Tensor] = {}
-        self.host_views: Dict[str, np.ndarray] = {}
+        self.views: dict[str, Tensor] = {}
+        self.host_views: dict[str, np.ndarray] = {}
         start = 0
         for (name, shape), size in zip(fields, sizes, strict=True):
             self.views[name] = self.device[start : start + size].view(shape)
@@ -131,7 +131,9 @@ class _StaticStep:
     computation itself is `Pi05Model`'s, the same the eager paths run.
     """
 
-    def __init__(self, model: Pi05Model, pool: KVPool, use_graph: bool, graph_pool: GraphPool) -> None:
+    def __init__(
+        self, model: Pi05Model, pool: KVPool, use_graph: bool, graph_pool: GraphPool
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = pool.keys.device
@@ -166,7 +168,7 @@ class StaticPrefill(_StaticStep):
         model: Pi05Model,
         pool: KVPool,
         images: Tensor,
-        slots: Tuple[int, ...],
+        slots: tuple[int, ...],
         prompt_len: int,
         use_graph: bool,
         graph_pool: GraphPool,
@@ -178,7 +180,9 @@ class StaticPrefill(_StaticStep):
         self.columns = self.image_columns + prompt_len
         device = pool.keys.device
         self.images = images  # [n_present, 3, size, size] float32 in [-1, 1], shared per slot set
-        self.inputs = PackedInts([("tokens", (1, prompt_len)), ("write", (self.columns,)), ("n_tokens", (1,))], device)
+        self.inputs = PackedInts(
+            [("tokens", (1, prompt_len)), ("write", (self.columns,)), ("n_tokens", (1,))], device
+        )
         self._token_index = torch.arange(prompt_len, device=device)
         self._image_valid = torch.ones(1, self.image_columns, dtype=torch.bool, device=device)
         super().__init__(model, pool, use_graph, graph_pool)
@@ -193,8 +197,11 @@ class StaticPrefill(_StaticStep):
         model = self.model
         image_emb = model.embed_present_images(self.images).reshape(1, self.image_columns, -1)
         embs = torch.cat([image_emb, model.embed_tokens(self.inputs["tokens"])], dim=1)
-        prompt_valid = self._token_index[None] < self.inputs["n_tokens"][:, None]  # padding at the end
-        out = model.prefix_forward(embs, torch.cat([self._image_valid, prompt_valid], dim=1), dense_mask=False)
+        # the prompt's padding is at its end
+        prompt_valid = self._token_index[None] < self.inputs["n_tokens"][:, None]
+        out = model.prefix_forward(
+            embs, torch.cat([self._image_valid, prompt_valid], dim=1), dense_mask=False
+        )
         self._write_kv(out.keys, out.values, self.inputs["write"])
 
 
@@ -202,15 +209,24 @@ class StaticActionChunk(_StaticStep):
     """Action chunk over a prefix of up to ``context`` tokens read from the pool by slot index."""
 
     def __init__(
-        self, model: Pi05Model, pool: KVPool, context: int, num_steps: int, use_graph: bool, graph_pool: GraphPool
+        self,
+        model: Pi05Model,
+        pool: KVPool,
+        context: int,
+        num_steps: int,
+        use_graph: bool,
+        graph_pool: GraphPool,
     ) -> None:
         cfg = model.config
         device = pool.keys.device
         self.context = context
         self.inputs = PackedInts([("gather", (context,)), ("n_valid", (1,))], device)
-        self.noise = torch.zeros(1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device)
+        self.noise = torch.zeros(
+            1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device
+        )
         self.actions = torch.zeros_like(self.noise)
-        self._times = torch.stack(flow_schedule(num_steps)).to(device)  # openpi's float32 accumulation
+        # openpi's float32 accumulation
+        self._times = torch.stack(flow_schedule(num_steps)).to(device)
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         self._context_index = torch.arange(context, device=device)
         super().__init__(model, pool, use_graph, graph_pool)
@@ -226,11 +242,16 @@ class StaticActionChunk(_StaticStep):
         values = pool.values[:, gather][:, None]
         valid = self._context_index[None] < n_valid[:, None]  # [1, C]
         context = KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
-        self.actions.copy_(self.model.denoise(context, n_valid, self.noise, self._times, self._dt, dense_mask=False))
+        self.actions.copy_(
+            self.model.denoise(
+                context, n_valid, self.noise, self._times, self._dt, dense_mask=False
+            )
+        )
 
 
 class StaticTextStep(_StaticStep):
-    """``batch`` rows of ``new_tokens`` text tokens over contexts of up to ``context`` pool slots."""
+    """``batch`` rows of ``new_tokens`` text tokens over contexts of up to ``context`` pool
+    slots."""
 
     def __init__(
         self,
@@ -257,7 +278,9 @@ class StaticTextStep(_StaticStep):
             ],
             device,
         )
-        self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, device=device)
+        self.logits = torch.zeros(
+            batch, model.config.vocab_size, dtype=torch.float32, device=device
+        )
         self.greedy = torch.zeros(batch, dtype=torch.int64, device=device)
         self._context_index = torch.arange(context, device=device)
         self._new_index = torch.arange(new_tokens, device=device)
@@ -275,7 +298,11 @@ class StaticTextStep(_StaticStep):
     def _forward(self) -> None:
         model, pool, x = self.model, self.pool, self.inputs
         context_valid = self._context_index[None] < x["context_len"][:, None]  # [B, C]
-        context = KVContext(_LayerGather(pool.keys, x["gather"]), _LayerGather(pool.values, x["gather"]), context_valid)
+        context = KVContext(
+            _LayerGather(pool.keys, x["gather"]),
+            _LayerGather(pool.values, x["gather"]),
+            context_valid,
+        )
         positions = x["first_pos"][:, None] + self._new_index[None]
         new_valid = self._new_index[None] < x["new_len"][:, None]  # [B, T]
         out = model.forward_text(context, x["tokens"], positions, new_valid, dense_mask=False)
@@ -290,7 +317,7 @@ class StaticTextStep(_StaticStep):
 class TextRow:
     """One request's part of a text step."""
 
-    context: Sequence[Tuple[KVSegment, int]]  # (segment, tokens) pieces read, in order
+    context: Sequence[tuple[KVSegment, int]]  # (segment, tokens) pieces read, in order
     tokens: Sequence[int]  # new tokens fed this step
     position: int  # RoPE position of the first new token
     target: KVSegment  # the new tokens' K/V are appended here
@@ -328,7 +355,9 @@ class StaticRunner:
                 "use static_shapes=True alone to run the fixed-shape paths without graphs"
             )
         if pool.scratch_tokens < 1:
-            raise ValueError("static paths need a KV pool with scratch slots (KVPool(scratch_tokens=...))")
+            raise ValueError(
+                "static paths need a KV pool with scratch slots (KVPool(scratch_tokens=...))"
+            )
         if context_bucket < 1 or not batch_buckets:
             raise ValueError("context_bucket must be >= 1 and batch_buckets non-empty")
         self.policy = policy
@@ -342,10 +371,10 @@ class StaticRunner:
         self.prompt_buckets = prompt_buckets(policy.config.max_token_len)
         self._graph_pool = new_graph_pool(device, cuda_graphs)
         self._stager = HostStager(device)
-        self._images: Dict[Tuple[int, ...], Tensor] = {}
-        self._prefills: Dict[Tuple[Tuple[int, ...], int], StaticPrefill] = {}
-        self._actions: Dict[Tuple[int, int], StaticActionChunk] = {}
-        self._texts: Dict[Tuple[int, int, int], StaticTextStep] = {}
+        self._images: dict[tuple[int, ...], Tensor] = {}
+        self._prefills: dict[tuple[tuple[int, ...], int], StaticPrefill] = {}
+        self._actions: dict[tuple[int, int], StaticActionChunk] = {}
+        self._texts: dict[tuple[int, int, int], StaticTextStep] = {}
         self.faults = faults
         self.frozen = False  # set by `freeze`: no new bucket from then on
         self.captures_during_frames = 0  # buckets created while frozen (must stay 0)
@@ -358,7 +387,7 @@ class StaticRunner:
 
     # -- buckets ---------------------------------------------------------------------------------
     @property
-    def paths(self) -> List[_StaticStep]:
+    def paths(self) -> list[_StaticStep]:
         """Every bucket created so far (prefills, action chunks, text steps)."""
         return [*self._prefills.values(), *self._actions.values(), *self._texts.values()]
 
@@ -367,27 +396,31 @@ class StaticRunner:
         return len(self._prefills) + len(self._actions) + len(self._texts)
 
     @property
-    def text_buckets(self) -> List[Tuple[int, int, int]]:
+    def text_buckets(self) -> list[tuple[int, int, int]]:
         """(batch, new tokens, context) of the text steps created so far."""
         return sorted(self._texts)
 
-    def _image_buffer(self, slots: Tuple[int, ...]) -> Tensor:
+    def _image_buffer(self, slots: tuple[int, ...]) -> Tensor:
         if slots not in self._images:
             size = self.policy.config.vision.image_size
-            self._images[slots] = torch.zeros(len(slots), 3, size, size, dtype=torch.float32, device=self.device)
+            self._images[slots] = torch.zeros(
+                len(slots), 3, size, size, dtype=torch.float32, device=self.device
+            )
         return self._images[slots]
 
     def _created(self) -> None:
         if self.frozen:
             self.captures_during_frames += 1
 
-    def prefill_path(self, slots: Tuple[int, ...], prompt_len: int) -> StaticPrefill:
+    def prefill_path(self, slots: tuple[int, ...], prompt_len: int) -> StaticPrefill:
         """The prefill bucket of these image slots and prompt length (created when missing)."""
         key = (slots, bucket_for(prompt_len, self.prompt_buckets))
         if key not in self._prefills:
             self._created()
             images = self._image_buffer(slots)
-            self._prefills[key] = StaticPrefill(self.model, self.pool, images, slots, key[1], self.cuda_graphs, self._graph_pool)
+            self._prefills[key] = StaticPrefill(
+                self.model, self.pool, images, slots, key[1], self.cuda_graphs, self._graph_pool
+            )
         return self._prefills[key]
 
     def action_path(self, prefix_len: int, num_steps: int) -> StaticActionChunk:
@@ -395,41 +428,60 @@ class StaticRunner:
         key = (round_up(prefix_len, self.context_bucket), num_steps)
         if key not in self._actions:
             self._created()
-            self._actions[key] = StaticActionChunk(self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool)
+            self._actions[key] = StaticActionChunk(
+                self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool
+            )
         return self._actions[key]
 
     def text_path(self, batch: int, new_tokens: int, context: int) -> StaticTextStep:
         """The text bucket of this batch, new-token count and context (created when missing)."""
-        key = (bucket_for(batch, self.batch_buckets), next_power_of_two(new_tokens), round_up(context, self.context_bucket))
+        key = (
+            bucket_for(batch, self.batch_buckets),
+            next_power_of_two(new_tokens),
+            round_up(context, self.context_bucket),
+        )
         if key not in self._texts:
             self._created()
             vocab = min(self.policy.tokenizer.vocab_size, self.model.config.vocab_size)
-            self._texts[key] = StaticTextStep(self.model, self.pool, *key, vocab, self.cuda_graphs, self._graph_pool)
+            self._texts[key] = StaticTextStep(
+                self.model, self.pool, *key, vocab, self.cuda_graphs, self._graph_pool
+            )
         return self._texts[key]
 
-    # A frame's lookups: before `freeze` as above; after, the smallest captured bucket that holds the
+    # A frame's lookups: before `freeze` as above; after, the smallest captured bucket that holds
+    # the
     # shape, or None (the caller runs its eager path).
-    def _frame_prefill(self, slots: Tuple[int, ...], prompt_len: int) -> Optional[StaticPrefill]:
+    def _frame_prefill(self, slots: tuple[int, ...], prompt_len: int) -> StaticPrefill | None:
         if not self.frozen:
             return self.prefill_path(slots, prompt_len)
         fits = [p for (s, n), p in self._prefills.items() if s == slots and n >= prompt_len]
         return self._counted(min(fits, key=lambda p: p.prompt_len) if fits else None)
 
-    def _frame_action(self, prefix_len: int, num_steps: int) -> Optional[StaticActionChunk]:
+    def _frame_action(self, prefix_len: int, num_steps: int) -> StaticActionChunk | None:
         if not self.frozen:
             return self.action_path(prefix_len, num_steps)
         fits = [p for (c, n), p in self._actions.items() if n == num_steps and c >= prefix_len]
         return self._counted(min(fits, key=lambda p: p.context) if fits else None)
 
-    def _frame_text(self, batch: int, new_tokens: int, context: int) -> Optional[StaticTextStep]:
+    def _frame_text(self, batch: int, new_tokens: int, context: int) -> StaticTextStep | None:
         if not self.frozen:
             return self.text_path(batch, new_tokens, context)
         if batch <= self.batch_buckets[-1]:
-            key = (bucket_for(batch, self.batch_buckets), next_power_of_two(new_tokens), round_up(context, self.context_bucket))
+            key = (
+                bucket_for(batch, self.batch_buckets),
+                next_power_of_two(new_tokens),
+                round_up(context, self.context_bucket),
+            )
             if key in self._texts:
                 return self._texts[key]
-        fits = [p for (b, t, c), p in self._texts.items() if b >= batch and t >= new_tokens and c >= context]
-        return self._counted(min(fits, key=lambda p: p.batch * p.new_tokens * p.context) if fits else None)
+        fits = [
+            p
+            for (b, t, c), p in self._texts.items()
+            if b >= batch and t >= new_tokens and c >= context
+        ]
+        return self._counted(
+            min(fits, key=lambda p: p.batch * p.new_tokens * p.context) if fits else None
+        )
 
     def _counted(self, path):
         if path is None:
@@ -454,21 +506,28 @@ class StaticRunner:
             torch.cuda.current_stream(self.device).synchronize()
 
     # -- prefill -----------------------------------------------------------------------------------
-    def stage_images(self, observation: Observation) -> Tuple[int, ...]:
+    def stage_images(self, observation: Observation) -> tuple[int, ...]:
         """Preprocess and upload the observation's images into the buffer of its slot set."""
         slots = self.policy.present_slots(observation.images)
         buffer = self._image_buffer(slots)
         size = self.policy.config.vision.image_size
         if self.gpu_preprocess:
             for i, slot in enumerate(slots):
-                raw = self._stager.to_device(f"raw {i}", np.asarray(observation.images[IMAGE_SLOTS[slot]]))
+                raw = self._stager.to_device(
+                    f"raw {i}", np.asarray(observation.images[IMAGE_SLOTS[slot]])
+                )
                 resize_with_pad_torch(raw, size, size, out=buffer[i : i + 1])
         else:  # openpi's PIL path on the host, one pinned upload
-            pixels = np.stack([to_model_range(resize_with_pad(observation.images[IMAGE_SLOTS[s]], size, size)) for s in slots])
+            pixels = np.stack(
+                [
+                    to_model_range(resize_with_pad(observation.images[IMAGE_SLOTS[s]], size, size))
+                    for s in slots
+                ]
+            )
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots
 
-    def prefill(self, observation: Observation, owner: str) -> Optional[KVSegment]:
+    def prefill(self, observation: Observation, owner: str) -> KVSegment | None:
         """Encode an observation into a new pool segment (one reference, held by the caller).
 
         Returns the segment; None when frozen with no captured bucket for its cameras and prompt
@@ -498,7 +557,7 @@ class StaticRunner:
         return segment
 
     # -- actions -----------------------------------------------------------------------------------
-    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Optional[Tensor]:
+    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Tensor | None:
         """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32;
         None when frozen with no captured bucket that holds the prefix (run the eager chunk)."""
         n_valid = prefix.length
@@ -516,8 +575,8 @@ class StaticRunner:
 
     # -- text --------------------------------------------------------------------------------------
     def text(
-        self, rows: Sequence[TextRow], want_logits: Optional[Sequence[bool]] = None
-    ) -> Optional[Tuple[np.ndarray, Dict[int, Tensor]]]:
+        self, rows: Sequence[TextRow], want_logits: Sequence[bool] | None = None
+    ) -> tuple[np.ndarray, dict[int, Tensor]] | None:
         """Feed each row's new tokens, append their K/V to the row's target segment.
 
         Returns the greedy next token of every row (host int64 [rows]) and float32 logits [vocab]
@@ -527,13 +586,18 @@ class StaticRunner:
         pool = self.pool
         chunks = []
         for start, chunk in self._chunks(rows):
-            reads = [np.concatenate([pool.host_slots(seg, 0, n) for seg, n in row.context]) for row in chunk]
-            path = self._frame_text(len(chunk), max(len(r.tokens) for r in chunk), max(len(r) for r in reads))
+            reads = [
+                np.concatenate([pool.host_slots(seg, 0, n) for seg, n in row.context])
+                for row in chunk
+            ]
+            path = self._frame_text(
+                len(chunk), max(len(r.tokens) for r in chunk), max(len(r) for r in reads)
+            )
             if path is None:
                 return None
             chunks.append((start, chunk, reads, path))
         greedy = np.zeros(len(rows), dtype=np.int64)
-        logits: Dict[int, Tensor] = {}
+        logits: dict[int, Tensor] = {}
         for start, chunk, reads, path in chunks:
             self._run_text(path, chunk, reads)
             greedy[start : start + len(chunk)] = path.greedy[: len(chunk)].cpu().numpy()
@@ -542,12 +606,14 @@ class StaticRunner:
                     logits[start + i] = path.logits[i].clone()
         return greedy, logits
 
-    def _chunks(self, rows: Sequence[TextRow]) -> Iterator[Tuple[int, Sequence[TextRow]]]:
+    def _chunks(self, rows: Sequence[TextRow]) -> Iterator[tuple[int, Sequence[TextRow]]]:
         largest = self.batch_buckets[-1]
         for start in range(0, len(rows), largest):
             yield start, rows[start : start + largest]
 
-    def _run_text(self, path: StaticTextStep, rows: Sequence[TextRow], reads: Sequence[np.ndarray]) -> None:
+    def _run_text(
+        self, path: StaticTextStep, rows: Sequence[TextRow], reads: Sequence[np.ndarray]
+    ) -> None:
         pool = self.pool
         path.fill_padding()  # the rows past len(rows) stay padding
         host = path.inputs.host_views
@@ -565,12 +631,13 @@ class StaticRunner:
         for row in rows:  # written: count them only now
             pool.claim(row.target, len(row.tokens))
 
-    # -- capture ahead of time -----------------------------------------------------------------------
+    # -- capture ahead of time
+    # -----------------------------------------------------------------------
     def warm_up(
         self,
         observation: Observation,
         *,
-        num_steps: Optional[int],
+        num_steps: int | None,
         max_batch: int = 0,
         text_tokens: int = 0,
         attach_tokens: Sequence[int] = (),
@@ -596,7 +663,9 @@ class StaticRunner:
             top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
             batches = [b for b in self.batch_buckets if b <= top]
             step = self.context_bucket
-            contexts = range(round_up(n_valid, step), round_up(n_valid + text_tokens, step) + 1, step)
+            contexts = range(
+                round_up(n_valid, step), round_up(n_valid + text_tokens, step) + 1, step
+            )
             shapes = {(b, 1, c) for b in batches for c in contexts}
             # admissions come a few at a time; a larger burst captures its bucket when it happens
             shapes |= {(b, k, n_valid) for b in batches if b <= 4 for k in attach_tokens}

@@ -7,7 +7,7 @@ same language and none of them needs torch to read a result.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,14 +21,14 @@ Clock = Callable[[], float]
 class Observation:
     """One synchronised snapshot of the robot.
 
-    images: image-slot name (``base_0_rgb``, ``left_wrist_0_rgb``, ``right_wrist_0_rgb``) -> RGB uint8
-        [H, W, 3] of any size; a slot that is absent is masked out of the model input.
+    images: image-slot name (``base_0_rgb``, ``left_wrist_0_rgb``, ``right_wrist_0_rgb``) -> RGB
+        uint8 [H, W, 3] of any size; a slot that is absent is masked out of the model input.
     state: joint state in robot units, length = the robot's state dimension.
     prompt: the task text.
     stamp: observation time in seconds (the newest input's stamp).
     """
 
-    images: Dict[str, np.ndarray]
+    images: dict[str, np.ndarray]
     state: np.ndarray
     prompt: str
     stamp: float = 0.0
@@ -54,7 +54,9 @@ class TextDelta:
     text: str
     final: bool = False
     token_count: int = 0
-    finish_reason: str = ""  # eos | stop | length | refused | stalled | cancelled | failed when final
+    finish_reason: str = (
+        ""  # eos | stop | length | refused | stalled | cancelled | failed when final
+    )
     detail: str = ""  # why, for refused, stalled and failed ("<ExceptionType>: <message>") requests
     frame_id: int = 0  # the frame whose prefix the request reads (0 while still queued)
 
@@ -75,8 +77,8 @@ class FrameStats:
 
 @dataclasses.dataclass
 class FrameResult:
-    action: Optional[ActionChunk]
-    deltas: List[TextDelta]
+    action: ActionChunk | None
+    deltas: list[TextDelta]
     stats: FrameStats
 
 

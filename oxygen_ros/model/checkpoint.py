@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -35,8 +36,8 @@ from .preprocess import NormStats, NormStatsError, load_norm_stats, save_norm_st
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, "os.PathLike[str]"]
-DTypeLike = Union[torch.dtype, str]
+PathLike = str | os.PathLike[str]
+DTypeLike = torch.dtype | str
 
 MODEL_FILENAME = "model.safetensors"
 CONFIG_FILENAME = "oxygen_config.json"
@@ -82,7 +83,7 @@ def module_to_file_key(key: str) -> str:
     return TIED_EMBEDDING_FILE_KEY if key == TIED_EMBEDDING_MODULE_KEY else key
 
 
-def file_to_module_key(key: str) -> Optional[str]:
+def file_to_module_key(key: str) -> str | None:
     """Name in model.safetensors -> module state-dict name; None for a knowingly ignored tensor."""
     if key in IGNORED_FILE_KEYS:
         return None
@@ -151,7 +152,7 @@ def init_random_weights(model: nn.Module, seed: int, on_device: bool = False) ->
     device instead (seconds instead of minutes for the 3.3B ``pi05`` preset on a GPU; the values
     then depend on the device's random number generator and differ from the CPU draws).
     """
-    generators: Dict[torch.device, torch.Generator] = {}
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if param.is_meta:
             raise ValueError(
@@ -174,7 +175,7 @@ def init_random_weights(model: nn.Module, seed: int, on_device: bool = False) ->
 # -- config serialisation --------------------------------------------------------------------------
 
 
-def config_to_dict(config: Pi05Config) -> Dict[str, Any]:
+def config_to_dict(config: Pi05Config) -> dict[str, Any]:
     """JSON-ready dict of a config (written as oxygen_config.json)."""
     return {"format_version": CONFIG_FORMAT_VERSION, **dataclasses.asdict(config)}
 
@@ -213,7 +214,7 @@ def read_config(path: PathLike) -> Pi05Config:
 
 
 def build_model(
-    config: Pi05Config, device: Union[str, torch.device] = "cpu", dtype: DTypeLike = torch.float32
+    config: Pi05Config, device: str | torch.device = "cpu", dtype: DTypeLike = torch.float32
 ) -> Pi05Model:
     """An uninitialised model allocated directly at openpi's per-parameter dtypes on ``device``.
 
@@ -230,7 +231,7 @@ def build_model(
     return model.to_empty(device=device)
 
 
-def expected_file_tensors(model: nn.Module) -> Dict[str, Tuple[int, ...]]:
+def expected_file_tensors(model: nn.Module) -> dict[str, tuple[int, ...]]:
     """File key -> shape of every tensor a checkpoint for ``model`` must hold."""
     return {module_to_file_key(k): tuple(v.shape) for k, v in model.state_dict().items()}
 
@@ -243,7 +244,7 @@ def save_checkpoint(
     ckpt_dir: PathLike,
     norm_stats: Mapping[str, NormStats],
     asset_id: str = "robot",
-    config: Optional[Pi05Config] = None,
+    config: Pi05Config | None = None,
 ) -> Path:
     """Write ``model`` (and its config and norm stats) in openpi's PyTorch checkpoint layout.
 
@@ -284,13 +285,13 @@ class LoadedCheckpoint:
 
     model: Pi05Model
     config: Pi05Config
-    norm_stats: Dict[str, NormStats]
+    norm_stats: dict[str, NormStats]
     asset_id: str
     ckpt_dir: Path
     config_source: str = ""  # what decided the config (see `resolve_config`)
 
     @property
-    def tokenizer_path(self) -> Optional[Path]:
+    def tokenizer_path(self) -> Path | None:
         """``ckpt_dir/tokenizer.model`` if the checkpoint ships one (tiny/small do)."""
         path = self.ckpt_dir / TOKENIZER_FILENAME
         return path if path.is_file() else None
@@ -298,11 +299,11 @@ class LoadedCheckpoint:
 
 def load_checkpoint(
     ckpt_dir: PathLike,
-    config: Optional[Pi05Config] = None,
-    device: Union[str, torch.device] = "cpu",
+    config: Pi05Config | None = None,
+    device: str | torch.device = "cpu",
     dtype: DTypeLike = torch.float32,
-    asset_id: Optional[str] = None,
-    robot_horizon: Optional[int] = None,
+    asset_id: str | None = None,
+    robot_horizon: int | None = None,
 ) -> LoadedCheckpoint:
     """Load a checkpoint directory (openpi's PyTorch layout).
 
@@ -344,7 +345,7 @@ def load_checkpoint(
     return LoadedCheckpoint(model, config, norm_stats, asset_id, ckpt_dir, resolved.source)
 
 
-def read_safetensors_header(path: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """File key -> (safetensors dtype name, shape), without reading tensor data.
 
     Raises:
@@ -366,8 +367,8 @@ def read_safetensors_header(path: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]
 
 
 def find_tensor_problems(
-    header: Mapping[str, Tuple[str, Tuple[int, ...]]], expected: Mapping[str, Tuple[int, ...]]
-) -> List[str]:
+    header: Mapping[str, tuple[str, tuple[int, ...]]], expected: Mapping[str, tuple[int, ...]]
+) -> list[str]:
     """Every mismatch between a file header and the expected file tensors, as readable lines."""
     missing = sorted(k for k in expected if k not in header)
     unexpected = sorted(k for k in header if k not in expected and k not in IGNORED_FILE_KEYS)
@@ -383,7 +384,7 @@ def find_tensor_problems(
         for k in expected
         if k in header and header[k][0] not in _FLOAT_DTYPES
     )
-    problems: List[str] = []
+    problems: list[str] = []
     for title, items in (
         ("missing tensors", missing),
         ("unexpected tensors", unexpected),
@@ -404,7 +405,7 @@ class ResolvedConfig:
     source: str  # what decided it, in words (logged; shown by oxygen-model-info)
 
 
-def read_openpi_config(ckpt_dir: Path) -> Dict[str, int]:
+def read_openpi_config(ckpt_dir: Path) -> dict[str, int]:
     """``action_horizon`` / ``max_token_len`` from openpi's ``config.json``, those present; {}
     without the file.
 
@@ -434,9 +435,9 @@ def read_openpi_config(ckpt_dir: Path) -> Dict[str, int]:
 
 def resolve_config(
     ckpt_dir: Path,
-    header: Mapping[str, Tuple[str, Tuple[int, ...]]],
-    config: Optional[Pi05Config] = None,
-    robot_horizon: Optional[int] = None,
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+    config: Pi05Config | None = None,
+    robot_horizon: int | None = None,
 ) -> ResolvedConfig:
     """The config a checkpoint loads with, and what decided it (logged).
 
@@ -478,7 +479,7 @@ def resolve_config(
 
 
 def _preset_with_openpi_fields(
-    ckpt_dir: Path, preset: Pi05Config, robot_horizon: Optional[int]
+    ckpt_dir: Path, preset: Pi05Config, robot_horizon: int | None
 ) -> ResolvedConfig:
     fields = read_openpi_config(ckpt_dir)
     sources = [f"{k} {v} from openpi's {OPENPI_CONFIG_FILENAME}" for k, v in fields.items()]
@@ -493,8 +494,8 @@ def _preset_with_openpi_fields(
 
 
 def infer_config(
-    header: Mapping[str, Tuple[str, Tuple[int, ...]]],
-    presets: Optional[Sequence[Pi05Config]] = None,
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+    presets: Sequence[Pi05Config] | None = None,
 ) -> Pi05Config:
     """The preset whose tensors match ``header`` exactly (names and shapes).
 
@@ -521,7 +522,7 @@ def infer_config(
     )
 
 
-def resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
+def resolve_asset_id(ckpt_dir: Path, asset_id: str | None) -> str:
     """``asset_id`` checked, or the single ``assets/<id>/norm_stats.json`` present when None.
 
     Raises:
@@ -545,7 +546,7 @@ def resolve_asset_id(ckpt_dir: Path, asset_id: Optional[str]) -> str:
 
 def load_checkpoint_norm_stats(
     ckpt_dir: Path, asset_id: str, config: Pi05Config
-) -> Dict[str, NormStats]:
+) -> dict[str, NormStats]:
     """``assets/<asset_id>/norm_stats.json``, checked against the model's ``action_dim``.
 
     Raises:

@@ -9,7 +9,6 @@ shrink widths and depths, so the same code path is exercised at every size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict
 
 IMAGE_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
@@ -60,11 +59,19 @@ class Pi05Config:
 
     def __post_init__(self) -> None:
         b, e = self.backbone, self.expert
-        # Joint attention concatenates both experts' heads along the sequence: head layout must agree.
-        if (b.num_heads, b.num_kv_heads, b.head_dim, b.depth) != (e.num_heads, e.num_kv_heads, e.head_dim, e.depth):
+        # Joint attention concatenates both experts' heads along the sequence: head layout must
+        # agree.
+        if (b.num_heads, b.num_kv_heads, b.head_dim, b.depth) != (
+            e.num_heads,
+            e.num_kv_heads,
+            e.head_dim,
+            e.depth,
+        ):
             raise ValueError(
-                f"backbone and expert must share depth/heads/kv heads/head_dim for joint attention, got "
-                f"{(b.depth, b.num_heads, b.num_kv_heads, b.head_dim)} vs {(e.depth, e.num_heads, e.num_kv_heads, e.head_dim)}"
+                "backbone and expert must share depth/heads/kv heads/head_dim for joint "
+                "attention, got "
+                f"{(b.depth, b.num_heads, b.num_kv_heads, b.head_dim)} vs "
+                f"{(e.depth, e.num_heads, e.num_kv_heads, e.head_dim)}"
             )
         if b.num_heads % b.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
@@ -83,11 +90,14 @@ class Pi05Config:
         return 2 * b.depth * b.num_kv_heads * b.head_dim * element_size
 
 
-PRESETS: Dict[str, Pi05Config] = {
+PRESETS: dict[str, Pi05Config] = {
     "tiny": Pi05Config(
         name="tiny",
-        vision=SiglipConfig(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=28),  # 64 tokens per image
-        backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=16),
+        # 64 tokens per image
+        vision=SiglipConfig(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=28),
+        backbone=GemmaConfig(
+            width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=16
+        ),
         expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=16),
         vocab_size=512,
         action_dim=8,
@@ -97,8 +107,12 @@ PRESETS: Dict[str, Pi05Config] = {
     "small": Pi05Config(
         name="small",
         vision=SiglipConfig(width=256, depth=4, mlp_dim=1024, num_heads=4),
-        backbone=GemmaConfig(width=512, depth=6, mlp_dim=2048, num_heads=8, num_kv_heads=1, head_dim=64),
-        expert=GemmaConfig(width=256, depth=6, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=64),
+        backbone=GemmaConfig(
+            width=512, depth=6, mlp_dim=2048, num_heads=8, num_kv_heads=1, head_dim=64
+        ),
+        expert=GemmaConfig(
+            width=256, depth=6, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=64
+        ),
         vocab_size=512,
         action_dim=32,
         action_horizon=50,
@@ -107,8 +121,12 @@ PRESETS: Dict[str, Pi05Config] = {
     "pi05": Pi05Config(
         name="pi05",
         vision=SiglipConfig(width=1152, depth=27, mlp_dim=4304, num_heads=16),  # So400m/14
-        backbone=GemmaConfig(width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256),
-        expert=GemmaConfig(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+        backbone=GemmaConfig(
+            width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256
+        ),
+        expert=GemmaConfig(
+            width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256
+        ),
         vocab_size=257_152,
         action_dim=32,
         action_horizon=50,
@@ -122,4 +140,6 @@ def get_preset(name: str) -> Pi05Config:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
+        raise ValueError(
+            f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}"
+        ) from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +32,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(width))
 
-    def forward(self, x: Tensor, modulation: Optional["Modulation"] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(
+        self, x: Tensor, modulation: Modulation | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         out = rms_normalize(x, self.eps) * (1.0 + self.weight.float())
         return out.type_as(x), None
 
@@ -47,9 +48,9 @@ class Modulation:
     shift: Tensor  # float32
     gate: Tensor  # hidden dtype
 
-    def rows(self) -> List["Modulation"]:
+    def rows(self) -> list[Modulation]:
         """One [1, 1, W] modulation per row (e.g. per step of a fixed denoising schedule)."""
-        parts = zip(self.scale.split(1), self.shift.split(1), self.gate.split(1))
+        parts = zip(self.scale.split(1), self.shift.split(1), self.gate.split(1), strict=False)
         return [Modulation(scale, shift, gate) for scale, shift, gate in parts]
 
 
@@ -67,19 +68,22 @@ class AdaRMSNorm(nn.Module):
         self.dense = nn.Linear(cond_width, 3 * width)
 
     def modulate(self, cond: Tensor, dtype: torch.dtype) -> Modulation:
-        """Conditions [N, cond_width] -> modulation rows [N, 1, W]; ``dtype`` is the hidden dtype."""
+        """Conditions [N, cond_width] -> modulation rows [N, 1, W]; ``dtype`` is the hidden
+        dtype."""
         modulation = self.dense(cond.to(self.dense.weight.dtype))[:, None, :]
         scale, shift, gate = modulation.chunk(3, dim=-1)
         return Modulation(1.0 + scale.float(), shift.float(), gate.to(dtype))
 
-    def forward(self, x: Tensor, modulation: Optional[Modulation] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(
+        self, x: Tensor, modulation: Modulation | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         if modulation is None:
             raise ValueError("AdaRMSNorm needs the modulation of the flow-matching time condition")
         out = rms_normalize(x, self.eps) * modulation.scale + modulation.shift
         return out.type_as(x), modulation.gate
 
 
-def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
+def gated_residual(x: Tensor, y: Tensor, gate: Tensor | None) -> Tensor:
     """Residual add; adaRMS layers scale the branch by their gate."""
     return x + y if gate is None else x + y * gate
 
@@ -97,16 +101,23 @@ class GeGLU(nn.Module):
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
 
-def rope_tables(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+def rope_tables(
+    positions: Tensor, head_dim: int, base: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
     """Rotary tables for integer positions [B, T] -> cos, signed sin [B, 1, T, head_dim].
 
     Half-split layout (Hugging Face ``rotate_half``). The sign that ``rotate_half`` puts on the
     second half of x is folded into the first half of sin, so `apply_rope` needs one roll.
     """
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (
+        base
+        ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    )
     freqs = positions.float()[..., None] * inv_freq
     cos, sin = freqs.cos(), freqs.sin()
-    return torch.cat([cos, cos], dim=-1)[:, None].to(dtype), torch.cat([-sin, sin], dim=-1)[:, None].to(dtype)
+    return torch.cat([cos, cos], dim=-1)[:, None].to(dtype), torch.cat([-sin, sin], dim=-1)[
+        :, None
+    ].to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -115,7 +126,9 @@ def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype, dense: Optional[bool] = None) -> Optional[Tensor]:
+def attention_bias(
+    allowed: Tensor, groups: int, dtype: torch.dtype, dense: bool | None = None
+) -> Tensor | None:
     """Additive mask for `attention` from bool allowed [B, T, S] -> [B, 1, groups * T, S].
 
     Query heads that share a KV head are folded into the query axis (see `attention`), so the
@@ -130,11 +143,13 @@ def attention_bias(allowed: Tensor, groups: int, dtype: torch.dtype, dense: Opti
         dense = bool(allowed.all())
     if dense:
         return None
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, MASK_VALUE)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, MASK_VALUE
+    )
     return bias.repeat(1, groups, 1)[:, None]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float) -> Tensor:
     """Grouped-query attention (multi-query at pi0.5 sizes) with a float32-accumulated softmax.
 
     q: [B, H, T, D]; k, v: [B, KVH, S, D]; bias: from `attention_bias`. Returns [B, T, H*D].
@@ -148,7 +163,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: fl
     return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 
-def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
+def sincos_time_embedding(
+    t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0
+) -> Tensor:
     """pi0.5 flow-matching time embedding [sin(2πt/p), cos(2πt/p)], computed in float64."""
     fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction

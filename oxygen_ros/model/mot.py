@@ -10,13 +10,23 @@ request's own tokens) is simply more keys and values to attend to.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from .config import GemmaConfig
-from .layers import AdaRMSNorm, GeGLU, Modulation, RMSNorm, apply_rope, attention, attention_bias, gated_residual, rope_tables
+from .layers import (
+    AdaRMSNorm,
+    GeGLU,
+    Modulation,
+    RMSNorm,
+    apply_rope,
+    attention,
+    attention_bias,
+    gated_residual,
+    rope_tables,
+)
 
 
 class GemmaAttentionProjections(nn.Module):
@@ -33,7 +43,11 @@ class GemmaAttentionProjections(nn.Module):
 class GemmaLayer(nn.Module):
     def __init__(self, cfg: GemmaConfig, adaptive: bool, eps: float) -> None:
         super().__init__()
-        norm = (lambda: AdaRMSNorm(cfg.width, cfg.width, eps)) if adaptive else (lambda: RMSNorm(cfg.width, eps))
+        norm = (
+            (lambda: AdaRMSNorm(cfg.width, cfg.width, eps))
+            if adaptive
+            else (lambda: RMSNorm(cfg.width, eps))
+        )
         self.input_layernorm = norm()
         self.self_attn = GemmaAttentionProjections(cfg)
         self.post_attention_layernorm = norm()
@@ -43,7 +57,9 @@ class GemmaLayer(nn.Module):
 class GemmaStack(nn.Module):
     """One expert: its layers and final norm (and token embedding for the backbone)."""
 
-    def __init__(self, cfg: GemmaConfig, adaptive: bool, eps: float, vocab_size: Optional[int] = None) -> None:
+    def __init__(
+        self, cfg: GemmaConfig, adaptive: bool, eps: float, vocab_size: int | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         if vocab_size is not None:
@@ -51,17 +67,25 @@ class GemmaStack(nn.Module):
         self.layers = nn.ModuleList(GemmaLayer(cfg, adaptive, eps) for _ in range(cfg.depth))
         self.norm = AdaRMSNorm(cfg.width, cfg.width, eps) if adaptive else RMSNorm(cfg.width, eps)
 
-    def condition(self, cond: Tensor, dtype: torch.dtype) -> "Conditioning":
+    def condition(self, cond: Tensor, dtype: torch.dtype) -> Conditioning:
         """The modulation of every adaptive norm for conditions [N, width]: one dense call each."""
-        norms = [norm for layer in self.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
-        return {norm: norm.modulate(cond, dtype) for norm in norms + [self.norm] if isinstance(norm, AdaRMSNorm)}
+        norms = [
+            norm
+            for layer in self.layers
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+        ]
+        return {
+            norm: norm.modulate(cond, dtype)
+            for norm in norms + [self.norm]
+            if isinstance(norm, AdaRMSNorm)
+        }
 
 
-Conditioning = Dict[nn.Module, Modulation]
+Conditioning = dict[nn.Module, Modulation]
 """adaRMS modulations of one expert, keyed by norm module (see `GemmaStack.condition`)."""
 
 
-def condition_rows(conditioning: Conditioning) -> List[Conditioning]:
+def condition_rows(conditioning: Conditioning) -> list[Conditioning]:
     """Split a conditioning of N rows into N conditionings of one row each (one per step)."""
     per_norm = {norm: modulation.rows() for norm, modulation in conditioning.items()}
     count = len(next(iter(per_norm.values())))
@@ -74,9 +98,9 @@ class Stream:
 
     expert: GemmaStack
     hidden: Tensor  # [B, T, width]
-    conditioning: Optional[Conditioning] = None  # the action expert's adaRMS modulations
+    conditioning: Conditioning | None = None  # the action expert's adaRMS modulations
 
-    def normalize(self, norm: nn.Module, x: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    def normalize(self, norm: nn.Module, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Apply one of this expert's norms -> (normed, residual gate or None)."""
         return norm(x, None if self.conditioning is None else self.conditioning[norm])
 
@@ -101,12 +125,12 @@ class KVContext:
 
 @dataclasses.dataclass
 class JointOutput:
-    hidden: List[Tensor]  # per stream, final-normed [B, T_i, width_i]
-    keys: List[Tensor]  # per layer, new tokens only [B, T, KVH, D] (all streams, concatenated)
-    values: List[Tensor]
+    hidden: list[Tensor]  # per stream, final-normed [B, T_i, width_i]
+    keys: list[Tensor]  # per layer, new tokens only [B, T, KVH, D] (all streams, concatenated)
+    values: list[Tensor]
 
 
-def _join(parts: List[Tensor]) -> Tensor:
+def _join(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -116,30 +140,40 @@ class AttentionTables:
 
     cos: Tensor  # [B, 1, T, head_dim]
     signed_sin: Tensor  # see layers.rope_tables
-    bias: Optional[Tensor]
+    bias: Tensor | None
 
 
 def attention_tables(
-    cfg: GemmaConfig, positions: Tensor, allowed: Tensor, rope_base: float, dtype: torch.dtype, dense_mask: Optional[bool] = None
+    cfg: GemmaConfig,
+    positions: Tensor,
+    allowed: Tensor,
+    rope_base: float,
+    dtype: torch.dtype,
+    dense_mask: bool | None = None,
 ) -> AttentionTables:
     """Build the tables once; a loop that repeats a pass with the same layout (the denoising steps)
     reuses them."""
     cos, signed_sin = rope_tables(positions, cfg.head_dim, rope_base, dtype)
-    return AttentionTables(cos, signed_sin, attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask))
+    return AttentionTables(
+        cos,
+        signed_sin,
+        attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask),
+    )
 
 
 def joint_forward(
     streams: Sequence[Stream],
     positions: Tensor,
     allowed: Tensor,
-    context: Optional[KVContext],
+    context: KVContext | None,
     rope_base: float,
-    dense_mask: Optional[bool] = None,
-    tables: Optional[AttentionTables] = None,
+    dense_mask: bool | None = None,
+    tables: AttentionTables | None = None,
 ) -> JointOutput:
     """Run all layers over the concatenated streams.
 
-    positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in order).
+    positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in
+        order).
     allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
     dense_mask: see `attention_bias`; False keeps the pass free of host syncs (CUDA-graph capture).
     tables: `attention_tables` of (positions, allowed), when the caller already built them.
@@ -149,13 +183,13 @@ def joint_forward(
     batch = positions.shape[0]
     lengths = [s.hidden.shape[1] for s in streams]
     hidden = [s.hidden for s in streams]
-    new_keys: List[Tensor] = []
-    new_values: List[Tensor] = []
+    new_keys: list[Tensor] = []
+    new_values: list[Tensor] = []
 
     for layer_idx in range(first.depth):
         layers = [s.expert.layers[layer_idx] for s in streams]
         qs, ks, vs, gates = [], [], [], []
-        for layer, x, stream in zip(layers, hidden, streams):
+        for layer, x, stream in zip(layers, hidden, streams, strict=False):
             normed, gate = stream.normalize(layer.input_layernorm, x)
             gates.append(gate)
             t = x.shape[1]
@@ -180,7 +214,7 @@ def joint_forward(
         out = attention(q, k_all, v_all.transpose(1, 2), tables.bias, head_dim**-0.5)
 
         start = 0
-        for i, (layer, stream) in enumerate(zip(layers, streams)):
+        for i, (layer, stream) in enumerate(zip(layers, streams, strict=False)):
             end = start + lengths[i]
             x = hidden[i]
             o = layer.self_attn.o_proj(out[:, start:end].to(layer.self_attn.o_proj.weight.dtype))
@@ -190,5 +224,5 @@ def joint_forward(
             hidden[i] = x
             start = end
 
-    final = [s.normalize(s.expert.norm, x)[0] for s, x in zip(streams, hidden)]
+    final = [s.normalize(s.expert.norm, x)[0] for s, x in zip(streams, hidden, strict=False)]
     return JointOutput(hidden=final, keys=new_keys, values=new_values)

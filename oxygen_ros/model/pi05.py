@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,17 @@ from torch import Tensor, nn
 
 from .config import Pi05Config
 from .layers import sincos_time_embedding
-from .mot import AttentionTables, Conditioning, GemmaStack, JointOutput, KVContext, Stream, attention_tables, condition_rows, joint_forward
+from .mot import (
+    AttentionTables,
+    Conditioning,
+    GemmaStack,
+    JointOutput,
+    KVContext,
+    Stream,
+    attention_tables,
+    condition_rows,
+    joint_forward,
+)
 from .rtc import RTCGuidance
 from .siglip import MultiModalProjector, SiglipVisionTower
 
@@ -38,7 +47,9 @@ class PaliGemmaModel(nn.Module):
         super().__init__()
         self.vision_tower = SiglipVisionTower(cfg.vision)
         self.multi_modal_projector = MultiModalProjector(cfg.vision.width, cfg.backbone.width)
-        self.language_model = GemmaStack(cfg.backbone, adaptive=False, eps=cfg.norm_eps, vocab_size=cfg.vocab_size)
+        self.language_model = GemmaStack(
+            cfg.backbone, adaptive=False, eps=cfg.norm_eps, vocab_size=cfg.vocab_size
+        )
 
 
 class PaliGemma(nn.Module):
@@ -64,18 +75,20 @@ class PaliGemmaWithExpert(nn.Module):
 class Prefix:
     """A frame's encoded observation: the KV every task of that frame reads."""
 
-    context: KVContext  # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
+    context: (
+        KVContext  # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
+    )
     num_valid: Tensor  # [B] number of valid prefix tokens = first position after the prefix
 
 
 @dataclasses.dataclass
 class TextOutput:
     hidden: Tensor  # [B, T, width], final-normed
-    keys: List[Tensor]  # per layer [B, T, KVH, D] (after RoPE)
-    values: List[Tensor]
+    keys: list[Tensor]  # per layer [B, T, KVH, D] (after RoPE)
+    values: list[Tensor]
 
 
-def flow_schedule(num_steps: int) -> List[Tensor]:
+def flow_schedule(num_steps: int) -> list[Tensor]:
     """The float32 times openpi's Euler loop visits (1.0, 0.9, 0.79999995, ...), and dt."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -129,14 +142,22 @@ class Pi05Model(nn.Module):
         """
         b, n = images.shape[:2]
         patches = self.config.image_tokens
-        out = torch.zeros(b, n, patches, self.config.backbone.width, dtype=self.compute_dtype, device=images.device)
+        out = torch.zeros(
+            b,
+            n,
+            patches,
+            self.config.backbone.width,
+            dtype=self.compute_dtype,
+            device=images.device,
+        )
         present = image_masks.nonzero(as_tuple=True)
         if present[0].numel():
             out[present] = self.embed_present_images(images[present])
         return out.reshape(b, n * patches, -1)
 
     def embed_present_images(self, images: Tensor) -> Tensor:
-        """SigLIP + projector over images that are all present: [N, 3, H, W] -> [N, patches, width]."""
+        """SigLIP + projector over images that are all present: [N, 3, H, W] -> [N, patches,
+        width]."""
         pg = self.paligemma_with_expert.paligemma.model
         return pg.multi_modal_projector(pg.vision_tower(images)).to(self.compute_dtype)
 
@@ -145,7 +166,9 @@ class Pi05Model(nn.Module):
         emb = self.backbone.embed_tokens(tokens)
         return (emb * math.sqrt(emb.shape[-1])).to(self.compute_dtype)
 
-    def embed_prefix(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> Tuple[Tensor, Tensor]:
+    def embed_prefix(
+        self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """-> prefix embeddings [B, S, width] and validity [B, S] (images first, then prompt)."""
         image_emb = self.embed_images(images, image_masks)
         image_valid = image_masks.bool().repeat_interleave(self.config.image_tokens, dim=1)
@@ -153,21 +176,33 @@ class Pi05Model(nn.Module):
         return embs, torch.cat([image_valid, token_masks.bool()], dim=1)
 
     @torch.no_grad()
-    def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> Prefix:
+    def prefill(
+        self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+    ) -> Prefix:
         """Encode one observation per batch row; the only pass that writes prefix KV."""
         embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
-        keep = valid.any(dim=0)  # columns invalid in every row are never attended: drop them (exact)
+        # columns invalid in every row are never attended: drop them (exact)
+        keep = valid.any(dim=0)
         embs, valid = embs[:, keep], valid[:, keep]
         out = self.prefix_forward(embs, valid)
         return Prefix(KVContext(out.keys, out.values, valid), valid.sum(dim=1))
 
-    def prefix_forward(self, embs: Tensor, valid: Tensor, dense_mask: Optional[bool] = None) -> JointOutput:
+    def prefix_forward(
+        self, embs: Tensor, valid: Tensor, dense_mask: bool | None = None
+    ) -> JointOutput:
         """The backbone over prefix embeddings [B, S, width] with validity [B, S]: bidirectional
         among valid tokens, positions counting valid tokens only (padding and masked cameras are
         skipped). dense_mask: see `attention_bias`."""
         positions = valid.long().cumsum(dim=1) - 1
         allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
-        return joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base, dense_mask)
+        return joint_forward(
+            [Stream(self.backbone, embs)],
+            positions,
+            allowed,
+            None,
+            self.config.rope_base,
+            dense_mask,
+        )
 
     # -- actions ---------------------------------------------------------------------------------
     def time_condition(self, t: Tensor) -> Tensor:
@@ -184,12 +219,18 @@ class Pi05Model(nn.Module):
         return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
 
     @staticmethod
-    def _action_layout(context: KVContext, num_valid: Tensor, batch: int, horizon: int) -> Tuple[Tensor, Tensor]:
-        """Positions and visibility of the action tokens: after the prefix, seeing it and each other."""
+    def _action_layout(
+        context: KVContext, num_valid: Tensor, batch: int, horizon: int
+    ) -> tuple[Tensor, Tensor]:
+        """Positions and visibility of the action tokens: after the prefix, seeing it and each
+        other."""
         device = num_valid.device
         positions = num_valid[:, None] + torch.arange(horizon, device=device)
         allowed = torch.cat(
-            [context.valid[:, None, :].expand(batch, horizon, -1), torch.ones(batch, horizon, horizon, dtype=torch.bool, device=device)],
+            [
+                context.valid[:, None, :].expand(batch, horizon, -1),
+                torch.ones(batch, horizon, horizon, dtype=torch.bool, device=device),
+            ],
             dim=2,
         )
         return positions, allowed
@@ -199,20 +240,36 @@ class Pi05Model(nn.Module):
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
     def _velocity(
-        self, context: KVContext, x_t: Tensor, conditioning: Conditioning, positions: Tensor, allowed: Tensor, tables: Optional[AttentionTables]
+        self,
+        context: KVContext,
+        x_t: Tensor,
+        conditioning: Conditioning,
+        positions: Tensor,
+        allowed: Tensor,
+        tables: AttentionTables | None,
     ) -> Tensor:
         stream = Stream(self.expert, self.embed_actions(x_t), conditioning)
-        out = joint_forward([stream], positions, allowed, context, self.config.rope_base, tables=tables)
+        out = joint_forward(
+            [stream], positions, allowed, context, self.config.rope_base, tables=tables
+        )
         return self.velocity(out.hidden[0])
 
     def denoise_step(self, prefix: Prefix, x_t: Tensor, t: Tensor) -> Tensor:
         """Velocity v(x_t, t) of the action chunk; attends to the prefix KV, never writes it."""
         b, horizon = x_t.shape[:2]
         positions, allowed = self._action_layout(prefix.context, prefix.num_valid, b, horizon)
-        return self._velocity(prefix.context, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None)
+        return self._velocity(
+            prefix.context, x_t, self.action_conditioning(t.expand(b)), positions, allowed, None
+        )
 
     @torch.no_grad()
-    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int = 10, guidance: Optional[RTCGuidance] = None) -> Tensor:
+    def sample_actions(
+        self,
+        prefix: Prefix,
+        noise: Tensor,
+        num_steps: int = 10,
+        guidance: RTCGuidance | None = None,
+    ) -> Tensor:
         """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim].
 
         What every step shares (positions, RoPE tables, mask) is built once, and every step's adaRMS
@@ -236,16 +293,24 @@ class Pi05Model(nn.Module):
         noise: Tensor,
         times: Tensor,
         dt: Tensor,
-        guidance: Optional[RTCGuidance] = None,
-        dense_mask: Optional[bool] = None,
+        guidance: RTCGuidance | None = None,
+        dense_mask: bool | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
         valid tokens: one step per entry of ``times`` (float32 [N], see `flow_schedule`), each
         adding ``dt`` times the velocity. dense_mask: see `attention_bias`."""
         b, horizon = noise.shape[:2]
-        conditionings = condition_rows(self.action_conditioning(times))  # one per step, batch-broadcast
+        # one per step, batch-broadcast
+        conditionings = condition_rows(self.action_conditioning(times))
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
-        tables = attention_tables(self.expert.cfg, positions, allowed, self.config.rope_base, self.compute_dtype, dense_mask)
+        tables = attention_tables(
+            self.expert.cfg,
+            positions,
+            allowed,
+            self.config.rope_base,
+            self.compute_dtype,
+            dense_mask,
+        )
         x_t = noise.float()
         if guidance is not None and guidance.active:
             for t, conditioning in zip(times.tolist(), conditionings, strict=True):
@@ -262,7 +327,12 @@ class Pi05Model(nn.Module):
     # -- language --------------------------------------------------------------------------------
     @torch.no_grad()
     def forward_text(
-        self, context: KVContext, tokens: Tensor, positions: Tensor, valid: Optional[Tensor] = None, dense_mask: Optional[bool] = None
+        self,
+        context: KVContext,
+        tokens: Tensor,
+        positions: Tensor,
+        valid: Tensor | None = None,
+        dense_mask: bool | None = None,
     ) -> TextOutput:
         """Run text tokens [B, T] that attend to ``context`` and causally to each other.
 
@@ -274,28 +344,42 @@ class Pi05Model(nn.Module):
             valid = torch.ones(b, t, dtype=torch.bool, device=tokens.device)
         own = _causal(t, tokens.device)[None] & valid[:, None, :]
         allowed = torch.cat([context.valid[:, None, :].expand(b, t, -1), own], dim=2)
-        out = joint_forward([Stream(self.backbone, self.embed_tokens(tokens))], positions, allowed, context, self.config.rope_base, dense_mask)
+        out = joint_forward(
+            [Stream(self.backbone, self.embed_tokens(tokens))],
+            positions,
+            allowed,
+            context,
+            self.config.rope_base,
+            dense_mask,
+        )
         return TextOutput(out.hidden[0], out.keys, out.values)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Tied LM head: final-normed hidden [..., width] -> float32 logits [..., vocab]."""
-        return (hidden.to(self.backbone.embed_tokens.weight.dtype) @ self.backbone.embed_tokens.weight.T).float()
+        return (
+            hidden.to(self.backbone.embed_tokens.weight.dtype) @ self.backbone.embed_tokens.weight.T
+        ).float()
 
     # -- uncached references (openpi's one-pass formulation) ---------------------------------------
     @staticmethod
-    def _openpi_masks(pad: Tensor, ar: Tensor) -> Tuple[Tensor, Tensor]:
-        """openpi's make_att_2d_masks: token i sees valid token j iff cumsum(ar)[j] <= cumsum(ar)[i]."""
+    def _openpi_masks(pad: Tensor, ar: Tensor) -> tuple[Tensor, Tensor]:
+        """openpi's make_att_2d_masks: token i sees valid token j iff cumsum(ar)[j] <=
+        cumsum(ar)[i]."""
         cum = ar.long().cumsum(dim=1)
         allowed = (cum[:, None, :] <= cum[:, :, None]) & pad[:, None, :] & pad[:, :, None]
         return allowed, pad.long().cumsum(dim=1) - 1
 
     @torch.no_grad()
-    def sample_actions_uncached(self, images, image_masks, tokens, token_masks, noise: Tensor, num_steps: int = 10) -> Tensor:
+    def sample_actions_uncached(
+        self, images, image_masks, tokens, token_masks, noise: Tensor, num_steps: int = 10
+    ) -> Tensor:
         """Reference: every denoising step re-runs prefix and suffix jointly, nothing cached."""
         prefix_embs, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         b, s = prefix_valid.shape
         horizon = noise.shape[1]
-        pad = torch.cat([prefix_valid, torch.ones(b, horizon, dtype=torch.bool, device=noise.device)], dim=1)
+        pad = torch.cat(
+            [prefix_valid, torch.ones(b, horizon, dtype=torch.bool, device=noise.device)], dim=1
+        )
         ar = torch.zeros_like(pad)
         ar[:, s] = True  # actions start a new block: the prefix cannot see them
         allowed, positions = self._openpi_masks(pad, ar)
@@ -304,27 +388,40 @@ class Pi05Model(nn.Module):
         for t in flow_schedule(num_steps):
             streams = [
                 Stream(self.backbone, prefix_embs),
-                Stream(self.expert, self.embed_actions(x_t), self.action_conditioning(t.to(noise.device).expand(b))),
+                Stream(
+                    self.expert,
+                    self.embed_actions(x_t),
+                    self.action_conditioning(t.to(noise.device).expand(b)),
+                ),
             ]
-            out: JointOutput = joint_forward(streams, positions, allowed, None, self.config.rope_base)
+            out: JointOutput = joint_forward(
+                streams, positions, allowed, None, self.config.rope_base
+            )
             x_t = x_t + dt * self.velocity(out.hidden[1])
         return x_t
 
     @torch.no_grad()
-    def text_logits_uncached(self, images, image_masks, tokens, token_masks, text: Tensor) -> Tensor:
-        """Reference: logits predicting each of ``text`` [B, T] plus the token after it, in one pass.
+    def text_logits_uncached(
+        self, images, image_masks, tokens, token_masks, text: Tensor
+    ) -> Tensor:
+        """Reference: logits predicting each of ``text`` [B, T] plus the token after it, in one
+        pass.
 
         Returns [B, T + 1, vocab]: row 0 comes from the last valid prefix token.
         """
         prefix_embs, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         b, s = prefix_valid.shape
         t = text.shape[1]
-        pad = torch.cat([prefix_valid, torch.ones(b, t, dtype=torch.bool, device=text.device)], dim=1)
+        pad = torch.cat(
+            [prefix_valid, torch.ones(b, t, dtype=torch.bool, device=text.device)], dim=1
+        )
         ar = torch.zeros_like(pad)
         ar[:, s:] = True  # generated text is causal
         allowed, positions = self._openpi_masks(pad, ar)
         embs = torch.cat([prefix_embs, self.embed_tokens(text)], dim=1)
-        hidden = joint_forward([Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base).hidden[0]
+        hidden = joint_forward(
+            [Stream(self.backbone, embs)], positions, allowed, None, self.config.rope_base
+        ).hidden[0]
         last = s - 1 - prefix_valid.flip(1).float().argmax(dim=1)
         rows = torch.cat([hidden[torch.arange(b), last][:, None], hidden[:, s:]], dim=1)
         return self.logits(rows)

@@ -10,7 +10,7 @@ apply the robot's output transform (delta -> absolute, flips, gripper encoding).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -49,12 +49,13 @@ class Pi05Policy:
         model: Pi05Model,
         tokenizer: Pi05Tokenizer,
         norm_stats: Mapping[str, NormStats],
-        action_dim: Optional[int] = None,
-        robot: "RobotAdapter | str" = "generic",
+        action_dim: int | None = None,
+        robot: RobotAdapter | str = "generic",
     ) -> None:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(
-                f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {model.config.vocab_size}"
+                f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
+                f"{model.config.vocab_size}"
             )
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -63,10 +64,14 @@ class Pi05Policy:
         self.robot = robot_adapter(robot) if isinstance(robot, str) else robot
         fixed = self.robot.action_dim
         if action_dim and fixed and action_dim != fixed:
-            raise ValueError(f"robot {self.robot.name} has {fixed} action dims, asked for {action_dim}")
+            raise ValueError(
+                f"robot {self.robot.name} has {fixed} action dims, asked for {action_dim}"
+            )
         self.action_dim = action_dim or fixed or self.action_stats.dim  # the robot's action width
         if self.action_dim > model.config.action_dim:
-            raise ValueError(f"robot action_dim {self.action_dim} exceeds the model's {model.config.action_dim}")
+            raise ValueError(
+                f"robot action_dim {self.action_dim} exceeds the model's {model.config.action_dim}"
+            )
 
     @property
     def config(self):
@@ -77,17 +82,19 @@ class Pi05Policy:
         return self.model.device
 
     @staticmethod
-    def present_slots(images: Mapping[str, np.ndarray]) -> Tuple[int, ...]:
+    def present_slots(images: Mapping[str, np.ndarray]) -> tuple[int, ...]:
         """Indices (into IMAGE_SLOTS) of the slots an observation fills; checks the slot names."""
         unknown = set(images) - set(IMAGE_SLOTS)
         if unknown:
-            raise ValueError(f"unknown image slots {sorted(unknown)}; expected some of {IMAGE_SLOTS}")
+            raise ValueError(
+                f"unknown image slots {sorted(unknown)}; expected some of {IMAGE_SLOTS}"
+            )
         present = tuple(i for i, slot in enumerate(IMAGE_SLOTS) if slot in images)
         if not present:
             raise ValueError("observation has no camera image: at least one image slot is required")
         return present
 
-    def prompt_tokens(self, state: np.ndarray, prompt: str) -> Tuple[np.ndarray, np.ndarray]:
+    def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
         """The robot's state transform, quantile normalisation and the pi0.5 prompt: int64 tokens
         and bool mask, both [max_token_len], right-padded. Robots trained without the state in the
         prompt (``discrete_state_input`` false) get the task text alone; the state is still checked.
@@ -101,8 +108,11 @@ class Pi05Policy:
         normalized = self.state_stats.normalize_quantile(pi_state)
         return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
 
-    def encode(self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str) -> PrefixInputs:
-        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task text."""
+    def encode(
+        self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str
+    ) -> PrefixInputs:
+        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task
+        text."""
         present_idx = self.present_slots(images)
         size = self.config.vision.image_size
         pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
@@ -111,7 +121,8 @@ class Pi05Policy:
             pixels[i] = to_model_range(resize_with_pad(images[IMAGE_SLOTS[i]], size, size))
             present[i] = True
         tokens, token_mask = self.prompt_tokens(state, prompt)
-        n = int(token_mask.sum())  # prompts are right-padded: keep only real tokens for a batch of one
+        # prompts are right-padded: keep only real tokens for a batch of one
+        n = int(token_mask.sum())
         device = self.device
         return PrefixInputs(
             images=torch.from_numpy(pixels)[None].to(device),
@@ -120,8 +131,9 @@ class Pi05Policy:
             token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
         )
 
-    def robot_actions(self, model_actions: "Tensor | np.ndarray", state: np.ndarray) -> np.ndarray:
-        """Model-space chunk [horizon, model action_dim] -> robot units float32 [horizon, action_dim].
+    def robot_actions(self, model_actions: Tensor | np.ndarray, state: np.ndarray) -> np.ndarray:
+        """Model-space chunk [horizon, model action_dim] -> robot units float32
+        [horizon, action_dim].
 
         ``state`` is the raw robot state of the observation the chunk was computed from (the
         robot's delta dims are made absolute against it, as openpi's AbsoluteActions does).
@@ -133,21 +145,28 @@ class Pi05Policy:
             model_actions = model_actions.detach().float().cpu().numpy()
         chunk = np.asarray(model_actions, dtype=np.float64)
         if chunk.ndim != 2 or chunk.shape[1] != self.config.action_dim:
-            raise ValueError(f"model actions must be [horizon, {self.config.action_dim}], got {chunk.shape}")
+            raise ValueError(
+                f"model actions must be [horizon, {self.config.action_dim}], got {chunk.shape}"
+            )
         unnormalized = self.action_stats.unnormalize_quantile(chunk[:, : self.action_dim])
-        # openpi adds Unnormalize(Normalize(input-transformed state)): that is the transformed state itself.
-        return self.robot.actions_from_pi(unnormalized, self.robot.state_to_pi(state)).astype(np.float32)
+        # openpi adds Unnormalize(Normalize(input-transformed state)): that is the transformed state
+        # itself.
+        return self.robot.actions_from_pi(unnormalized, self.robot.state_to_pi(state)).astype(
+            np.float32
+        )
 
     def model_actions(self, robot_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
-        """Exact inverse of :meth:`robot_actions` on the robot dims: robot units [horizon, action_dim]
-        -> float32 [horizon, model action_dim], zero beyond the robot dims.
+        """Exact inverse of :meth:`robot_actions` on the robot dims: robot units
+        [horizon, action_dim] -> float32 [horizon, model action_dim], zero beyond the robot dims.
 
         Raises:
             ValueError: a chunk of the wrong shape, or a state the robot cannot use.
         """
         chunk = np.asarray(robot_actions, dtype=np.float64)
         if chunk.ndim != 2 or chunk.shape[1] != self.action_dim:
-            raise ValueError(f"robot actions must be [horizon, {self.action_dim}], got {chunk.shape}")
+            raise ValueError(
+                f"robot actions must be [horizon, {self.action_dim}], got {chunk.shape}"
+            )
         unnormalized = self.robot.actions_to_pi(chunk, self.robot.state_to_pi(state))
         normalized = self.action_stats.normalize_quantile(unnormalized)
         return pad_to_dim(normalized, self.config.action_dim).astype(np.float32)
@@ -158,8 +177,8 @@ def load_policy(
     tokenizer_path=None,
     device: str = "cpu",
     dtype: str = "float32",
-    action_dim: Optional[int] = None,
-    robot: "RobotAdapter | str" = "generic",
+    action_dim: int | None = None,
+    robot: RobotAdapter | str = "generic",
 ) -> Pi05Policy:
     """Load an openpi-layout checkpoint and its tokenizer into a ready policy for ``robot``.
 
@@ -170,10 +189,13 @@ def load_policy(
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
 
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
-    loaded = load_checkpoint(checkpoint_dir, device=device, dtype=dtype, robot_horizon=robot.action_horizon)
+    loaded = load_checkpoint(
+        checkpoint_dir, device=device, dtype=dtype, robot_horizon=robot.action_horizon
+    )
     path = tokenizer_path or loaded.tokenizer_path
     if path is None:
         raise FileNotFoundError(
-            f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma sentencepiece model path"
+            f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma "
+            "sentencepiece model path"
         )
     return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim, robot)

@@ -12,8 +12,9 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Union
+from typing import Any, Union
 
 import numpy as np
 from PIL import Image
@@ -202,13 +203,13 @@ class NormStats:
             )
         return x.shape[-1]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name).tolist() for name in NORM_STATS_FIELDS}
 
 
 def norm_stats_from_dict(
     data: Mapping[str, Any], required: Iterable[str] = ("state", "actions")
-) -> Dict[str, NormStats]:
+) -> dict[str, NormStats]:
     """Parse openpi's JSON structure ``{"norm_stats": {key: {mean, std, q01, q99}}}``.
 
     Raises:
@@ -249,7 +250,7 @@ def _as_vector(value: Any) -> np.ndarray:
 
 def load_norm_stats(
     path: PathLike, required: Iterable[str] = ("state", "actions")
-) -> Dict[str, NormStats]:
+) -> dict[str, NormStats]:
     """Load openpi's ``norm_stats.json`` (``path`` is the file or the directory holding it).
 
     Raises:

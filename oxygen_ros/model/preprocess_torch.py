@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def resize_geometry(height: int, width: int, target_height: int, target_width: int) -> "tuple[int, int, int, int]":
+def resize_geometry(
+    height: int, width: int, target_height: int, target_width: int
+) -> tuple[int, int, int, int]:
     """openpi's resize_with_pad arithmetic -> (new_height, new_width, pad_top, pad_left)."""
     ratio = max(width / target_width, height / target_height)
     new_height = max(1, int(height / ratio))
@@ -29,8 +31,11 @@ def resize_geometry(height: int, width: int, target_height: int, target_width: i
     return new_height, new_width, pad_top, pad_left
 
 
-def resize_with_pad_torch(images: Tensor, height: int, width: int, out: "Tensor | None" = None) -> Tensor:
-    """uint8 images [H, W, 3] or [N, H, W, 3] (any device) -> float32 [N, 3, height, width] in [-1, 1].
+def resize_with_pad_torch(
+    images: Tensor, height: int, width: int, out: Tensor | None = None
+) -> Tensor:
+    """uint8 images [H, W, 3] or [N, H, W, 3] (any device) -> float32 [N, 3, height, width] in
+    [-1, 1].
 
     ``out``: optional preallocated [N, 3, height, width] float32 destination (e.g. a static input
     buffer), written in place and returned.
@@ -47,9 +52,17 @@ def resize_with_pad_torch(images: Tensor, height: int, width: int, out: "Tensor 
     pixels = images.permute(0, 3, 1, 2).to(torch.float32)  # [N, 3, H, W], uint8 levels
     if (cur_height, cur_width) != (height, width):
         new_height, new_width, top, left = resize_geometry(cur_height, cur_width, height, width)
-        resized = F.interpolate(pixels, size=(new_height, new_width), mode="bilinear", align_corners=False, antialias=True)
+        resized = F.interpolate(
+            pixels,
+            size=(new_height, new_width),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
         canvas = torch.zeros(n, 3, height, width, dtype=torch.float32, device=images.device)
-        canvas[:, :, top : top + new_height, left : left + new_width] = resized.round_().clamp_(0, 255)
+        canvas[:, :, top : top + new_height, left : left + new_width] = resized.round_().clamp_(
+            0, 255
+        )
         pixels = canvas
     # to_model_range's float32 ops in the same order: x / 255 * 2 - 1 (pixels is a fresh float copy)
     result = pixels.div_(255.0).mul_(2.0).sub_(1.0)

@@ -19,15 +19,16 @@ An adapter implements the two robot-specific ends exactly as openpi does, in num
 It also says what the actions mean for the command (``action_space``), whether the state enters the
 prompt (``discrete_state_input``), the camera -> image-slot mapping and the checkpoint's horizon.
 
-Adapters: ``generic`` (no transform: state and actions pass through, actions are joint positions),
-``droid`` (7 joint velocities + gripper position), ``aloha`` (bimanual, arm deltas, flips, grippers),
-``libero`` (end-effector actions, no state in the prompt). Get one with :func:`robot_adapter`.
+Adapters: ``generic`` (no transform: state and actions pass through, actions are joint
+positions), ``droid`` (7 joint velocities + gripper position), ``aloha`` (bimanual, arm deltas,
+flips, grippers), ``libero`` (end-effector actions, no state in the prompt). Get one with
+:func:`robot_adapter`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -35,7 +36,9 @@ import numpy as np
 POSITION = "position"  # absolute joint positions
 DELTA_POSITION = "delta_position"  # joint positions relative to the state at the observation
 VELOCITY = "velocity"  # joint velocities (units/s)
-END_EFFECTOR = "end_effector"  # not joints (e.g. LIBERO's delta pose + gripper): never a JointTrajectory
+END_EFFECTOR = (
+    "end_effector"  # not joints (e.g. LIBERO's delta pose + gripper): never a JointTrajectory
+)
 JOINT_ACTION_SPACES = (POSITION, DELTA_POSITION, VELOCITY)
 ACTION_SPACES = JOINT_ACTION_SPACES + (END_EFFECTOR,)
 
@@ -50,19 +53,20 @@ class RobotAdapter:
         action_dim: robot action width (openpi's output slice); None: the caller's choice.
         action_space: the natural meaning of the robot-unit actions (one of ``ACTION_SPACES``).
         discrete_state_input: the state is tokenized into the prompt (pi0.5's default).
-        cameras: openpi camera name -> model image slot (the slots this checkpoint was trained with).
+        cameras: openpi camera name -> model image slot (the slots this checkpoint was trained
+            with).
         action_horizon: the checkpoint's horizon; None: any.
         gripper_dims: indices of the gripper dims (published as positions in every action space).
     """
 
     name: str = "generic"
-    state_dim: Optional[int] = None
-    action_dim: Optional[int] = None
+    state_dim: int | None = None
+    action_dim: int | None = None
     action_space: str = POSITION
     discrete_state_input: bool = True
     cameras: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    action_horizon: Optional[int] = None
-    gripper_dims: Tuple[int, ...] = ()
+    action_horizon: int | None = None
+    gripper_dims: tuple[int, ...] = ()
 
     @property
     def controls_joints(self) -> bool:
@@ -70,7 +74,7 @@ class RobotAdapter:
         return self.action_space != END_EFFECTOR
 
     @property
-    def slots(self) -> Tuple[str, ...]:
+    def slots(self) -> tuple[str, ...]:
         """The image slots this robot fills (empty: any)."""
         return tuple(self.cameras.values())
 
@@ -83,9 +87,13 @@ class RobotAdapter:
         """
         state = np.asarray(state, dtype=np.float64)
         if state.ndim != 1:
-            raise ValueError(f"robot {self.name}: state must be a 1-D vector, got shape {state.shape}")
+            raise ValueError(
+                f"robot {self.name}: state must be a 1-D vector, got shape {state.shape}"
+            )
         if self.state_dim is not None and state.shape[0] != self.state_dim:
-            raise ValueError(f"robot {self.name} needs a {self.state_dim}-dim state, got {state.shape[0]}")
+            raise ValueError(
+                f"robot {self.name} needs a {self.state_dim}-dim state, got {state.shape[0]}"
+            )
         bad = np.flatnonzero(~np.isfinite(state))
         if bad.size:
             raise ValueError(f"state has non-finite values at indices {bad.tolist()}")
@@ -99,12 +107,15 @@ class RobotAdapter:
         """
         chunk = np.array(actions, dtype=np.float64)
         if chunk.ndim != 2 or chunk.shape[1] != width:
-            raise ValueError(f"robot {self.name}: actions must be [horizon, {width}], got {chunk.shape}")
+            raise ValueError(
+                f"robot {self.name}: actions must be [horizon, {width}], got {chunk.shape}"
+            )
         return chunk
 
     # -- transforms (identity here; robots override) --------------------------------------------
     def state_to_pi(self, state: np.ndarray) -> np.ndarray:
-        """Robot inputs' state transform: raw robot state -> the state openpi normalises (float64)."""
+        """Robot inputs' state transform: raw robot state -> the state openpi normalises
+        (float64)."""
         return self.check_state(state)
 
     def actions_from_pi(self, actions: np.ndarray, pi_state: np.ndarray) -> np.ndarray:
@@ -164,12 +175,17 @@ def aloha_gripper_state_to_pi(value: np.ndarray) -> np.ndarray:
 
 def aloha_gripper_action_from_pi(value: np.ndarray) -> np.ndarray:
     """pi's gripper action -> ALOHA's normalised gripper joint command (action output)."""
-    return _normalize(np.asarray(value, dtype=np.float64) + PI_GRIPPER_ANGLE[0], *ALOHA_GRIPPER_JOINT)
+    return _normalize(
+        np.asarray(value, dtype=np.float64) + PI_GRIPPER_ANGLE[0], *ALOHA_GRIPPER_JOINT
+    )
 
 
 def aloha_gripper_action_to_pi(value: np.ndarray) -> np.ndarray:
     """Exact inverse of :func:`aloha_gripper_action_from_pi`."""
-    return _unnormalize(np.asarray(value, dtype=np.float64), *ALOHA_GRIPPER_JOINT) - PI_GRIPPER_ANGLE[0]
+    return (
+        _unnormalize(np.asarray(value, dtype=np.float64), *ALOHA_GRIPPER_JOINT)
+        - PI_GRIPPER_ANGLE[0]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,14 +193,19 @@ class AlohaAdapter(RobotAdapter):
     """openpi's ``AlohaInputs/AlohaOutputs`` with ``adapt_to_pi=True`` and delta arm actions."""
 
     name: str = "aloha"
-    state_dim: Optional[int] = 14
-    action_dim: Optional[int] = 14
+    state_dim: int | None = 14
+    action_dim: int | None = 14
     action_space: str = POSITION  # the arm deltas are made absolute here, so commands are positions
-    cameras: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
-        "cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb", "cam_right_wrist": "right_wrist_0_rgb"})
-    action_horizon: Optional[int] = 50
-    gripper_dims: Tuple[int, ...] = ALOHA_GRIPPERS
-    reset_pose: Tuple[float, ...] = (0.0, -1.5, 1.5, 0.0, 0.0, 0.0)  # policy_metadata, per arm
+    cameras: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: {
+            "cam_high": "base_0_rgb",
+            "cam_left_wrist": "left_wrist_0_rgb",
+            "cam_right_wrist": "right_wrist_0_rgb",
+        }
+    )
+    action_horizon: int | None = 50
+    gripper_dims: tuple[int, ...] = ALOHA_GRIPPERS
+    reset_pose: tuple[float, ...] = (0.0, -1.5, 1.5, 0.0, 0.0, 0.0)  # policy_metadata, per arm
 
     def state_to_pi(self, state: np.ndarray) -> np.ndarray:
         pi_state = ALOHA_JOINT_FLIP * self.check_state(state)
@@ -193,9 +214,13 @@ class AlohaAdapter(RobotAdapter):
 
     def actions_from_pi(self, actions: np.ndarray, pi_state: np.ndarray) -> np.ndarray:
         chunk = self.check_actions(actions, 14)
-        chunk[:, ALOHA_DELTA_MASK] += np.asarray(pi_state, dtype=np.float64)[ALOHA_DELTA_MASK]  # AbsoluteActions
+        chunk[:, ALOHA_DELTA_MASK] += np.asarray(pi_state, dtype=np.float64)[
+            ALOHA_DELTA_MASK
+        ]  # AbsoluteActions
         chunk = ALOHA_JOINT_FLIP * chunk
-        chunk[:, list(ALOHA_GRIPPERS)] = aloha_gripper_action_from_pi(chunk[:, list(ALOHA_GRIPPERS)])
+        chunk[:, list(ALOHA_GRIPPERS)] = aloha_gripper_action_from_pi(
+            chunk[:, list(ALOHA_GRIPPERS)]
+        )
         return chunk
 
     def actions_to_pi(self, actions: np.ndarray, pi_state: np.ndarray) -> np.ndarray:
@@ -219,7 +244,7 @@ LIBERO = RobotAdapter(
 )
 
 
-ROBOTS: Dict[str, RobotAdapter] = {
+ROBOTS: dict[str, RobotAdapter] = {
     "generic": RobotAdapter(),
     "droid": DROID,
     "aloha": AlohaAdapter(),

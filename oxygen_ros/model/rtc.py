@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -106,7 +106,9 @@ class RTCGuidance:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_guidance_weight) and self.max_guidance_weight >= 0):
-            raise ValueError(f"max_guidance_weight must be a finite number >= 0, got {self.max_guidance_weight}")
+            raise ValueError(
+                f"max_guidance_weight must be a finite number >= 0, got {self.max_guidance_weight}"
+            )
         if not torch.isfinite(self.target).all():
             raise ValueError("RTC guidance target holds NaN or Inf values")
 

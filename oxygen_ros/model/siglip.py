@@ -14,11 +14,14 @@ from .config import SiglipConfig
 class SiglipEmbeddings(nn.Module):
     def __init__(self, cfg: SiglipConfig) -> None:
         super().__init__()
-        self.patch_embedding = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.patch_embedding = nn.Conv2d(
+            3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
+        )
         self.position_embedding = nn.Embedding(cfg.num_patches, cfg.width)
 
     def forward(self, pixels: Tensor) -> Tensor:
-        patches = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))  # [B, W, 16, 16]
+        # [B, W, 16, 16]
+        patches = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))
         return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight[None]
 
 
@@ -38,7 +41,9 @@ class SiglipAttention(nn.Module):
         def heads(t: Tensor) -> Tensor:
             return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-        scores = heads(self.q_proj(x)) @ heads(self.k_proj(x)).transpose(-1, -2) * self.head_dim**-0.5
+        scores = (
+            heads(self.q_proj(x)) @ heads(self.k_proj(x)).transpose(-1, -2) * self.head_dim**-0.5
+        )
         probs = scores.float().softmax(dim=-1).to(x.dtype)
         out = (probs @ heads(self.v_proj(x))).transpose(1, 2).reshape(b, n, w)
         return self.out_proj(out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Dict, List
 
 import numpy as np
 
@@ -22,7 +21,9 @@ from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import IMAGE_SLOTS
 
 
-def moving_scene(t: float, cameras: int, state_dim: int = 7, size: int = 224, seed: int = 0) -> Observation:
+def moving_scene(
+    t: float, cameras: int, state_dim: int = 7, size: int = 224, seed: int = 0
+) -> Observation:
     """The scene at time ``t`` s: a red square gliding over a fixed noise background (period 4 s)
     in each camera, and a joint state moving on slow sinusoids; stamped ``t``."""
     if not 1 <= cameras <= len(IMAGE_SLOTS):
@@ -56,14 +57,16 @@ def sample_chunk(actions: np.ndarray, stamp: float, t: float, action_dt: float) 
     return actions[low] * (1.0 - frac) + actions[high] * frac
 
 
-def replan(engine: OxygenEngine, frames: int, rate_hz: float, cameras: int, state_dim: int) -> "tuple[List[TimedChunk], List[float]]":
+def replan(
+    engine: OxygenEngine, frames: int, rate_hz: float, cameras: int, state_dim: int
+) -> tuple[list[TimedChunk], list[float]]:
     """The node's loop on a simulated clock: a tick every 1/rate_hz s (a tick that cannot start on
     time starts when the previous chunk is done), each a fresh observation of the scene and a new
     chunk; each chunk arrives after its measured action-path time. Returns the chunks and the
     action-path times (ms)."""
     period = 1.0 / rate_hz
-    chunks: List[TimedChunk] = []
-    action_ms: List[float] = []
+    chunks: list[TimedChunk] = []
+    action_ms: list[float] = []
     busy_until = 0.0
     for k in range(frames):
         stamp = max(k * period, busy_until)
@@ -73,11 +76,15 @@ def replan(engine: OxygenEngine, frames: int, rate_hz: float, cameras: int, stat
         latency = time.perf_counter() - started
         action_ms.append(latency * 1e3)
         busy_until = stamp + latency
-        chunks.append(TimedChunk(stamp, stamp + latency, np.asarray(chunk.actions, dtype=np.float64)))
+        chunks.append(
+            TimedChunk(stamp, stamp + latency, np.asarray(chunk.actions, dtype=np.float64))
+        )
     return chunks, action_ms
 
 
-def continuity_metrics(chunks: List[TimedChunk], action_dt: float, skip: int = 0) -> Dict[str, float]:
+def continuity_metrics(
+    chunks: list[TimedChunk], action_dt: float, skip: int = 0
+) -> dict[str, float]:
     """Switch discontinuities and jerk of the executed command stream.
 
     switch_discontinuity: |new - previous chunk| per joint at the first controller step after each
@@ -87,12 +94,17 @@ def continuity_metrics(chunks: List[TimedChunk], action_dt: float, skip: int = 0
     over joints and steps of the third difference of the executed stream / dt^3, from the first
     counted switch to the last chunk's arrival.
     """
-    jumps: List[np.ndarray] = []
+    jumps: list[np.ndarray] = []
     past_end = 0  # switches after the previous chunk's last action: nothing left to continue
-    for previous, new in zip(chunks[skip:], chunks[skip + 1 :]):
+    for previous, new in zip(chunks[skip:], chunks[skip + 1 :], strict=False):
         t = math.ceil(new.arrival / action_dt - 1e-9) * action_dt
         past_end += t > previous.stamp + previous.actions.shape[0] * action_dt
-        jumps.append(np.abs(sample_chunk(new.actions, new.stamp, t, action_dt) - sample_chunk(previous.actions, previous.stamp, t, action_dt)))
+        jumps.append(
+            np.abs(
+                sample_chunk(new.actions, new.stamp, t, action_dt)
+                - sample_chunk(previous.actions, previous.stamp, t, action_dt)
+            )
+        )
     start = math.ceil(chunks[skip].arrival / action_dt)
     stop = math.ceil(chunks[-1].arrival / action_dt)
     stream = []

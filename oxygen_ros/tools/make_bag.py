@@ -21,9 +21,10 @@ import io
 import math
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image as PILImage
@@ -151,8 +152,13 @@ class _Messages:
         """CDR bytes of an rgb8 sensor_msgs/Image."""
         height, width, _ = rgb.shape
         msg = self._image(
-            header=self.header(stamp_ns, frame_id), height=height, width=width,
-            encoding="rgb8", is_bigendian=0, step=width * 3, data=rgb.reshape(-1),
+            header=self.header(stamp_ns, frame_id),
+            height=height,
+            width=width,
+            encoding="rgb8",
+            is_bigendian=0,
+            step=width * 3,
+            data=rgb.reshape(-1),
         )
         return self._serialize(msg)
 
@@ -161,7 +167,8 @@ class _Messages:
         buffer = io.BytesIO()
         PILImage.fromarray(rgb).save(buffer, format="JPEG", quality=90)
         msg = self._compressed(
-            header=self.header(stamp_ns, frame_id), format="rgb8; jpeg compressed bgr8",
+            header=self.header(stamp_ns, frame_id),
+            format="rgb8; jpeg compressed bgr8",
             data=np.frombuffer(buffer.getvalue(), dtype=np.uint8),
         )
         return self._serialize(msg)
@@ -170,8 +177,11 @@ class _Messages:
         """CDR bytes of a sensor_msgs/JointState sampled from :func:`joint_motion` at ``t``."""
         position, velocity = joint_motion(t, len(names))
         msg = self._joint_state(
-            header=self.header(stamp_ns, ""), name=names, position=position,
-            velocity=velocity, effort=np.zeros(0),
+            header=self.header(stamp_ns, ""),
+            name=names,
+            position=position,
+            velocity=velocity,
+            effort=np.zeros(0),
         )
         return self._serialize(msg)
 
@@ -185,8 +195,14 @@ class _Messages:
 
 
 def _camera_events(
-    messages: _Messages, connection: object, camera: str, compressed: bool,
-    width: int, height: int, duration_s: float, rate_hz: float,
+    messages: _Messages,
+    connection: object,
+    camera: str,
+    compressed: bool,
+    width: int,
+    height: int,
+    duration_s: float,
+    rate_hz: float,
 ) -> Iterator[Event]:
     """Time-ordered records of one camera."""
     scene = _Scene(_LOOKS[camera], width, height)
@@ -243,9 +259,16 @@ def write_synthetic_bag(
     with Writer(path, version=Writer.VERSION_LATEST, storage_plugin=_STORAGES[storage]) as writer:
         streams = [
             _camera_events(
-                messages, writer.add_connection(camera_topic(cam, compressed), image_type,
-                                                typestore=typestore),
-                cam, compressed, width, height, duration_s, camera_rate_hz,
+                messages,
+                writer.add_connection(
+                    camera_topic(cam, compressed), image_type, typestore=typestore
+                ),
+                cam,
+                compressed,
+                width,
+                height,
+                duration_s,
+                camera_rate_hz,
             )
             for cam in CAMERAS
         ]
@@ -265,10 +288,6 @@ def write_synthetic_bag(
 # ----------------------------------------------------------------------------------------------
 
 
-
-
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``oxygen-make-bag``."""
     parser = argparse.ArgumentParser(
@@ -276,19 +295,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a synthetic rosbag2: two moving-scene cameras at 30 Hz and "
         "/joint_states at 100 Hz.",
     )
-    parser.add_argument("--out", type=Path, default=Path("oxygen_synthetic_bag"),
-                        help="bag directory to create (must not exist)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("oxygen_synthetic_bag"),
+        help="bag directory to create (must not exist)",
+    )
     parser.add_argument("--duration", type=positive_float, default=10.0, help="seconds")
     parser.add_argument("--width", type=positive_int, default=224, help="image width")
     parser.add_argument("--height", type=positive_int, default=224, help="image height")
     parser.add_argument("--joints", type=positive_int, default=7, help="number of joints")
     parser.add_argument("--camera-rate", type=positive_float, default=30.0, help="Hz")
     parser.add_argument("--joint-rate", type=positive_float, default=100.0, help="Hz")
-    parser.add_argument("--compressed", action="store_true",
-                        help="write jpeg CompressedImage on .../image_raw/compressed")
+    parser.add_argument(
+        "--compressed",
+        action="store_true",
+        help="write jpeg CompressedImage on .../image_raw/compressed",
+    )
     parser.add_argument("--storage", choices=sorted(_STORAGES), default="mcap")
-    parser.add_argument("--distro", choices=sorted(_STORES), default=default_distro(),
-                        help="message definitions to use (default: %(default)s)")
+    parser.add_argument(
+        "--distro",
+        choices=sorted(_STORES),
+        default=default_distro(),
+        help="message definitions to use (default: %(default)s)",
+    )
     return parser
 
 
@@ -299,14 +329,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oxygen-make-bag: {args.out} exists; choose another --out", file=sys.stderr)
         return 1
     path = write_synthetic_bag(
-        args.out, args.duration, width=args.width, height=args.height,
-        camera_rate_hz=args.camera_rate, joint_rate_hz=args.joint_rate,
-        num_joints=args.joints, compressed=args.compressed, storage=args.storage,
+        args.out,
+        args.duration,
+        width=args.width,
+        height=args.height,
+        camera_rate_hz=args.camera_rate,
+        joint_rate_hz=args.joint_rate,
+        num_joints=args.joints,
+        compressed=args.compressed,
+        storage=args.storage,
         distro=args.distro,
     )
     kind = "jpeg" if args.compressed else "rgb8"
-    print(f"oxygen-make-bag: wrote {path} ({args.storage}, {args.duration:g} s, "
-          f"2 cameras {args.width}x{args.height} {kind}, {args.joints} joints)")
+    print(
+        f"oxygen-make-bag: wrote {path} ({args.storage}, {args.duration:g} s, "
+        f"2 cameras {args.width}x{args.height} {kind}, {args.joints} joints)"
+    )
     return 0
 
 

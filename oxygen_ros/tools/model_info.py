@@ -37,11 +37,11 @@ from oxygen_ros.model.checkpoint import (
     CheckpointError,
     expected_file_tensors,
     find_tensor_problems,
-    resolve_config,
     load_checkpoint_norm_stats,
     read_config,
     read_safetensors_header,
     resolve_asset_id,
+    resolve_config,
 )
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
 from oxygen_ros.model.pi05 import Pi05Model
@@ -145,7 +145,10 @@ def _describe(config: Pi05Config) -> str:
     if preset == config:
         return f"preset {config.name!r}"
     horizon, tokens = config.action_horizon, config.max_token_len
-    if preset is not None and dataclasses.replace(preset, action_horizon=horizon, max_token_len=tokens) == config:
+    if (
+        preset is not None
+        and dataclasses.replace(preset, action_horizon=horizon, max_token_len=tokens) == config
+    ):
         return f"preset {config.name!r} with action_horizon {horizon}, max_token_len {tokens}"
     return f"config {config.name!r} (not equal to any preset)"
 
@@ -173,7 +176,9 @@ def _check_config(
         resolved = resolve_config(ckpt_dir, header or {})
     except CheckpointError as exc:
         return Check("config", False, str(exc)), None
-    return Check("config", True, f"{_describe(resolved.config)} ({resolved.source})"), resolved.config
+    return Check(
+        "config", True, f"{_describe(resolved.config)} ({resolved.source})"
+    ), resolved.config
 
 
 def _check_tensors(header: dict[str, Any] | None, config: Pi05Config | None) -> Check:

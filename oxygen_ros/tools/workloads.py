@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,9 @@ from oxygen_ros.model.config import IMAGE_SLOTS
 from oxygen_ros.model.policy import Pi05Policy
 
 
-def synthetic_observations(cameras: int, count: int = 8, state_dim: int = 7, size: int = 224, seed: int = 0) -> List[Observation]:
+def synthetic_observations(
+    cameras: int, count: int = 8, state_dim: int = 7, size: int = 224, seed: int = 0
+) -> list[Observation]:
     """A short loop of different frames: a bright square moving over noise, per camera."""
     if not 1 <= cameras <= len(IMAGE_SLOTS):
         raise ValueError(f"cameras must be 1..{len(IMAGE_SLOTS)}, got {cameras}")
@@ -34,25 +36,35 @@ def synthetic_observations(cameras: int, count: int = 8, state_dim: int = 7, siz
             x = (i * 17 + c * 50) % (size - 40)
             image[60:100, x : x + 40] = (255, 40 * c, 0)
             images[slot] = image
-        frames.append(Observation(images, rng.uniform(-1, 1, state_dim), "pick up the red cup", stamp=float(i)))
+        frames.append(
+            Observation(
+                images, rng.uniform(-1, 1, state_dim), "pick up the red cup", stamp=float(i)
+            )
+        )
     return frames
 
 
 @dataclasses.dataclass
 class Workload:
     frames: int = 50
-    warmup: int = 10  # unmeasured frames after `EngineBase.warm_up`: the request batch reaches steady state
+    warmup: int = (
+        10  # unmeasured frames after `EngineBase.warm_up`: the request batch reaches steady state
+    )
     requests_per_frame: float = 1.0
     max_tokens: int = 30
     kind: str = "narration"
 
 
-def submit_due(engine: EngineBase, due: float, workload: Workload, submitted: Optional[List[int]] = None) -> float:
+def submit_due(
+    engine: EngineBase, due: float, workload: Workload, submitted: list[int] | None = None
+) -> float:
     """Submit this frame's share of ``workload.requests_per_frame``; returns the carried fraction.
     The new request ids are appended to ``submitted`` when given."""
     due += workload.requests_per_frame
     while due >= 1.0:
-        request_id = engine.submit(workload.kind, sampling=SamplingParams(max_tokens=workload.max_tokens))
+        request_id = engine.submit(
+            workload.kind, sampling=SamplingParams(max_tokens=workload.max_tokens)
+        )
         if submitted is not None:
             submitted.append(request_id)
         due -= 1.0
@@ -63,20 +75,20 @@ def submit_due(engine: EngineBase, due: float, workload: Workload, submitted: Op
 class FrameSamples:
     """What `measure_frames` saw on one engine; samples of several rounds merge into one."""
 
-    frame_ms: List[float] = dataclasses.field(default_factory=list)
-    active: List[int] = dataclasses.field(default_factory=list)  # active requests after each frame
+    frame_ms: list[float] = dataclasses.field(default_factory=list)
+    active: list[int] = dataclasses.field(default_factory=list)  # active requests after each frame
     wall_s: float = 0.0
     tokens: int = 0
     peak_kv_bytes: int = 0
 
-    def merge(self, other: "FrameSamples") -> None:
+    def merge(self, other: FrameSamples) -> None:
         self.frame_ms += other.frame_ms
         self.active += other.active
         self.wall_s += other.wall_s
         self.tokens += other.tokens
         self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
 
-    def summary(self) -> Dict[str, float]:
+    def summary(self) -> dict[str, float]:
         """Frames/s, tokens/s, frame latency percentiles, peak KV and batch sizes."""
         fps = len(self.frame_ms) / self.wall_s
         return {
@@ -93,7 +105,9 @@ class FrameSamples:
         }
 
 
-def measure_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> FrameSamples:
+def measure_frames(
+    engine: EngineBase, observations: list[Observation], workload: Workload
+) -> FrameSamples:
     """The paper's loop: frames back to back, a new request every 1/rate frames, measured after
     warm-up."""
     engine.warm_up(observations[0])  # as the node does: CUDA graphs captured, decode sizes timed
@@ -115,7 +129,9 @@ def measure_frames(engine: EngineBase, observations: List[Observation], workload
     return samples
 
 
-def run_frames(engine: EngineBase, observations: List[Observation], workload: Workload) -> Dict[str, float]:
+def run_frames(
+    engine: EngineBase, observations: list[Observation], workload: Workload
+) -> dict[str, float]:
     """`measure_frames`, summarised."""
     return measure_frames(engine, observations, workload).summary()
 
@@ -127,21 +143,22 @@ AfterPart = Callable[[str, FrameSamples], None]
 def compare_engines(
     make: Callable[[str], EngineBase],
     names: Sequence[str],
-    observations: List[Observation],
+    observations: list[Observation],
     workload: Workload,
     rounds: int = 1,
-    after_part: Optional[AfterPart] = None,
-) -> "tuple[Dict[str, Dict[str, float]], Dict[str, str]]":
+    after_part: AfterPart | None = None,
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Every engine on the same workload, in ``rounds`` interleaved rounds: each round gives each
     engine a fresh instance, its warm-up and its share of the frames, in an order rotated per
     round. A machine whose speed drifts (shared CPUs) then slows every engine alike, so the ratios
     hold even when absolute numbers move. Returns (summary per engine, error per failed engine).
     """
-    per_round = dataclasses.replace(workload, frames=-(-workload.frames // rounds))  # frames rounded up
-    samples: Dict[str, FrameSamples] = {name: FrameSamples() for name in names}
-    errors: Dict[str, str] = {}
+    # frames rounded up
+    per_round = dataclasses.replace(workload, frames=-(-workload.frames // rounds))
+    samples: dict[str, FrameSamples] = {name: FrameSamples() for name in names}
+    errors: dict[str, str] = {}
     for r in range(rounds):
-        for name in [*names[r % len(names):], *names[: r % len(names)]]:
+        for name in [*names[r % len(names) :], *names[: r % len(names)]]:
             if name in errors:
                 continue
             try:  # one engine failing (e.g. on a new GPU) must not cost the others' numbers
@@ -160,18 +177,19 @@ def compare_engines(
 
 
 def run_realtime(
-    engine: EngineBase, observations: List[Observation], workload: Workload, rate_hz: float
-) -> Dict[str, float]:
+    engine: EngineBase, observations: list[Observation], workload: Workload, rate_hz: float
+) -> dict[str, float]:
     """A paced loop like the node's timer: ticks every 1/rate_hz s, language only in the slack.
 
     A tick that starts late (the previous one overran) counts as a miss; the schedule then
     restarts from now instead of bursting to catch up.
     """
-    engine.warm_up(observations[0])  # as the node does: no capture inside a tick, decode sizes timed
+    # as the node does: no capture inside a tick, decode sizes timed
+    engine.warm_up(observations[0])
     period = 1.0 / rate_hz
     due = 0.0
-    frame_ms: List[float] = []
-    active: List[int] = []
+    frame_ms: list[float] = []
+    active: list[int] = []
     misses = late_starts = 0
     next_tick = time.perf_counter()
     start = tokens0 = 0.0
@@ -186,7 +204,9 @@ def run_realtime(
         if tick - next_tick > 0.5e-3:
             late_starts += 1
         due = submit_due(engine, due, workload)
-        result = engine.step(observations[i % len(observations)], now=tick, next_deadline=tick + period)
+        result = engine.step(
+            observations[i % len(observations)], now=tick, next_deadline=tick + period
+        )
         frame_ms.append(result.stats.frame_ms)
         active.append(result.stats.active_requests)
         misses += not result.stats.deadline_met
@@ -211,7 +231,7 @@ def _sync(policy: Pi05Policy) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn, policy: Pi05Policy, repeats: int) -> List[float]:
+def time_ms(fn, policy: Pi05Policy, repeats: int) -> list[float]:
     fn()  # warm
     out = []
     for _ in range(repeats):
@@ -223,7 +243,13 @@ def time_ms(fn, policy: Pi05Policy, repeats: int) -> List[float]:
     return out
 
 
-def component_times(policy: Pi05Policy, config: EngineConfig, observation: Observation, batch: int, repeats: int = 20) -> Dict[str, float]:
+def component_times(
+    policy: Pi05Policy,
+    config: EngineConfig,
+    observation: Observation,
+    batch: int,
+    repeats: int = 20,
+) -> dict[str, float]:
     """Prefill, action chunk, admitting one request and one decode step at ``batch`` requests, each
     timed alone (median ms).
 
@@ -232,16 +258,30 @@ def component_times(policy: Pi05Policy, config: EngineConfig, observation: Obser
     """
     engine = OxygenEngine(policy, config)
     engine.warm_up(observation)  # buckets captured and frozen, as in a real run
-    pool, runner = engine.pool, engine.runner  # runner: the static paths when the config asks for them
+    # runner: the static paths when the config asks for them
+    pool, runner = (
+        engine.pool,
+        engine.runner,
+    )
     frames = [prefill_frame(policy, pool, observation, i, runner) for i in range(2)]
     noise = frame_noise(policy.config, 0, 0, policy.device)
-    prefill = time_ms(lambda: pool.release(prefill_frame(policy, pool, observation, 9, runner).segment), policy, repeats)
-    action = time_ms(lambda: act_on_frame(policy, pool, frames[0], noise, config.num_steps, runner), policy, repeats)
+    prefill = time_ms(
+        lambda: pool.release(prefill_frame(policy, pool, observation, 9, runner).segment),
+        policy,
+        repeats,
+    )
+    action = time_ms(
+        lambda: act_on_frame(policy, pool, frames[0], noise, config.num_steps, runner),
+        policy,
+        repeats,
+    )
     decoder = LanguageDecoder(policy, pool, runner)
     requests = []
     for i in range(max(batch, 1)):
         prompt = policy.tokenizer.encode_text(config.kind_prompts["narration"])
-        request = LanguageRequest(i + 1, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer)
+        request = LanguageRequest(
+            i + 1, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer
+        )
         decoder.attach([request], frames[i % 2])
         requests.append(request)
     for _ in range(12):  # some own tokens, as mid-generation (max_tokens 64 is never reached)
@@ -250,7 +290,9 @@ def component_times(policy: Pi05Policy, config: EngineConfig, observation: Obser
     prompt = policy.tokenizer.encode_text(config.kind_prompts["narration"])
 
     def admit_one() -> None:
-        request = LanguageRequest(0, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer)
+        request = LanguageRequest(
+            0, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer
+        )
         decoder.attach([request], frames[0])
         decoder.release(request)
 
