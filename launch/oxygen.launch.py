@@ -12,7 +12,6 @@ Arguments:
     config_file     params file; wins over robot (default: the robot's file, else the package's
                     config/oxygen.yaml, the tiny demo)
     checkpoint_dir  overrides the file's checkpoint_dir when given
-    preset          overrides the file's preset when given (tiny | small, used without a checkpoint)
     namespace       namespace of the node and its ~/ topics (e.g. one per robot)
 
 The node configures and activates itself (``autostart: true`` in the shipped configs); set
@@ -29,7 +28,7 @@ from __future__ import annotations
 import os
 
 PACKAGE = 'oxygen_ros'
-OVERRIDABLE = ('checkpoint_dir', 'preset')
+OVERRIDABLE = ('checkpoint_dir',)
 DEFAULT_CONFIG = 'oxygen.yaml'
 # robot:=NAME -> the package's params file for that openpi pi0.5 checkpoint.
 ROBOT_CONFIGS = {
@@ -115,10 +114,6 @@ def generate_launch_description():
         DeclareLaunchArgument(
             'checkpoint_dir', default_value='',
             description="openpi-layout checkpoint directory; empty: keep the file's value"),
-        DeclareLaunchArgument(
-            'preset', default_value='',
-            description='model preset for random weights (tiny | small); '
-            "empty: keep the file's value"),
         DeclareLaunchArgument(
             'namespace', default_value='',
             description='namespace of the node (one per robot)'),

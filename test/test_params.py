@@ -39,8 +39,6 @@ def test_every_parameter_has_a_description_and_numbers_have_ranges():
     (dict(joint_lower_limits=[0.0] * 3), "joint_lower_limits has 3 values but there are 7"),
     (dict(joint_lower_limits=[1.0] * 7, joint_upper_limits=[0.0] * 7), "exceed"),
     (dict(max_joint_velocity=[0.0] * 7), "positive"),
-    (dict(preset="pi05"), "set checkpoint_dir"),
-    (dict(preset="huge"), "preset must be one of"),
     (dict(rate_hz=0.5), "rate_hz must be within [1, 200]"),
     (dict(rate_hz="fast"), "rate_hz must be a number"),
     (dict(joint_names=[]), "at least one joint"),

@@ -202,11 +202,6 @@ class ObservationAssembler:
                                            stamp=assembly.stamp_ns / NS_PER_S)
         return assembly
 
-    def current_positions(self) -> Optional[np.ndarray]:
-        """The last good joint positions (joint_names order), or None."""
-        good = self._good.get(JOINT_STATES_TOPIC)
-        return None if good is None else good.value
-
     # -- internals --------------------------------------------------------------------------------
     def _positions(self, msg: Any) -> np.ndarray:
         return joint_state_to_positions(msg, self.joint_names)

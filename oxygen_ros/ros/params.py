@@ -11,7 +11,7 @@ Every parameter is listed once in :data:`PARAMETERS` with its type, default, des
 Checks happen at three levels, each with a message that names the parameter and the fix:
 
 1. rclpy enforces the declared type, range and read-only flag (e.g. ``rate_hz`` outside 1-200);
-2. :func:`check_value` checks one value on its own (a preset name, an image slot, a finite limit);
+2. :func:`check_value` checks one value on its own (a dtype name, an image slot, a finite limit);
 3. :meth:`NodeSettings.from_values` checks the parameters against each other (array lengths,
    unique slots, lower < upper ...). It runs at ``configure`` and on every change while configured.
 
@@ -33,8 +33,6 @@ STATIC = "static"
 CONFIGURE = "configure"
 RUNTIME = "runtime"
 
-RANDOM_WEIGHT_PRESETS = ("tiny", "small")
-PRESET_NAMES = ("tiny", "small", "pi05")
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("deadline", "fixed")
 CHUNK_CONTINUITY_MODES = ("none", "rtc")  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
@@ -106,10 +104,9 @@ DEFAULT_JOINTS = [f"joint_{i}" for i in range(1, 8)]
 PARAMETERS: Tuple[ParamSpec, ...] = (
     # -- model and engine (configure) -------------------------------------------------------------
     ParamSpec("checkpoint_dir", _T.PARAMETER_STRING, "",
-              "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); empty: "
-              "generate a RANDOM-WEIGHT checkpoint of `preset` once into the cache (tiny/small only)", CONFIGURE),
-    ParamSpec("preset", _T.PARAMETER_STRING, "tiny",
-              "model size used when checkpoint_dir is empty: tiny | small (pi05 needs real weights)", CONFIGURE),
+              "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); "
+              "required: `oxygen-make-checkpoint --preset tiny --out DIR` makes a random-weight one",
+              CONFIGURE),
     ParamSpec("tokenizer_path", _T.PARAMETER_STRING, "",
               "sentencepiece tokenizer; empty: the checkpoint's own tokenizer.model", CONFIGURE),
     ParamSpec("device", _T.PARAMETER_STRING, "cpu", "torch device: cpu, cuda, cuda:N", CONFIGURE),
@@ -278,8 +275,6 @@ def check_value(name: str, value: Any) -> None:
     spec = SPECS[name]
     if spec.range is not None and not (spec.range[0] <= value <= spec.range[1]):  # NaN fails too
         raise SettingsError(f"{name} must be within [{spec.range[0]:g}, {spec.range[1]:g}], got {value!r}")
-    if name == "preset" and value not in PRESET_NAMES:
-        raise SettingsError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {value!r}")
     if name == "dtype" and value not in DTYPES:
         raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
     if name == "decode_mode" and value not in DECODE_MODES:
@@ -331,7 +326,6 @@ class NodeSettings:
     """A consistent snapshot of every parameter (build it with :meth:`from_values`)."""
 
     checkpoint_dir: str
-    preset: str
     tokenizer_path: str
     device: str
     dtype: str
@@ -415,11 +409,6 @@ class NodeSettings:
         v = {name: normalise(name, values[name]) for name in SPECS}
         for name in SPECS:
             check_value(name, v[name])
-        if not v["checkpoint_dir"] and v["preset"] not in RANDOM_WEIGHT_PRESETS:
-            raise SettingsError(
-                f"preset {v['preset']!r} has no random-weight stand-in: set checkpoint_dir to real pi0.5 weights "
-                f"(random weights are generated only for {', '.join(RANDOM_WEIGHT_PRESETS)})"
-            )
         cameras = _cameras(v["camera_topics"], v["camera_slots"], v["camera_compressed"])
         joints = tuple(v["joint_names"])
         if not joints:

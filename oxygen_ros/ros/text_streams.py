@@ -47,10 +47,6 @@ class LanguageStreams:
     def __init__(self) -> None:
         self._open: Dict[int, _OpenRequest] = {}
 
-    @property
-    def open_count(self) -> int:
-        return len(self._open)
-
     def opened(self, request_id: int, kind: str) -> None:
         """Record a request just submitted to the engine."""
         self._open[request_id] = _OpenRequest(kind)

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def prepare_inputs(work: Path, preset: str, duration: float) -> "tuple[Path, Path]":
     """(checkpoint dir, bag dir), created on first use."""
-    from oxygen_ros.ros.model_setup import random_checkpoint
+    from oxygen_ros.tools.make_checkpoint import random_checkpoint
     from oxygen_ros.tools.make_bag import write_synthetic_bag
 
     started = time.monotonic()
@@ -210,7 +210,7 @@ def _stop_node(process: subprocess.Popen) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oxygen_ros.ros.model_setup import cache_dir
+    from oxygen_ros.tools.make_checkpoint import cache_dir
 
     work = (args.work or cache_dir() / "demo").expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -117,6 +120,52 @@ def make_checkpoint(
             preset,
         )
     return out_dir
+
+
+
+CACHE_ENV = "OXYGEN_ROS_CACHE"
+RANDOM_WEIGHT_PRESETS = ("tiny", "small")
+RANDOM_WEIGHTS_SEED = 0
+
+
+def cache_dir() -> Path:
+    """``$OXYGEN_ROS_CACHE``, else ``$XDG_CACHE_HOME/oxygen_ros``, else ``~/.cache/oxygen_ros``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oxygen_ros"
+
+
+def random_checkpoint(preset: str, root: Optional[Path] = None) -> Path:
+    """The cached random-weight checkpoint of ``preset`` under ``root`` (default :func:`cache_dir`),
+    generated on first use.
+
+    Generation writes into a temporary sibling directory and renames it into place, so concurrent
+    users never see a half-written checkpoint.
+
+    Raises:
+        ValueError: ``preset`` is not one that is cached (tiny, small).
+    """
+    if preset not in RANDOM_WEIGHT_PRESETS:
+        raise ValueError(
+            f"random weights are cached only for presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}"
+        )
+    parent = (root or cache_dir()) / "checkpoints"
+    target = parent / f"random-{preset}-seed{RANDOM_WEIGHTS_SEED}"
+    if (target / "model.safetensors").is_file():
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
+    try:
+        make_checkpoint(scratch / "ckpt", preset, RANDOM_WEIGHTS_SEED)
+        try:
+            os.rename(scratch / "ckpt", target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
