@@ -128,7 +128,7 @@ def test_the_loop_runs_on_steady_time_while_sim_time_crawls(sim):
     """In 4 s of steady time the simulated clock advances 1 s. A timer on the ROS clock could
     tick at most ~1 s x the effective rate; the steady one ticks about four times as often."""
     node, clock, chunks, _ = sim
-    rate = node._governor.effective_hz
+    rate = node._loop.governor.effective_hz
     sim_before, since = clock.now_ns(), time.monotonic()
     time.sleep(4.0)
     sim_elapsed_s = (clock.now_ns() - sim_before) / 1e9

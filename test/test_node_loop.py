@@ -241,7 +241,7 @@ def test_isolated_engine_faults_are_counted_by_kind_and_chunks_keep_flowing(runn
     assert after.get("no_action_kv_memory", 0) - before.get("no_action_kv_memory", 0) == 2
     assert after.get("decode_errors", 0) - before.get("decode_errors", 0) == 2
     assert after.get("tick_exceptions", 0) == before.get("tick_exceptions", 0)
-    assert node.state_label == "active" and node._failing_ticks == 0
+    assert node.state_label == "active" and node._loop.failing_ticks == 0
 
 
 def test_rejected_observations_do_not_count_as_engine_failures(running):
@@ -311,7 +311,7 @@ def test_ask_and_instruction_are_refused_while_inactive(running):
         instruction.publish(String(data="stack the cups"))
         assert wait_for(lambda: node._counters.get("ask_rejected_inactive") == 1
                         and node._counters.get("instruction_rejected_inactive") == 1, 5)
-        assert list(node._questions) == []
+        assert list(node._loop.questions) == []
         assert node.get_parameter("task").value == "pick up the red block"
     finally:
         assert node.trigger_activate().name == "SUCCESS"
@@ -329,7 +329,7 @@ def test_the_trajectory_reaches_a_system_default_subscriber_and_keeps_only_the_n
     node, *_, feeder = running
     count = len(feeder.trajectories)
     assert wait_for(lambda: len(feeder.trajectories) >= count + 3, 10)
-    qos = node._trajectory_pub.qos_profile
+    qos = node._loop.outputs.trajectory.qos_profile
     assert (qos.history, qos.depth) == (HistoryPolicy.KEEP_LAST, 1)
     assert (qos.reliability, qos.durability) == (ReliabilityPolicy.RELIABLE, DurabilityPolicy.VOLATILE)
 
@@ -352,8 +352,8 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
 
     changes = node._counters.get("rate_changes")
     with _Replaced(node._engine, "act", slow):
-        assert wait_for(lambda: node._governor.effective_hz < RATE_HZ, 20), "the rate was not lowered"
-        assert node._governor.effective_hz <= 6.8
+        assert wait_for(lambda: node._loop.governor.effective_hz < RATE_HZ, 20), "the rate was not lowered"
+        assert node._loop.governor.effective_hz <= 6.8
         seen = len(feeder.loop_status)
         assert wait_for(lambda: any(float(v["effective_rate_hz"]) < RATE_HZ for _, _, v in feeder.loop_status[seen:]),
                         5)
@@ -362,7 +362,7 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
         assert float(values["requested_rate_hz"]) == RATE_HZ
         assert _chunks_keep_flowing(chunks)
     # raising looks at three windows of 30 ticks, measured at the lowered rate
-    assert wait_for(lambda: node._governor.effective_hz == RATE_HZ, 60), "the rate did not return to rate_hz"
+    assert wait_for(lambda: node._loop.governor.effective_hz == RATE_HZ, 60), "the rate did not return to rate_hz"
     assert node._counters.get("rate_changes") >= changes + 2
 
 

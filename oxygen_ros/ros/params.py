@@ -67,7 +67,8 @@ class ParamSpec:
     @property
     def dynamic(self) -> bool:
         """Declared with dynamic typing (see :meth:`descriptor`); :func:`check_value` checks the type."""
-        return self.type == ParameterType.PARAMETER_DOUBLE or (self.type in _ARRAY_TYPES and not self.default)
+        return self.type in (ParameterType.PARAMETER_DOUBLE, ParameterType.PARAMETER_DOUBLE_ARRAY) or (
+            self.type in _ARRAY_TYPES and not self.default)
 
     def descriptor(self) -> ParameterDescriptor:
         """The ROS descriptor: description (with when it applies), type, range, read-only."""
@@ -221,6 +222,14 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               "when ticks cannot be held at rate_hz with room for language: adapt (replan at the rate the "
               "measured tick cost allows, back up to rate_hz when it falls) | skip (keep rate_hz; the timer "
               "skips the periods a long tick overran)", RUNTIME),
+    # -- text in rviz ----------------------------------------------------------------------------------
+    ParamSpec("narration_marker", _T.PARAMETER_BOOL, False,
+              "also publish each finished text as a visualization_msgs/Marker (TEXT_VIEW_FACING) on "
+              "~/narration_marker, for rviz (rviz/oxygen.rviz shows it)", CONFIGURE),
+    ParamSpec("narration_marker_frame", _T.PARAMETER_STRING, "base_link",
+              "frame_id of the narration marker (rviz's Fixed Frame or one TF connects to it)", RUNTIME),
+    ParamSpec("narration_marker_position", _T.PARAMETER_DOUBLE_ARRAY, [0.0, 0.0, 1.0],
+              "x, y, z of the narration marker in narration_marker_frame (metres)", RUNTIME),
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -308,6 +317,11 @@ def check_value(name: str, value: Any) -> None:
     if name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity"):
         if not all(math.isfinite(v) for v in value):
             raise SettingsError(f"{name} must be finite numbers, got {value}")
+    if name == "narration_marker_frame" and not value.strip():
+        raise SettingsError("narration_marker_frame must not be empty (e.g. base_link)")
+    if name == "narration_marker_position" and (
+            len(value) != 3 or not all(math.isfinite(v) for v in value)):
+        raise SettingsError(f"narration_marker_position must be 3 finite numbers (x, y, z), got {value}")
     if name == "max_joint_velocity" and any(v <= 0 for v in value):
         raise SettingsError(f"max_joint_velocity must be positive, got {value}")
 
@@ -369,6 +383,10 @@ class NodeSettings:
     max_consecutive_failures: int
     max_text_chars: int
     overrun_policy: str
+    # text in rviz
+    narration_marker: bool
+    narration_marker_frame: str
+    narration_marker_position: Tuple[float, float, float]
 
     @property
     def period_s(self) -> float:
@@ -438,7 +456,8 @@ class NodeSettings:
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
         return cls(**{**direct, "cameras": cameras, "joint_names": joints, "action_joint_names": action_joints, **limits,
-                      "gripper_joint_names": tuple(v["gripper_joint_names"])})
+                      "gripper_joint_names": tuple(v["gripper_joint_names"]),
+                      "narration_marker_position": tuple(v["narration_marker_position"])})
 
 
 def _check_robot(robot: RobotAdapter, v: Mapping[str, Any], cameras: Sequence[CameraInput], joints: Sequence[str],
