@@ -186,3 +186,24 @@ def test_finished_texts_are_published_as_markers_where_the_parameters_say(probe,
     position = marker.pose.position
     assert [position.x, position.y, position.z] == MARKER_POSITION
     assert marker.scale.z > 0 and marker.color.a == 1.0
+
+
+def test_answers_unfinished_at_cleanup_are_counted_and_their_goals_end(probe, ask):
+    """Releasing the engine (deactivate, clean up) cancels the requests still decoding: counted as
+    requests_cancelled_at_close, and an Ask goal among them ends ABORTED with finish_reason
+    cancelled (the client did not cancel it) and the text said before."""
+    handle = ask.send("tell me a long story about the table", max_tokens=200)
+    assert handle.accepted
+    assert wait_for(lambda: len(ask.feedback_of(handle)) >= 1, WAIT_S), "no feedback streamed"
+    assert probe.change_state(Transition.TRANSITION_DEACTIVATE)
+    assert probe.change_state(Transition.TRANSITION_CLEANUP)
+    try:
+        reply = ask.result(handle)
+        assert reply.status == GoalStatus.STATUS_ABORTED
+        assert reply.result.finish_reason == "cancelled"
+        assert wait_for(lambda: "".join(d for d, _ in ask.feedback_of(handle)) == reply.result.text, 5)
+        assert probe.counter("requests_cancelled_at_close") == 1
+    finally:
+        assert probe.change_state(Transition.TRANSITION_CONFIGURE)
+        assert probe.change_state(Transition.TRANSITION_ACTIVATE)
+    assert probe.get_state() == STATE_ACTIVE
