@@ -61,3 +61,18 @@ def test_an_accepted_change_applies_after_the_callback(configured):
     assert node._settings.max_text_chars == 42
     assert node._settings.rate_hz == 20.0
     assert node._loop.governor.requested_hz == 20.0
+
+
+def test_configure_without_a_checkpoint_fails_saying_how_to_make_one():
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = OxygenNode("oxygen_no_checkpoint_test", context=context,
+                      parameter_overrides=[Parameter("autostart", value=False)])
+    try:
+        assert node.trigger_configure().name == "FAILURE"
+        assert node.state_label == "unconfigured"
+        assert "checkpoint_dir is empty" in node._last_error
+        assert "oxygen-make-checkpoint --preset tiny --out DIR" in node._last_error
+    finally:
+        node.destroy_node()
+        context.try_shutdown()
