@@ -21,12 +21,12 @@ import threading
 import pytest
 from action_msgs.msg import GoalStatus
 from lifecycle_msgs.msg import Transition
+from node_harness import STATE_ACTIVE, NodeProcess, Probe, wait_for
 from rclpy.action import ActionClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 from visualization_msgs.msg import Marker
 
-from node_harness import STATE_ACTIVE, NodeProcess, Probe, wait_for
 from oxygen_ros.action import Ask
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 
@@ -45,23 +45,27 @@ def bag(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def node(tiny_checkpoint, tmp_path_factory):
-    process = NodeProcess({
-        "checkpoint_dir": str(tiny_checkpoint),
-        "rate_hz": 10.0,
-        "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-        "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-        "joint_names": joint_names(7),
-        "max_observation_age_s": 1.0,
-        "narration_period_s": 0.0,
-        "answer_max_tokens": 6,
-        "decode_mode": "fixed",
-        "decode_steps_per_frame": 1,
-        "temperature": 1.0,  # random weights: sampling streams varied text instead of one blank token
-        "max_text_chars": MAX_TEXT_CHARS,
-        "narration_marker": True,
-        "narration_marker_frame": MARKER_FRAME,
-        "narration_marker_position": MARKER_POSITION,
-    }, tmp_path_factory.mktemp("node"))
+    process = NodeProcess(
+        {
+            "checkpoint_dir": str(tiny_checkpoint),
+            "rate_hz": 10.0,
+            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": joint_names(7),
+            "max_observation_age_s": 1.0,
+            "narration_period_s": 0.0,
+            "answer_max_tokens": 6,
+            "decode_mode": "fixed",
+            "decode_steps_per_frame": 1,
+            # random weights: sampling streams varied text instead of one blank token
+            "temperature": 1.0,
+            "max_text_chars": MAX_TEXT_CHARS,
+            "narration_marker": True,
+            "narration_marker_frame": MARKER_FRAME,
+            "narration_marker_position": MARKER_POSITION,
+        },
+        tmp_path_factory.mktemp("node"),
+    )
     yield process
     assert process.stop() == 0, process.log()[-3000:]
 
@@ -77,15 +81,21 @@ class AskClient:
         self.feedback = {}  # goal uuid bytes -> [(delta, token_count)]
         self.markers = []
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        probe.node.create_subscription(Ask.Impl.FeedbackMessage, "/oxygen_node/ask/_action/feedback",
-                                       self._on_feedback, reliable)
-        probe.node.create_subscription(Marker, "/oxygen_node/narration_marker",
-                                       self._on_marker, reliable)
+        probe.node.create_subscription(
+            Ask.Impl.FeedbackMessage,
+            "/oxygen_node/ask/_action/feedback",
+            self._on_feedback,
+            reliable,
+        )
+        probe.node.create_subscription(
+            Marker, "/oxygen_node/narration_marker", self._on_marker, reliable
+        )
 
     def _on_feedback(self, msg) -> None:
         with self.lock:
             self.feedback.setdefault(bytes(msg.goal_id.uuid), []).append(
-                (msg.feedback.delta, msg.feedback.token_count))
+                (msg.feedback.delta, msg.feedback.token_count)
+            )
 
     def _on_marker(self, msg: Marker) -> None:
         with self.lock:
@@ -130,7 +140,9 @@ def test_feedback_streams_in_order_and_concatenates_to_the_result(probe, ask):
     assert reply.status == GoalStatus.STATUS_SUCCEEDED, result
     assert result.finish_reason in ("eos", "stop", "length")
     assert wait_for(lambda: "".join(d for d, _ in ask.feedback_of(handle)) == result.text, 5), (
-        ask.feedback_of(handle), result.text)
+        ask.feedback_of(handle),
+        result.text,
+    )
     counts = [count for _, count in ask.feedback_of(handle)]
     assert counts == sorted(counts) and 1 <= counts[-1] <= 5  # in order, within max_tokens
 
@@ -201,7 +213,9 @@ def test_answers_unfinished_at_cleanup_are_counted_and_their_goals_end(probe, as
         reply = ask.result(handle)
         assert reply.status == GoalStatus.STATUS_ABORTED
         assert reply.result.finish_reason == "cancelled"
-        assert wait_for(lambda: "".join(d for d, _ in ask.feedback_of(handle)) == reply.result.text, 5)
+        assert wait_for(
+            lambda: "".join(d for d, _ in ask.feedback_of(handle)) == reply.result.text, 5
+        )
         assert probe.counter("requests_cancelled_at_close") == 1
     finally:
         assert probe.change_state(Transition.TRANSITION_CONFIGURE)

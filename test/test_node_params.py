@@ -19,16 +19,20 @@ pytestmark = [pytest.mark.ros]
 def configured(request, tiny_checkpoint):
     context = rclpy.Context()
     rclpy.init(context=context)
-    node = OxygenNode(f"oxygen_params_test_{request.param}", context=context,
-                      post_set=request.param, parameter_overrides=[
-                          Parameter("checkpoint_dir", value=str(tiny_checkpoint)),
-                          Parameter("camera_topics", value=["/params_test/camera"]),
-                          Parameter("camera_slots", value=["base_0_rgb"]),
-                          Parameter("joint_names", value=["j1", "j2"]),
-                          Parameter("narration_period_s", value=0.0),
-                          Parameter("rate_hz", value=10.0),
-                          Parameter("autostart", value=False),
-                      ])
+    node = OxygenNode(
+        f"oxygen_params_test_{request.param}",
+        context=context,
+        post_set=request.param,
+        parameter_overrides=[
+            Parameter("checkpoint_dir", value=str(tiny_checkpoint)),
+            Parameter("camera_topics", value=["/params_test/camera"]),
+            Parameter("camera_slots", value=["base_0_rgb"]),
+            Parameter("joint_names", value=["j1", "j2"]),
+            Parameter("narration_period_s", value=0.0),
+            Parameter("rate_hz", value=10.0),
+            Parameter("autostart", value=False),
+        ],
+    )
     assert node.trigger_configure().name == "SUCCESS", node._last_error
     yield node, request.param
     node.release()
@@ -39,8 +43,9 @@ def configured(request, tiny_checkpoint):
 def test_a_rejected_change_has_no_side_effect(configured):
     node, _ = configured
     settings, requested = node._settings, node._loop.governor.requested_hz
-    result = node.set_parameters_atomically([Parameter("rate_hz", value=20.0),
-                                             Parameter("joint_lower_limits", value=[0.0, 0.0, 0.0])])
+    result = node.set_parameters_atomically(
+        [Parameter("rate_hz", value=20.0), Parameter("joint_lower_limits", value=[0.0, 0.0, 0.0])]
+    )
     assert not result.successful and "joint_lower_limits has 3 values" in result.reason
     refused = node.set_parameters([Parameter("device", value="cuda")])[0]  # configure-only
     assert not refused.successful and "only change while the node is unconfigured" in refused.reason
@@ -53,8 +58,9 @@ def test_a_rejected_change_has_no_side_effect(configured):
 
 def test_an_accepted_change_applies_after_the_callback(configured):
     node, post_set = configured
-    assert node.set_parameters([Parameter("rate_hz", value=20.0),
-                                Parameter("max_text_chars", value=42)])[0].successful
+    assert node.set_parameters(
+        [Parameter("rate_hz", value=20.0), Parameter("max_text_chars", value=42)]
+    )[0].successful
     if not post_set:  # Humble: nothing applied until the next tick or diagnostics period
         assert node._settings.max_text_chars == 500 and node._loop.governor.requested_hz == 10.0
         node._sync_parameters()
@@ -66,8 +72,11 @@ def test_an_accepted_change_applies_after_the_callback(configured):
 def test_configure_without_a_checkpoint_fails_saying_how_to_make_one():
     context = rclpy.Context()
     rclpy.init(context=context)
-    node = OxygenNode("oxygen_no_checkpoint_test", context=context,
-                      parameter_overrides=[Parameter("autostart", value=False)])
+    node = OxygenNode(
+        "oxygen_no_checkpoint_test",
+        context=context,
+        parameter_overrides=[Parameter("autostart", value=False)],
+    )
     try:
         assert node.trigger_configure().name == "FAILURE"
         assert node.state_label == "unconfigured"

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1] / "oxygen_ros"
 
 
 def _imports(path: Path, package: str):
-    """Absolute names of every module ``path`` imports (relative imports resolved in ``package``)."""
+    """Absolute names of every module ``path`` imports (relative imports resolved in
+    ``package``)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
@@ -23,16 +24,21 @@ def _imports(path: Path, package: str):
 
 
 def test_ros_never_imports_tools():
-    offending = sorted(f"{path.name}: {name}" for path in (ROOT / "ros").glob("*.py")
-                       for name in _imports(path, "oxygen_ros.ros")
-                       if name.startswith("oxygen_ros.tools"))
+    offending = sorted(
+        f"{path.name}: {name}"
+        for path in (ROOT / "ros").glob("*.py")
+        for name in _imports(path, "oxygen_ros.ros")
+        if name.startswith("oxygen_ros.tools")
+    )
     assert not offending, offending
 
 
 def test_engine_runtime_imports_no_upper_layer():
     names = set(_imports(ROOT / "engine" / "runtime.py", "oxygen_ros.engine"))
     assert "oxygen_ros.model.policy" in names  # the resolution works: it does load policies
-    upper = sorted(n for n in names if n.startswith(("oxygen_ros.ros", "oxygen_ros.tools", "rclpy")))
+    upper = sorted(
+        n for n in names if n.startswith(("oxygen_ros.ros", "oxygen_ros.tools", "rclpy"))
+    )
     assert not upper, upper
 
 

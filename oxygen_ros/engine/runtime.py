@@ -13,19 +13,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 
-from ..model.policy import Pi05Policy, load_policy as _load_policy
+from ..model.policy import Pi05Policy
+from ..model.policy import load_policy as _load_policy
 from .requests import SamplingParams
 from .scheduler import Clock, EngineConfig, OxygenEngine
 from .types import Observation
 
 MAKE_CHECKPOINT_HINT = (
-    "make one with `oxygen-make-checkpoint --preset tiny --out DIR` (random weights, for trying the "
-    "package) or run `make demo`; for a robot, convert openpi's pi0.5 weights (see the README)"
+    "make one with `oxygen-make-checkpoint --preset tiny --out DIR` (random weights, for trying "
+    "the package) or run `make demo`; for a robot, convert openpi's pi0.5 weights (see the README)"
 )
 
 
@@ -38,7 +38,7 @@ class ModelSpec:
     device: str = "cpu"
     dtype: str = "float32"
     robot: str = "generic"  # the robot adapter (model.robots)
-    action_dim: Optional[int] = None  # action dims the robot uses; None: the model's
+    action_dim: int | None = None  # action dims the robot uses; None: the model's
     torch_threads: int = 1  # torch threads of the calling thread
 
 
@@ -51,8 +51,10 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
             loaded; the message says why.
     """
     if not spec.checkpoint_dir:
-        raise ValueError(f"checkpoint_dir is empty: give an openpi-layout checkpoint directory; "
-                         f"{MAKE_CHECKPOINT_HINT}")
+        raise ValueError(
+            f"checkpoint_dir is empty: give an openpi-layout checkpoint directory; "
+            f"{MAKE_CHECKPOINT_HINT}"
+        )
     torch.set_num_threads(spec.torch_threads)
     return _load_policy(
         Path(spec.checkpoint_dir).expanduser(),
@@ -64,8 +66,9 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
     )
 
 
-def build_engine(policy: Pi05Policy, config: EngineConfig,
-                 clock: Clock = time.monotonic) -> OxygenEngine:
+def build_engine(
+    policy: Pi05Policy, config: EngineConfig, clock: Clock = time.monotonic
+) -> OxygenEngine:
     """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines)."""
     return OxygenEngine(policy, config, clock=clock)
 
@@ -99,5 +102,7 @@ def warm_up(engine: OxygenEngine, observation: Observation, frames: int = 5) -> 
         engine.decode()
         engine.decode(max_steps=16)
     engine.decode(max_steps=64)
-    return WarmUpReport(action_ms=1e3 * float(np.median(action_s[1:])),
-                        language_step_ms=1e3 * engine.timer.estimate(1))
+    return WarmUpReport(
+        action_ms=1e3 * float(np.median(action_s[1:])),
+        language_step_ms=1e3 * engine.timer.estimate(1),
+    )

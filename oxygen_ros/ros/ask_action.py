@@ -23,7 +23,7 @@ therefore the authoritative answer, the feedback its live preview.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from oxygen_ros.action import Ask
 
@@ -145,5 +145,8 @@ class Question:
     """A question waiting for the next frame: from ``~/ask`` (no goal) or an Ask goal."""
 
     text: str
-    max_tokens: int  # 0: the answer_max_tokens parameter
-    goal: Optional[AskGoal] = None
+    goal: AskGoal | None = None
+
+    def token_budget(self, default: int) -> int:
+        """The answer's token limit: the goal's ``max_tokens``, else ``default``."""
+        return default if self.goal is None else token_budget(self.goal.handle.request, default)

@@ -9,7 +9,7 @@ No rclpy here: the node passes an ``info`` callable for its logger.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,11 +61,13 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
     config = policy.config
     if settings.action_horizon > config.action_horizon:
         raise SettingsError(
-            f"action_horizon {settings.action_horizon} exceeds the model's horizon {config.action_horizon}"
+            f"action_horizon {settings.action_horizon} exceeds the model's horizon "
+            f"{config.action_horizon}"
         )
     if len(settings.action_joint_names) > config.action_dim:
         raise SettingsError(
-            f"{len(settings.action_joint_names)} action joints but the model has {config.action_dim} action dims"
+            f"{len(settings.action_joint_names)} action joints but the model has "
+            f"{config.action_dim} action dims"
         )
     if len(settings.joint_names) > policy.state_stats.dim:
         raise SettingsError(
@@ -89,7 +91,8 @@ def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
     info(
         f"loaded '{policy.config.name}' model from {settings.checkpoint_dir} in "
         f"{time.monotonic() - started:.2f} s (horizon {policy.config.action_horizon}, "
-        f"{len(settings.action_joint_names)} action joints, device {settings.device}, {settings.dtype})"
+        f"{len(settings.action_joint_names)} action joints, device {settings.device}, "
+        f"{settings.dtype})"
     )
     return build_engine(policy, engine_config(settings))
 

@@ -7,7 +7,8 @@ This module wires the lifecycle node (I/O, transitions, parameters, the timer) a
 One managed (lifecycle) node runs the OxyGen loop on a timer at ``rate_hz``::
 
     tick:  latest inputs -> Observation -> engine.act (ONE shared prefill + action expert)
-           -> safety limits -> publish JointTrajectory + ActionChunk        (the deadline-bound path)
+           -> safety limits -> publish JointTrajectory + ActionChunk        (the deadline-bound
+           path)
            -> submit due narration / queued questions onto this frame
            -> engine.decode(until = next tick - expected publish time) -> publish Narration deltas
               and full texts (the engine keeps decode_margin_ms free before ``until``)
@@ -34,10 +35,12 @@ warms it up (a failure is logged with its reason and leaves the node unconfigure
 ``activate`` starts the timer and output; ``deactivate`` stops them; ``cleanup``/``shutdown``
 release the engine. With ``autostart`` (default) the node configures and activates itself.
 
-Threads: :func:`main` spins a SingleThreadedExecutor. Sensor callbacks only store the newest message,
+Threads: :func:`main` spins a SingleThreadedExecutor. Sensor callbacks only store the newest
+message,
 so they need not run during a tick: messages that arrive while the model runs are taken in the gap
 before the next tick (the language budget ends ``decode_margin_ms`` early to leave that gap). On the
-2-core reference machine a MultiThreadedExecutor made the model itself 2-15x slower (rclpy's executor
+2-core reference machine a MultiThreadedExecutor made the model itself 2-15x slower (rclpy's
+executor
 loop busy-waits and holds the GIL while the tick's callback group is busy), see ``main``. The
 callback groups and the engine lock keep the node correct under a multi-threaded executor too
 (e.g. in a composed process): ticks never overlap and transitions wait for a running tick.
@@ -49,7 +52,8 @@ Topics (``~`` = the node's name):
        ~/ask                  std_msgs/String   asks a question (an ``answer`` request)
        ~/ask                  oxygen_ros/action/Ask  the same as an action: streamed feedback,
                               the answer as result, cancellable (see :mod:`.ask_action`)
-  out  ~/joint_trajectory     trajectory_msgs/JointTrajectory (not in dry_run, never for robot libero)
+  out  ~/joint_trajectory     trajectory_msgs/JointTrajectory (not in dry_run, never for robot
+  libero)
        ~/action_chunk         oxygen_ros/ActionChunk
        ~/narration            oxygen_ros/Narration (every text delta)
        ~/narration_text       std_msgs/String ("[kind] full text" when a request finishes)
@@ -65,7 +69,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
@@ -113,13 +118,17 @@ NODE_NAME = "oxygen_node"
 
 # Cameras: newest frame only, lost frames are fine (best effort matches every publisher).
 CAMERA_QOS = QoSProfile(
-    history=HistoryPolicy.KEEP_LAST, depth=1,
-    reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE,
+    history=HistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=ReliabilityPolicy.BEST_EFFORT,
+    durability=DurabilityPolicy.VOLATILE,
 )
 # Joint states: also latest-only, a few deep so a burst is not all lost before the store sees it.
 JOINT_QOS = QoSProfile(
-    history=HistoryPolicy.KEEP_LAST, depth=5,
-    reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE,
+    history=HistoryPolicy.KEEP_LAST,
+    depth=5,
+    reliability=ReliabilityPolicy.BEST_EFFORT,
+    durability=DurabilityPolicy.VOLATILE,
 )
 LOG_THROTTLE_S = 5.0
 
@@ -136,42 +145,66 @@ class OxygenNode(LifecycleNode):
         SettingsError: a parameter override has the wrong type or is out of range.
     """
 
-    def __init__(self, node_name: str = NODE_NAME, *, faults: FaultInjector = NO_FAULTS,
-                 post_set: Optional[bool] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        node_name: str = NODE_NAME,
+        *,
+        faults: FaultInjector = NO_FAULTS,
+        post_set: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(node_name, **kwargs)
         declare_parameters(self)
-        self._steady_clock = Clock(clock_type=ClockType.STEADY_TIME)  # the loop's timers (see Clocks)
+        self._steady_clock = Clock(
+            clock_type=ClockType.STEADY_TIME
+        )  # the loop's timers (see Clocks)
         self._counters = Counters()
         self._throttle = KeyedThrottle(LOG_THROTTLE_S)
         self._engine_lock = threading.Lock()
         self._timer_lock = threading.Lock()
-        self._engine: Optional[OxygenEngine] = None
-        self._settings: Optional[NodeSettings] = None  # set while configured
-        self._applied: Dict[str, Any] = {}  # the parameter values _settings was built from
+        self._engine: OxygenEngine | None = None
+        self._settings: NodeSettings | None = None  # set while configured
+        self._applied: dict[str, Any] = {}  # the parameter values _settings was built from
         self._timer = None
         self._active = False
         self._state_label = "unconfigured"
         self._last_error = ""
-        self._subscriptions_io: List[Any] = []
-        self._last_tick_start: Optional[float] = None
+        self._subscriptions_io: list[Any] = []
+        self._last_tick_start: float | None = None
         self._erroring = False  # the error transition is under way
         self._report = DiagnosticsReport()
-        self._loop = TickLoop(self._counters, self._warn, self.get_logger(), faults,
-                              lambda: self.get_clock().now().nanoseconds, self._start_timer,
-                              self._next_tick_time, float(self.get_parameter("rate_hz").value))
+        self._loop = TickLoop(
+            self._counters,
+            self._warn,
+            self.get_logger(),
+            faults,
+            lambda: self.get_clock().now().nanoseconds,
+            self._start_timer,
+            self._next_tick_time,
+            float(self.get_parameter("rate_hz").value),
+        )
 
         self._tick_group = MutuallyExclusiveCallbackGroup()
         self._input_group = MutuallyExclusiveCallbackGroup()
         self._diagnostics_group = MutuallyExclusiveCallbackGroup()
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", RECORD_QOS)
-        self.create_timer(1.0, self._publish_diagnostics, callback_group=self._diagnostics_group,
-                          clock=self._steady_clock)
+        self.create_timer(
+            1.0,
+            self._publish_diagnostics,
+            callback_group=self._diagnostics_group,
+            clock=self._steady_clock,
+        )
         self.create_subscription(String, "~/instruction", self._on_instruction, RECORD_QOS)
         self.create_subscription(String, "~/ask", self._on_ask, RECORD_QOS)
         self._ask_server = ActionServer(
-            self, Ask, "~/ask", execute_callback=_never_executed, goal_callback=self._on_ask_goal,
+            self,
+            Ask,
+            "~/ask",
+            execute_callback=_never_executed,
+            goal_callback=self._on_ask_goal,
             handle_accepted_callback=self._on_ask_accepted,
-            cancel_callback=lambda goal_handle: CancelResponse.ACCEPT)
+            cancel_callback=lambda goal_handle: CancelResponse.ACCEPT,
+        )
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if post_set is None:
             post_set = hasattr(self, "add_post_set_parameters_callback")
@@ -236,11 +269,13 @@ class OxygenNode(LifecycleNode):
         self._last_error = ""
         loop.failing_ticks = 0
         cost = loop.warm_up_cost
-        log.info(f"configured: warm-up tick {cost.total_s * 1e3:.1f} ms (prefill + action + publish "
-                 f"{cost.action_s * 1e3:.1f} ms, a language step {cost.language_step_s * 1e3:.1f} ms, "
-                 f"margin {cost.margin_s * 1e3:.1f} ms) at rate_hz {settings.rate_hz:g} (period "
-                 f"{settings.period_s * 1e3:.1f} ms); cameras "
-                 f"{[f'{c.topic}->{c.slot}' for c in settings.cameras]}")
+        log.info(
+            f"configured: warm-up tick {cost.total_s * 1e3:.1f} ms (prefill + action + publish "
+            f"{cost.action_s * 1e3:.1f} ms, a language step {cost.language_step_s * 1e3:.1f} ms, "
+            f"margin {cost.margin_s * 1e3:.1f} ms) at rate_hz {settings.rate_hz:g} (period "
+            f"{settings.period_s * 1e3:.1f} ms); cameras "
+            f"{[f'{c.topic}->{c.slot}' for c in settings.cameras]}"
+        )
         loop.plan_rate(settings)
         self._state_label = "inactive"
         return TransitionCallbackReturn.SUCCESS
@@ -281,19 +316,23 @@ class OxygenNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Release the engine and end unconfigured, saying why (``last_error``, /diagnostics ERROR)."""
+        """Release the engine and end unconfigured, saying why (``last_error``, /diagnostics
+        ERROR)."""
         self._erroring = False
         self._last_error = self._last_error or f"a transition from {state.label} failed"
         self._counters.add("error_transitions")
-        self.get_logger().error(f"error transition from {state.label}: {self._last_error}; releasing "
-                                "the engine. Configure the node again once the cause is fixed.")
+        self.get_logger().error(
+            f"error transition from {state.label}: {self._last_error}; releasing "
+            "the engine. Configure the node again once the cause is fixed."
+        )
         self.release()
         self._state_label = "unconfigured"
         self._publish_diagnostics()  # at once, not at the next 1 Hz tick
         return TransitionCallbackReturn.SUCCESS
 
     def _fail(self, reason: str) -> None:
-        """Leave 'active' through the lifecycle's error transition (deactivate -> ERROR -> on_error)."""
+        """Leave 'active' through the lifecycle's error transition (deactivate -> ERROR ->
+        on_error)."""
         self._last_error = reason
         self._erroring = True
         self.get_logger().error(reason)
@@ -303,18 +342,31 @@ class OxygenNode(LifecycleNode):
 
     def _build_io(self, settings: NodeSettings) -> None:
         """Publishers and sensor subscriptions of a configured node."""
-        assembler = ObservationAssembler(settings.cameras, settings.joint_names, self._counters,
-                                         self._warn)
+        assembler = ObservationAssembler(
+            settings.cameras, settings.joint_names, self._counters, self._warn
+        )
         assembler.set_reset_threshold(settings.max_observation_age_s)
         self._loop.assembler = assembler
         self._loop.outputs = Outputs(self, settings)
         for cam in settings.cameras:
-            self._subscriptions_io.append(self.create_subscription(
-                CompressedImage if cam.compressed else Image, cam.topic,
-                assembler.latest[cam.topic].store, CAMERA_QOS, callback_group=self._input_group))
-        self._subscriptions_io.append(self.create_subscription(
-            JointState, JOINT_STATES_TOPIC, assembler.latest[JOINT_STATES_TOPIC].store,
-            JOINT_QOS, callback_group=self._input_group))
+            self._subscriptions_io.append(
+                self.create_subscription(
+                    CompressedImage if cam.compressed else Image,
+                    cam.topic,
+                    assembler.latest[cam.topic].store,
+                    CAMERA_QOS,
+                    callback_group=self._input_group,
+                )
+            )
+        self._subscriptions_io.append(
+            self.create_subscription(
+                JointState,
+                JOINT_STATES_TOPIC,
+                assembler.latest[JOINT_STATES_TOPIC].store,
+                JOINT_QOS,
+                callback_group=self._input_group,
+            )
+        )
 
     def _teardown(self) -> None:
         """Destroy I/O and close the engine (the node returns to 'unconfigured'); the requests the
@@ -332,7 +384,9 @@ class OxygenNode(LifecycleNode):
                     closed = self._engine.close()
                 except Exception as exc:  # a broken engine must not keep the node from releasing it
                     self._counters.add("engine_close_errors")
-                    self.get_logger().error(f"closing the engine failed: {type(exc).__name__}: {exc}")
+                    self.get_logger().error(
+                        f"closing the engine failed: {type(exc).__name__}: {exc}"
+                    )
             loop.finish_closed(closed)
             self._engine = self._settings = loop.assembler = loop.outputs = loop.warm_up_cost = None
             self._applied = {}
@@ -346,8 +400,12 @@ class OxygenNode(LifecycleNode):
             if self._timer is not None:
                 self.destroy_timer(self._timer)
             self._last_tick_start = None
-            self._timer = self.create_timer(self._loop.governor.effective_period_s, self._on_tick,
-                                            callback_group=self._tick_group, clock=self._steady_clock)
+            self._timer = self.create_timer(
+                self._loop.governor.effective_period_s,
+                self._on_tick,
+                callback_group=self._tick_group,
+                clock=self._steady_clock,
+            )
 
     def _stop_timer(self) -> None:
         with self._timer_lock:
@@ -380,8 +438,10 @@ class OxygenNode(LifecycleNode):
         except Exception as exc:  # the action loop must outlive any single failure
             self._counters.add("tick_exceptions")
             fault = f"{type(exc).__name__}: {exc}"
-            self._warn(f"tick:{type(exc).__name__}",
-                       f"tick failed, the loop continues: {fault}\n{traceback.format_exc()}")
+            self._warn(
+                f"tick:{type(exc).__name__}",
+                f"tick failed, the loop continues: {fault}\n{traceback.format_exc()}",
+            )
         finally:
             elapsed = time.monotonic() - started
             self._loop.tick_ms.add(elapsed * 1e3)
@@ -389,7 +449,7 @@ class OxygenNode(LifecycleNode):
                 self._counters.add("tick_overruns")
         self._count_failures(fault, settings)
 
-    def _count_failures(self, fault: Optional[str], settings: NodeSettings) -> None:
+    def _count_failures(self, fault: str | None, settings: NodeSettings) -> None:
         """A tick whose engine calls all succeeded ends a run of failing ticks; a long run takes the
         node through the error transition."""
         loop = self._loop
@@ -398,11 +458,14 @@ class OxygenNode(LifecycleNode):
             return
         loop.failing_ticks += 1
         if loop.failing_ticks >= settings.max_consecutive_failures:
-            self._fail(f"{loop.failing_ticks} consecutive ticks failed inside the engine "
-                       f"(max_consecutive_failures {settings.max_consecutive_failures}); last: {fault}")
+            self._fail(
+                f"{loop.failing_ticks} consecutive ticks failed inside the engine "
+                f"(max_consecutive_failures {settings.max_consecutive_failures}); last: {fault}"
+            )
 
     def _note_tick_start(self, started: float, period: float) -> None:
-        """Count ticks that start late and the periods skipped before them (rcl skips missed ones)."""
+        """Count ticks that start late and the periods skipped before them (rcl skips missed
+        ones)."""
         last, self._last_tick_start = self._last_tick_start, started
         if last is None:
             return
@@ -411,8 +474,11 @@ class OxygenNode(LifecycleNode):
             skipped = max(int(round(gap / period)) - 1, 1)
             self._counters.add("late_ticks")
             self._counters.add("skipped_periods", skipped)
-            self._warn("tick:late", f"tick started {gap * 1e3:.1f} ms after the previous one "
-                                    f"(period {period * 1e3:.1f} ms): {skipped} period(s) without a tick")
+            self._warn(
+                "tick:late",
+                f"tick started {gap * 1e3:.1f} ms after the previous one "
+                f"(period {period * 1e3:.1f} ms): {skipped} period(s) without a tick",
+            )
 
     # ----------------------------------------------------------------------------------------------
     # Questions and instructions
@@ -421,7 +487,7 @@ class OxygenNode(LifecycleNode):
         question = msg.data.strip()
         if self._refuse_text("ask", question) or self._queue_full("ask"):
             return
-        self._loop.questions.append(Question(question, 0))
+        self._loop.questions.append(Question(question))
 
     def _on_ask_goal(self, goal: Ask.Goal) -> GoalResponse:
         """Accept an Ask goal the node can answer now; reject it (counted, logged) otherwise."""
@@ -435,9 +501,8 @@ class OxygenNode(LifecycleNode):
 
     def _on_ask_accepted(self, goal_handle: Any) -> None:
         """Queue the goal's question for the next frame (never executed here: see ask_action)."""
-        goal = goal_handle.request
-        self._loop.questions.append(Question(goal.question.strip(), int(goal.max_tokens),
-                                             AskGoal(goal_handle)))
+        question = goal_handle.request.question.strip()
+        self._loop.questions.append(Question(question, AskGoal(goal_handle)))
 
     def _on_instruction(self, msg: String) -> None:
         task = msg.data.strip()
@@ -464,8 +529,11 @@ class OxygenNode(LifecycleNode):
         elif not text:
             self._refuse(topic, "empty", "the text is empty")
         elif len(text) > settings.max_text_chars:
-            self._refuse(topic, "too_long", f"{len(text)} characters, more than max_text_chars "
-                                            f"{settings.max_text_chars}")
+            self._refuse(
+                topic,
+                "too_long",
+                f"{len(text)} characters, more than max_text_chars {settings.max_text_chars}",
+            )
         else:
             return False
         return True
@@ -477,10 +545,10 @@ class OxygenNode(LifecycleNode):
     # ----------------------------------------------------------------------------------------------
     # Parameters: validated in the on-set callback, applied after it
     # ----------------------------------------------------------------------------------------------
-    def _parameter_values(self) -> Dict[str, Any]:
+    def _parameter_values(self) -> dict[str, Any]:
         return {name: self.get_parameter(name).value for name in SPECS}
 
-    def _on_set_parameters(self, parameters: List[Parameter]) -> SetParametersResult:
+    def _on_set_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         """Reject invalid values with a reason; changes nothing (see :meth:`_sync_parameters`)."""
         changes = {p.name: p.value for p in parameters if p.name in SPECS}
         try:
@@ -489,12 +557,16 @@ class OxygenNode(LifecycleNode):
             if self._settings is None:  # unconfigured: consistency is checked by configure
                 return SetParametersResult(successful=True)
             current = self._parameter_values()
-            late = [name for name in changed_configure_parameters(list(changes))
-                    if normalise(name, changes[name]) != normalise(name, current[name])]
+            late = [
+                name
+                for name in changed_configure_parameters(list(changes))
+                if normalise(name, changes[name]) != normalise(name, current[name])
+            ]
             if late:
                 raise SettingsError(
                     f"{', '.join(late)} can only change while the node is unconfigured (it is "
-                    f"{self._state_label}): deactivate and clean up, set them, then configure again")
+                    f"{self._state_label}): deactivate and clean up, set them, then configure again"
+                )
             updated = NodeSettings.from_values({**current, **changes})
             engine = self._engine
             if engine is not None:
@@ -520,39 +592,57 @@ class OxygenNode(LifecycleNode):
         loop = self._loop
         if loop.assembler is not None:
             loop.assembler.set_reset_threshold(settings.max_observation_age_s)
-        if (settings.rate_hz, settings.overrun_policy) != (previous.rate_hz, previous.overrun_policy):
+        if (settings.rate_hz, settings.overrun_policy) != (
+            previous.rate_hz,
+            previous.overrun_policy,
+        ):
             loop.plan_rate(settings)
             if self._timer is not None:
                 self._start_timer()
-            self.get_logger().info(f"rate_hz is now {settings.rate_hz:g} (overrun_policy "
-                                   f"{settings.overrun_policy}, replanning at "
-                                   f"{loop.governor.effective_hz:g} Hz)")
+            self.get_logger().info(
+                f"rate_hz is now {settings.rate_hz:g} (overrun_policy "
+                f"{settings.overrun_policy}, replanning at "
+                f"{loop.governor.effective_hz:g} Hz)"
+            )
 
     # ----------------------------------------------------------------------------------------------
     # Diagnostics and logging
     # ----------------------------------------------------------------------------------------------
     def record_executor_error(self, exc: BaseException) -> None:
-        """An error raised inside the executor itself (e.g. rclpy failing to take a message): counted
+        """An error raised inside the executor itself (e.g. rclpy failing to take a message):
+        counted
         and logged; the caller keeps spinning, so the action loop outlives it."""
         self._counters.add("executor_errors")
-        self._warn(f"executor:{type(exc).__name__}",
-                   f"executor error, spinning on: {type(exc).__name__}: {exc}")
+        self._warn(
+            f"executor:{type(exc).__name__}",
+            f"executor error, spinning on: {type(exc).__name__}: {exc}",
+        )
 
     def _warn(self, key: str, message: str) -> None:
         """A warning throttled per key (topic and reason), telling how many were held back."""
         allowed, held = self._throttle.allow(key)
         if allowed:
-            suffix = (f" [{held} similar message(s) suppressed in the last {LOG_THROTTLE_S:g} s]"
-                      if held else "")
+            suffix = (
+                f" [{held} similar message(s) suppressed in the last {LOG_THROTTLE_S:g} s]"
+                if held
+                else ""
+            )
             self.get_logger().warning(message + suffix)
 
     def _publish_diagnostics(self) -> None:
         try:
             if not self._post_set:
                 self._sync_parameters()
-            self._diagnostics_pub.publish(self._report.build(
-                self.get_fully_qualified_name().lstrip("/"), self.get_clock().now().to_msg(),
-                self._state_label, self._last_error, self._settings, self._loop))
+            self._diagnostics_pub.publish(
+                self._report.build(
+                    self.get_fully_qualified_name().lstrip("/"),
+                    self.get_clock().now().to_msg(),
+                    self._state_label,
+                    self._last_error,
+                    self._settings,
+                    self._loop,
+                )
+            )
         except Exception as exc:  # diagnostics must not take the node down either
             self._warn("diagnostics", f"could not publish diagnostics: {type(exc).__name__}: {exc}")
 
@@ -584,7 +674,7 @@ def spin_forever(executor: SingleThreadedExecutor, on_error: Callable[[Exception
             on_error(exc)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``oxygen_node``: run until SIGINT/SIGTERM; returns the exit status.
 
     ``argv`` is a full command line like ``sys.argv`` (program name first, ROS arguments after
@@ -592,6 +682,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     args = list(sys.argv if argv is None else argv)
     from .cli_help import help_requested, print_help  # help is printed before rclpy.init
+
     if help_requested(args):
         return print_help()
     rclpy.init(args=args)
@@ -608,8 +699,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     executor.add_node(node)
     try:
         if node.autostart and not node.start():
-            node.get_logger().error("autostart failed; the node stays up (fix the parameters, then configure "
-                                    "and activate it through its lifecycle services)")
+            node.get_logger().error(
+                "autostart failed; the node stays up (fix the parameters, then configure "
+                "and activate it through its lifecycle services)"
+            )
         spin_forever(executor, node.record_executor_error)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

@@ -16,7 +16,8 @@ import collections
 import threading
 import time
 import traceback
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from builtin_interfaces.msg import Time
@@ -60,35 +61,54 @@ def use_torch_threads(count: int) -> None:
 class TickLoop:
     """The loop's state and one tick (called with the engine lock held, from one thread)."""
 
-    def __init__(self, counters: Counters, warn: Warn, log: Any, faults: FaultInjector,
-                 now_ns: Callable[[], int], restart_timer: Callable[[], None],
-                 next_tick_time: Callable[[float, float], float], rate_hz: float) -> None:
+    def __init__(
+        self,
+        counters: Counters,
+        warn: Warn,
+        log: Any,
+        faults: FaultInjector,
+        now_ns: Callable[[], int],
+        restart_timer: Callable[[], None],
+        next_tick_time: Callable[[float, float], float],
+        rate_hz: float,
+    ) -> None:
         self.counters, self._warn, self._log, self.faults = counters, warn, log, faults
-        self._now_ns, self._restart_timer, self._next_tick_time = now_ns, restart_timer, next_tick_time
-        self.outputs: Optional[Outputs] = None  # set while configured
-        self.assembler: Optional[ObservationAssembler] = None
-        self.questions: Deque[Question] = collections.deque()
-        self.asks: Dict[int, AskGoal] = {}  # request id -> the Ask goal it answers
+        self._now_ns, self._restart_timer, self._next_tick_time = (
+            now_ns,
+            restart_timer,
+            next_tick_time,
+        )
+        self.outputs: Outputs | None = None  # set while configured
+        self.assembler: ObservationAssembler | None = None
+        self.questions: collections.deque[Question] = collections.deque()
+        self.asks: dict[int, AskGoal] = {}  # request id -> the Ask goal it answers
         self.streams = LanguageStreams()
         self.narration_due = PeriodicSchedule()
         self.governor = RateGovernor(rate_hz)
-        self.warm_up_cost: Optional[TickCost] = None  # of the configured engine
+        self.warm_up_cost: TickCost | None = None  # of the configured engine
         self.publish_cost = PublishCost()
-        self.action_ms, self.prefill_ms, self.tick_ms = RollingWindow(), RollingWindow(), RollingWindow()
+        self.action_ms, self.prefill_ms, self.tick_ms = (
+            RollingWindow(),
+            RollingWindow(),
+            RollingWindow(),
+        )
         self.frame_rate, self.token_rate = RateMeter(), RateMeter()
-        self.ages: Dict[str, Optional[float]] = {}
-        self.engine_stats: Dict[str, int] = {}
+        self.ages: dict[str, float | None] = {}
+        self.engine_stats: dict[str, int] = {}
         self.chunks_published = 0
         self.failing_ticks = 0  # consecutive ticks with an engine fault
         self._submitted = 0
         self._frame_stamp = Time()
-        self._safety: Optional[Tuple[NodeSettings, SafetyFilter]] = None
+        self._safety: tuple[NodeSettings, SafetyFilter] | None = None
 
     # -- the tick ---------------------------------------------------------------------------------
-    def run(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> Optional[str]:
-        """One tick. Returns what failed inside the engine, None when every engine call succeeded."""
+    def run(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> str | None:
+        """One tick. Returns what failed inside the engine, None when every engine call
+        succeeded."""
         use_torch_threads(settings.torch_threads)
-        assembly = self.assembler.assemble(settings.task, settings.max_observation_age_s, self._now_ns())
+        assembly = self.assembler.assemble(
+            settings.task, settings.max_observation_age_s, self._now_ns()
+        )
         self.ages = assembly.ages
         fault = None
         if assembly.observation is None:
@@ -108,8 +128,14 @@ class TickLoop:
         self._record_engine_stats(engine)
         return fault or decode_fault
 
-    def _act(self, engine: OxygenEngine, settings: NodeSettings, observation: Observation,
-             stamp_ns: int, started: float) -> bool:
+    def _act(
+        self,
+        engine: OxygenEngine,
+        settings: NodeSettings,
+        observation: Observation,
+        stamp_ns: int,
+        started: float,
+    ) -> bool:
         """Shared prefill + action, limits, publish. Returns whether a new frame now exists.
 
         Raises:
@@ -119,18 +145,24 @@ class TickLoop:
             chunk = engine.act(observation)
         except ValueError as exc:  # an observation the model cannot use: not the engine's failure
             self.counters.add("no_action_engine_rejected")
-            self._warn("no_action:engine_rejected",
-                       f"no action this tick: the model rejected the observation: {exc}")
+            self._warn(
+                "no_action:engine_rejected",
+                f"no action this tick: the model rejected the observation: {exc}",
+            )
             return False
         except KVMemoryError as exc:
             self.counters.add("no_action_kv_memory")
-            self._warn("no_action:kv_memory", f"no action this tick: no KV memory for the frame: {exc}")
+            self._warn(
+                "no_action:kv_memory", f"no action this tick: no KV memory for the frame: {exc}"
+            )
             raise EngineFault(f"act: KVMemoryError: {exc}") from exc
         except Exception as exc:  # an internal fault (a CUDA error, an out-of-memory, a bug)
             self.counters.add("no_action_engine_error")
-            self._warn(f"no_action:engine_error:{type(exc).__name__}",
-                       f"no action this tick: the engine failed: {type(exc).__name__}: {exc}\n"
-                       f"{traceback.format_exc()}")
+            self._warn(
+                f"no_action:engine_error:{type(exc).__name__}",
+                f"no action this tick: the engine failed: {type(exc).__name__}: {exc}\n"
+                f"{traceback.format_exc()}",
+            )
             raise EngineFault(f"act: {type(exc).__name__}: {exc}") from exc
         stamp = Time(sec=stamp_ns // NS_PER_S, nanosec=stamp_ns % NS_PER_S)
         self._frame_stamp = stamp
@@ -138,8 +170,13 @@ class TickLoop:
         self.prefill_ms.add(chunk.prefill_ms)
         horizon = settings.action_horizon or chunk.actions.shape[0]
         try:
-            command = build_command(settings, chunk.actions[:horizon], observation.state, stamp,
-                                    self.safety_filter(settings))
+            command = build_command(
+                settings,
+                chunk.actions[:horizon],
+                observation.state,
+                stamp,
+                self.safety_filter(settings),
+            )
         except UnsafeChunkError as exc:
             self.counters.add("non_finite_output")
             self._warn("unsafe_chunk", f"not publishing frame {chunk.frame_id}: {exc}")
@@ -147,13 +184,15 @@ class TickLoop:
         self._publish_chunk(settings, chunk, stamp, command, started)
         return True
 
-    def _publish_chunk(self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Any,
-                       started: float) -> None:
+    def _publish_chunk(
+        self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Any, started: float
+    ) -> None:
         published = time.monotonic()
         deadline_met = published - started <= self.governor.effective_period_s  # the loop's rate
         age = self._now_ns() / NS_PER_S - chunk.stamp
-        self.outputs.publish_command(settings, chunk, stamp, command, (published - started) * 1e3,
-                                     deadline_met, age)
+        self.outputs.publish_command(
+            settings, chunk, stamp, command, (published - started) * 1e3, deadline_met, age
+        )
         self.chunks_published += 1
         if command.clipped:
             self.counters.add("clipped_values", command.clipped)
@@ -166,21 +205,27 @@ class TickLoop:
             self._safety = (settings, safety_filter(settings))
         return self._safety[1]
 
-    def _decode(self, engine: OxygenEngine, started: float) -> Tuple[List[TextDelta], Optional[str]]:
+    def _decode(self, engine: OxygenEngine, started: float) -> tuple[list[TextDelta], str | None]:
         """Language in the rest of the period: (the deltas, what failed or None).
 
         Publishing this tick's text is part of its budget, so decoding ends that much before the
         next tick; in decode_mode fixed, ``until`` bounds the k steps too.
         """
-        until = (self._next_tick_time(started, self.governor.effective_period_s)
-                 - self.publish_cost.expected_s())
+        until = (
+            self._next_tick_time(started, self.governor.effective_period_s)
+            - self.publish_cost.expected_s()
+        )
         try:
             return engine.decode(until=until), None
-        except Exception as exc:  # the engine answers language faults with failed finals; this is worse
+        except (
+            Exception
+        ) as exc:  # the engine answers language faults with failed finals; this is worse
             self.counters.add("decode_errors")
-            self._warn(f"decode:{type(exc).__name__}",
-                       f"language decoding failed this tick: {type(exc).__name__}: {exc}\n"
-                       f"{traceback.format_exc()}")
+            self._warn(
+                f"decode:{type(exc).__name__}",
+                f"language decoding failed this tick: {type(exc).__name__}: {exc}\n"
+                f"{traceback.format_exc()}",
+            )
             return [], f"decode: {type(exc).__name__}: {exc}"
 
     def _record_engine_stats(self, engine: OxygenEngine) -> None:
@@ -202,8 +247,13 @@ class TickLoop:
                 self.counters.add("ask_goals_cancelled")
                 question.goal.cancel("cancelled before it was asked")
                 continue
-            request_id = self._submit(engine, "answer", question.text,
-                                      question.max_tokens or settings.answer_max_tokens, settings)
+            request_id = self._submit(
+                engine,
+                "answer",
+                question.text,
+                question.token_budget(settings.answer_max_tokens),
+                settings,
+            )
             if question.goal is not None:
                 self.asks[request_id] = question.goal
         if self.narration_due.due(now, settings.narration_period_s):
@@ -213,16 +263,20 @@ class TickLoop:
             else:
                 self._submit(engine, "narration", "", settings.narration_max_tokens, settings)
 
-    def _submit(self, engine: OxygenEngine, kind: str, text: str, max_tokens: int,
-                settings: NodeSettings) -> int:
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=settings.temperature,
-                                  seed=settings.seed + self._submitted)
+    def _submit(
+        self, engine: OxygenEngine, kind: str, text: str, max_tokens: int, settings: NodeSettings
+    ) -> int:
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=settings.temperature,
+            seed=settings.seed + self._submitted,
+        )
         self._submitted += 1
         request_id = engine.submit(kind, text, sampling)
         self.streams.opened(request_id, kind)
         return request_id
 
-    def _cancelled(self, engine: OxygenEngine) -> List[TextDelta]:
+    def _cancelled(self, engine: OxygenEngine) -> list[TextDelta]:
         """The ``cancelled`` finals of Ask goals whose client cancelled (their KV is freed now)."""
         deltas = []
         for request_id, goal in list(self.asks.items()):
@@ -233,11 +287,12 @@ class TickLoop:
                     deltas.append(delta)
         return deltas
 
-    def _expired(self, engine: OxygenEngine) -> List[TextDelta]:
+    def _expired(self, engine: OxygenEngine) -> list[TextDelta]:
         """Failed finals for requests the engine went silent on beyond its own limits (counted)."""
         limits = engine.config
-        expired = self.streams.expire(limits.max_wait_frames + limits.max_stall_frames
-                                      + EXPIRY_SLACK_TICKS)
+        expired = self.streams.expire(
+            limits.max_wait_frames + limits.max_stall_frames + EXPIRY_SLACK_TICKS
+        )
         if expired:
             self.counters.add("streams_expired", len(expired))
         return expired
@@ -254,8 +309,11 @@ class TickLoop:
             update = self.streams.update(delta, self._frame_stamp)
             if delta.final:
                 self._count_finish(delta)
-            goal = self.asks.pop(delta.request_id, None) if delta.final else self.asks.get(
-                delta.request_id)
+            goal = (
+                self.asks.pop(delta.request_id, None)
+                if delta.final
+                else self.asks.get(delta.request_id)
+            )
             try:
                 if goal is not None:
                     goal.feed(delta)
@@ -267,17 +325,21 @@ class TickLoop:
                 self.counters.add("text_publish_errors")
                 if delta.final:
                     self.counters.add("final_deltas_lost")
-                self._warn(f"text_publish:{type(exc).__name__}",
-                           f"could not publish a text delta of {delta.kind} request {delta.request_id}"
-                           f"{' (its final)' if delta.final else ''}: {type(exc).__name__}: {exc}")
+                self._warn(
+                    f"text_publish:{type(exc).__name__}",
+                    f"could not publish a text delta of {delta.kind} request {delta.request_id}"
+                    f"{' (its final)' if delta.final else ''}: {type(exc).__name__}: {exc}",
+                )
         self.publish_cost.record(len(deltas), time.monotonic() - started)
 
     def _count_finish(self, delta: TextDelta) -> None:
         self.counters.add("requests_finished")
         if delta.finish_reason in ("refused", "failed", "stalled"):
             self.counters.add(f"requests_{delta.finish_reason}")
-            self._warn(f"{delta.finish_reason}:{delta.kind}",
-                       f"{delta.kind} request {delta.request_id} {delta.finish_reason}: {delta.detail}")
+            self._warn(
+                f"{delta.finish_reason}:{delta.kind}",
+                f"{delta.kind} request {delta.request_id} {delta.finish_reason}: {delta.detail}",
+            )
 
     def finish_closed(self, deltas: Sequence[TextDelta]) -> None:
         """The engine was closed: count the requests it cancelled, end their Ask goals, forget every
@@ -305,16 +367,19 @@ class TickLoop:
                 question.goal.cancel(why)
 
     # -- rate -------------------------------------------------------------------------------------
-    def cost_at_warm_up(self, settings: NodeSettings, engine: OxygenEngine,
-                        report: WarmUpReport) -> TickCost:
+    def cost_at_warm_up(
+        self, settings: NodeSettings, engine: OxygenEngine, report: WarmUpReport
+    ) -> TickCost:
         """The whole tick as warm-up measured it: the engine's part plus building and serialising
         what a tick publishes (a chunk, its trajectory, one text delta)."""
         horizon = settings.action_horizon or engine.policy.config.action_horizon
         chunk_s, delta_s = publish_cost(settings, horizon, self.safety_filter(settings))
         self.publish_cost.seed(delta_s)
-        return TickCost(action_s=report.action_ms * 1e-3 + chunk_s,
-                        language_step_s=report.language_step_ms * 1e-3 + delta_s,
-                        margin_s=settings.decode_margin_ms * 1e-3)
+        return TickCost(
+            action_s=report.action_ms * 1e-3 + chunk_s,
+            language_step_s=report.language_step_ms * 1e-3 + delta_s,
+            margin_s=settings.decode_margin_ms * 1e-3,
+        )
 
     def plan_rate(self, settings: NodeSettings) -> None:
         """Check ``rate_hz`` against the warm-up tick (a WARN when it cannot be held with room for
@@ -325,21 +390,28 @@ class TickLoop:
         feasible = holdable >= settings.rate_hz
         self.governor.reset(settings.rate_hz, adapt, start_hz=None if feasible else holdable)
         if not feasible:
-            then = (f"overrun_policy adapt: replanning at {self.governor.effective_hz:g} Hz, back up "
-                    "to rate_hz when ticks get cheaper" if adapt
-                    else "overrun_policy skip: ticks will overrun and skip periods")
+            then = (
+                f"overrun_policy adapt: replanning at {self.governor.effective_hz:g} Hz, back up "
+                "to rate_hz when ticks get cheaper"
+                if adapt
+                else "overrun_policy skip: ticks will overrun and skip periods"
+            )
             self._log.warning(
                 f"rate_hz {settings.rate_hz:g} cannot be held with room for language: a tick costs "
                 f"{cost.total_s * 1e3:.1f} ms at warm-up (prefill + action + publish "
-                f"{cost.action_s * 1e3:.1f} ms, a language step {cost.language_step_s * 1e3:.1f} ms, "
-                f"margin {cost.margin_s * 1e3:.1f} ms) of a {settings.period_s * 1e3:.1f} ms period; "
-                f"about {holdable:.1f} Hz fits. {then}")
+                f"{cost.action_s * 1e3:.1f} ms, a language step {cost.language_step_s * 1e3:.1f} "
+                f"ms, margin {cost.margin_s * 1e3:.1f} ms) of a {settings.period_s * 1e3:.1f} ms "
+                f"period; about {holdable:.1f} Hz fits. {then}"
+            )
 
     def _adapt_rate(self, engine: OxygenEngine, settings: NodeSettings, action_s: float) -> None:
-        """Feed this tick's cost to the governor; a new effective rate restarts the timer (logged)."""
-        cost = TickCost(action_s=action_s,
-                        language_step_s=engine.timer.estimate(1) + self.publish_cost.per_delta_s,
-                        margin_s=settings.decode_margin_ms * 1e-3)
+        """Feed this tick's cost to the governor; a new effective rate restarts the timer
+        (logged)."""
+        cost = TickCost(
+            action_s=action_s,
+            language_step_s=engine.timer.estimate(1) + self.publish_cost.per_delta_s,
+            margin_s=settings.decode_margin_ms * 1e-3,
+        )
         previous = self.governor.effective_hz
         changed = self.governor.record(cost)
         if changed is None:
@@ -348,7 +420,9 @@ class TickLoop:
         direction = "lowered" if changed < previous else "raised"
         self._log.warning(
             f"replanning rate {direction} from {previous:g} to {changed:g} Hz (rate_hz "
-            f"{settings.rate_hz:g}): recent ticks hold about {self.governor.holdable_hz:.1f} Hz with "
+            f"{settings.rate_hz:g}): recent ticks hold about {self.governor.holdable_hz:.1f} Hz "
+            "with "
             f"room for language (this tick: action path {action_s * 1e3:.1f} ms, a language step "
-            f"{cost.language_step_s * 1e3:.1f} ms)")
+            f"{cost.language_step_s * 1e3:.1f} ms)"
+        )
         self._restart_timer()

@@ -22,8 +22,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ LARGE_CHECKPOINT_BYTES = 2 * 1024**3
 PALIGEMMA_VOCAB_SIZE = 257_152
 
 
-def synthetic_norm_stats(dim: int, seed: int) -> Dict[str, NormStats]:
+def synthetic_norm_stats(dim: int, seed: int) -> dict[str, NormStats]:
     """Plausible quantile stats for ``state`` and ``actions`` of a ``dim``-joint robot."""
     rng = np.random.default_rng(seed)
     stats = {}
@@ -73,7 +73,7 @@ def make_checkpoint(
     seed: int = 0,
     *,
     dtype: torch.dtype = torch.float32,
-    tokenizer_out: Optional[Path] = None,
+    tokenizer_out: Path | None = None,
     asset_id: str = "robot",
     force: bool = False,
 ) -> Path:
@@ -122,7 +122,6 @@ def make_checkpoint(
     return out_dir
 
 
-
 CACHE_ENV = "OXYGEN_ROS_CACHE"
 RANDOM_WEIGHT_PRESETS = ("tiny", "small")
 RANDOM_WEIGHTS_SEED = 0
@@ -136,7 +135,7 @@ def cache_dir() -> Path:
     return Path(base) / "oxygen_ros"
 
 
-def random_checkpoint(preset: str, root: Optional[Path] = None) -> Path:
+def random_checkpoint(preset: str, root: Path | None = None) -> Path:
     """The cached random-weight checkpoint of ``preset`` under ``root`` (default :func:`cache_dir`),
     generated on first use.
 
@@ -161,14 +160,16 @@ def random_checkpoint(preset: str, root: Optional[Path] = None) -> Path:
         try:
             os.rename(scratch / "ckpt", target)
         except OSError:
-            if not (target / "model.safetensors").is_file():  # lost a race only if the winner finished
+            if not (
+                target / "model.safetensors"
+            ).is_file():  # lost a race only if the winner finished
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="oxygen-make-checkpoint", description=__doc__.split("\n\n")[0]
     )
@@ -200,7 +201,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
@@ -233,8 +234,8 @@ def random_policy(
     device: str = "cpu",
     dtype: str = "float32",
     seed: int = 0,
-    action_dim: Optional[int] = None,
-    tokenizer_dir: Optional[Path] = None,
+    action_dim: int | None = None,
+    tokenizer_dir: Path | None = None,
     init: str = "cpu",
 ):
     """A random-weight policy of any preset built in memory (benchmarks; nothing written but a
