@@ -13,45 +13,45 @@ from glob import glob
 
 from setuptools import find_packages, setup
 
-PACKAGE = 'oxygen_ros'
+PACKAGE = "oxygen_ros"
 
 # Keep equal to OXYGEN_ROS_ENTRY_POINTS in CMakeLists.txt (test/test_messages.py checks it).
 CONSOLE_SCRIPTS = [
-    'oxygen_node=oxygen_ros.ros.node:main',
-    'oxygen-make-checkpoint=oxygen_ros.tools.make_checkpoint:main',
-    'oxygen-model-info=oxygen_ros.tools.model_info:main',
-    'oxygen-bench=oxygen_ros.tools.bench:main',
-    'oxygen-make-bag=oxygen_ros.tools.make_bag:main',
-    'oxygen-replay=oxygen_ros.tools.replay:main',
-    'oxygen-demo=oxygen_ros.tools.demo:main',
+    "oxygen_node=oxygen_ros.ros.node:main",
+    "oxygen-make-checkpoint=oxygen_ros.tools.make_checkpoint:main",
+    "oxygen-model-info=oxygen_ros.tools.model_info:main",
+    "oxygen-bench=oxygen_ros.tools.bench:main",
+    "oxygen-make-bag=oxygen_ros.tools.make_bag:main",
+    "oxygen-replay=oxygen_ros.tools.replay:main",
+    "oxygen-demo=oxygen_ros.tools.demo:main",
 ]
 
 setup(
     name=PACKAGE,
-    version='0.1.0',
-    packages=find_packages(include=[PACKAGE, PACKAGE + '.*']),
+    version="0.1.0",
+    packages=find_packages(include=[PACKAGE, PACKAGE + ".*"]),
     data_files=[
-        ('share/ament_index/resource_index/packages', ['resource/' + PACKAGE]),
-        ('share/' + PACKAGE, ['package.xml']),
-        ('share/' + PACKAGE + '/launch', sorted(glob('launch/*.py'))),
-        ('share/' + PACKAGE + '/config', sorted(glob('config/*.yaml'))),
-        ('share/' + PACKAGE + '/rviz', sorted(glob('rviz/*.rviz'))),
+        ("share/ament_index/resource_index/packages", ["resource/" + PACKAGE]),
+        ("share/" + PACKAGE, ["package.xml"]),
+        ("share/" + PACKAGE + "/launch", sorted(glob("launch/*.py"))),
+        ("share/" + PACKAGE + "/config", sorted(glob("config/*.yaml"))),
+        ("share/" + PACKAGE + "/rviz", sorted(glob("rviz/*.rviz"))),
     ],
-    python_requires='>=3.10',
+    python_requires=">=3.10",
     install_requires=[
-        'numpy>=1.23',
-        'safetensors>=0.4',
-        'sentencepiece>=0.1.99',
-        'pillow>=10',
+        "numpy>=1.23",
+        "safetensors>=0.4",
+        "sentencepiece>=0.1.99",
+        "pillow>=10",
     ],
     extras_require={
-        'tools': ['rosbags>=0.11', 'matplotlib>=3.7'],
-        'test': ['pytest>=7', 'pytest-timeout>=2', 'hypothesis>=6'],
+        "tools": ["rosbags>=0.11", "matplotlib>=3.7"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
     },
     zip_safe=False,
-    maintainer='oxygen_ros maintainers',
-    maintainer_email='maintainers@oxygen-ros.invalid',
-    description='pi0.5 VLA as a ROS 2 node with OxyGen KV sharing and continuous batching',
-    license='Apache-2.0',
-    entry_points={'console_scripts': CONSOLE_SCRIPTS},
+    maintainer="oxygen_ros maintainers",
+    maintainer_email="maintainers@oxygen-ros.invalid",
+    description="pi0.5 VLA as a ROS 2 node with OxyGen KV sharing and continuous batching",
+    license="Apache-2.0",
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

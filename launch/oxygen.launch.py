@@ -12,7 +12,6 @@ Arguments:
     config_file     params file; wins over robot (default: the robot's file, else the package's
                     config/oxygen.yaml, the tiny demo)
     checkpoint_dir  overrides the file's checkpoint_dir when given
-    preset          overrides the file's preset when given (tiny | small, used without a checkpoint)
     namespace       namespace of the node and its ~/ topics (e.g. one per robot)
 
 The node configures and activates itself (``autostart: true`` in the shipped configs); set
@@ -28,14 +27,14 @@ from __future__ import annotations
 
 import os
 
-PACKAGE = 'oxygen_ros'
-OVERRIDABLE = ('checkpoint_dir', 'preset')
-DEFAULT_CONFIG = 'oxygen.yaml'
+PACKAGE = "oxygen_ros"
+OVERRIDABLE = ("checkpoint_dir",)
+DEFAULT_CONFIG = "oxygen.yaml"
 # robot:=NAME -> the package's params file for that openpi pi0.5 checkpoint.
 ROBOT_CONFIGS = {
-    'droid': 'pi05_droid.yaml',
-    'aloha': 'pi05_aloha.yaml',
-    'libero': 'pi05_libero.yaml',
+    "droid": "pi05_droid.yaml",
+    "aloha": "pi05_aloha.yaml",
+    "libero": "pi05_libero.yaml",
 }
 
 
@@ -52,9 +51,10 @@ def config_path(config_file: str, robot: str, config_dir: str) -> str:
     if not robot:
         return os.path.join(config_dir, DEFAULT_CONFIG)
     if robot not in ROBOT_CONFIGS:
-        known = ', '.join(sorted(ROBOT_CONFIGS))
+        known = ", ".join(sorted(ROBOT_CONFIGS))
         raise ValueError(
-            f"robot:={robot} is not known; use one of {known} or give config_file:=PATH")
+            f"robot:={robot} is not known; use one of {known} or give config_file:=PATH"
+        )
     path = os.path.join(config_dir, ROBOT_CONFIGS[robot])
     if not os.path.isfile(path):
         raise ValueError(f"robot:={robot} needs {path}, which is not installed")
@@ -64,7 +64,7 @@ def config_path(config_file: str, robot: str, config_dir: str) -> str:
 def _config_dir() -> str:
     from ament_index_python.packages import get_package_share_directory
 
-    return os.path.join(get_package_share_directory(PACKAGE), 'config')
+    return os.path.join(get_package_share_directory(PACKAGE), "config")
 
 
 def _node(context, *args, **kwargs):
@@ -73,8 +73,8 @@ def _node(context, *args, **kwargs):
     from launch_ros.actions import LifecycleNode
 
     config = config_path(
-        LaunchConfiguration('config_file').perform(context),
-        LaunchConfiguration('robot').perform(context),
+        LaunchConfiguration("config_file").perform(context),
+        LaunchConfiguration("robot").perform(context),
         _config_dir(),
     )
     overrides = {}
@@ -87,11 +87,11 @@ def _node(context, *args, **kwargs):
     return [
         LifecycleNode(
             package=PACKAGE,
-            executable='oxygen_node',
-            name='oxygen_node',
-            namespace=LaunchConfiguration('namespace'),
+            executable="oxygen_node",
+            name="oxygen_node",
+            namespace=LaunchConfiguration("namespace"),
             parameters=parameters,
-            output='screen',
+            output="screen",
             emulate_tty=True,
         )
     ]
@@ -102,25 +102,29 @@ def generate_launch_description():
 
     from launch import LaunchDescription
 
-    return LaunchDescription([
-        DeclareLaunchArgument(
-            'robot', default_value='',
-            description='openpi robot whose params file to use: '
-            + ' | '.join(sorted(ROBOT_CONFIGS))
-            + "; empty: config_file or the package's config/oxygen.yaml"),
-        DeclareLaunchArgument(
-            'config_file', default_value='',
-            description="params file (wins over robot); empty: the robot's file or "
-            'config/oxygen.yaml'),
-        DeclareLaunchArgument(
-            'checkpoint_dir', default_value='',
-            description="openpi-layout checkpoint directory; empty: keep the file's value"),
-        DeclareLaunchArgument(
-            'preset', default_value='',
-            description='model preset for random weights (tiny | small); '
-            "empty: keep the file's value"),
-        DeclareLaunchArgument(
-            'namespace', default_value='',
-            description='namespace of the node (one per robot)'),
-        OpaqueFunction(function=_node),
-    ])
+    return LaunchDescription(
+        [
+            DeclareLaunchArgument(
+                "robot",
+                default_value="",
+                description="openpi robot whose params file to use: "
+                + " | ".join(sorted(ROBOT_CONFIGS))
+                + "; empty: config_file or the package's config/oxygen.yaml",
+            ),
+            DeclareLaunchArgument(
+                "config_file",
+                default_value="",
+                description="params file (wins over robot); empty: the robot's file or "
+                "config/oxygen.yaml",
+            ),
+            DeclareLaunchArgument(
+                "checkpoint_dir",
+                default_value="",
+                description="openpi-layout checkpoint directory; empty: keep the file's value",
+            ),
+            DeclareLaunchArgument(
+                "namespace", default_value="", description="namespace of the node (one per robot)"
+            ),
+            OpaqueFunction(function=_node),
+        ]
+    )

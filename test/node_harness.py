@@ -19,8 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
@@ -56,9 +57,10 @@ def stamp_ns(stamp) -> int:
 
 
 class NodeProcess:
-    """``oxygen_node`` in a subprocess of this venv's Python, with ``parameters`` as its params file."""
+    """``oxygen_node`` in a subprocess of this venv's Python, with ``parameters`` as its params
+    file."""
 
-    def __init__(self, parameters: Dict[str, Any], work: Path, name: str = NODE) -> None:
+    def __init__(self, parameters: dict[str, Any], work: Path, name: str = NODE) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.params_file = work / f"{name}_params.yaml"
         self.params_file.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
@@ -66,9 +68,19 @@ class NodeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", "--params-file", str(self.params_file),
-                 "-r", f"__node:={name}"],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "oxygen_ros.ros.node",
+                    "--ros-args",
+                    "--params-file",
+                    str(self.params_file),
+                    "-r",
+                    f"__node:={name}",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
 
     def alive(self) -> bool:
@@ -83,11 +95,13 @@ class NodeProcess:
             self.process.send_signal(signum)
             try:
                 return self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as exc:
                 self.process.kill()
                 self.process.wait()
-                raise AssertionError(f"node did not exit within {timeout} s of signal {signum}; "
-                                     f"log:\n{self.log()[-3000:]}")
+                raise AssertionError(
+                    f"node did not exit within {timeout} s of signal {signum}; "
+                    f"log:\n{self.log()[-3000:]}"
+                ) from exc
         return self.process.returncode
 
 
@@ -100,20 +114,28 @@ class Probe:
         rclpy.init(context=self.context)
         self.node = rclpy.create_node(f"probe_of_{target}", context=self.context)
         self.lock = threading.Lock()
-        self.chunks: List[Tuple[float, ActionChunk]] = []
-        self.trajectories: List[Tuple[float, JointTrajectory]] = []
-        self.narrations: List[Narration] = []
-        self.texts: List[str] = []
-        self.diagnostics: Dict[str, str] = {}
+        self.chunks: list[tuple[float, ActionChunk]] = []
+        self.trajectories: list[tuple[float, JointTrajectory]] = []
+        self.narrations: list[Narration] = []
+        self.texts: list[str] = []
+        self.diagnostics: dict[str, str] = {}
         self.diagnostics_count = 0
         self.input_stamps: set = set()
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         node = self.node
         node.create_subscription(ActionChunk, f"/{target}/action_chunk", self._on_chunk, reliable)
-        node.create_subscription(JointTrajectory, f"/{target}/joint_trajectory", self._on_trajectory, reliable)
-        node.create_subscription(Narration, f"/{target}/narration", self._append(self.narrations), reliable)
-        node.create_subscription(String, f"/{target}/narration_text", lambda m: self._append(self.texts)(m.data),
-                                 reliable)
+        node.create_subscription(
+            JointTrajectory, f"/{target}/joint_trajectory", self._on_trajectory, reliable
+        )
+        node.create_subscription(
+            Narration, f"/{target}/narration", self._append(self.narrations), reliable
+        )
+        node.create_subscription(
+            String,
+            f"/{target}/narration_text",
+            lambda m: self._append(self.texts)(m.data),
+            reliable,
+        )
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, reliable)
         for topic in input_topics:
             self._record_stamps(topic)
@@ -129,6 +151,7 @@ class Probe:
         def append(item: Any) -> None:
             with self.lock:
                 target.append(item)
+
         return append
 
     def _on_chunk(self, msg: ActionChunk) -> None:
@@ -140,8 +163,12 @@ class Probe:
             self.trajectories.append((time.monotonic(), msg))
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        values = {kv.key: kv.value for status in msg.status if status.name.startswith(f"{self.target}:")
-                  for kv in status.values}
+        values = {
+            kv.key: kv.value
+            for status in msg.status
+            if status.name.startswith(f"{self.target}:")
+            for kv in status.values
+        }
         if values:
             with self.lock:
                 self.diagnostics = values
@@ -149,6 +176,7 @@ class Probe:
 
     def _record_stamps(self, topic: str) -> None:
         """Record header stamps (ns) of every message on ``topic`` from its raw CDR bytes."""
+
         def on_raw(raw: bytes) -> None:
             order = "<" if raw[1:2] == b"\x01" else ">"
             sec, nanosec = struct.unpack_from(f"{order}iI", raw, 4)
@@ -156,25 +184,35 @@ class Probe:
                 self.input_stamps.add(sec * 1_000_000_000 + nanosec)
 
         from oxygen_ros.tools.replay import message_class, qos_for
-        msg_type = "sensor_msgs/msg/JointState" if "joint" in topic else (
-            "sensor_msgs/msg/CompressedImage" if topic.endswith("compressed") else "sensor_msgs/msg/Image")
+
+        msg_type = (
+            "sensor_msgs/msg/JointState"
+            if "joint" in topic
+            else (
+                "sensor_msgs/msg/CompressedImage"
+                if topic.endswith("compressed")
+                else "sensor_msgs/msg/Image"
+            )
+        )
         qos = qos_for(msg_type)
         qos = QoSProfile(depth=100, reliability=qos.reliability)
         self.node.create_subscription(message_class(msg_type), topic, on_raw, qos, raw=True)
 
-    def chunks_since(self, since: float) -> List[ActionChunk]:
+    def chunks_since(self, since: float) -> list[ActionChunk]:
         with self.lock:
             return [msg for t, msg in self.chunks if t >= since]
 
-    def trajectories_since(self, since: float) -> List[JointTrajectory]:
+    def trajectories_since(self, since: float) -> list[JointTrajectory]:
         with self.lock:
             return [msg for t, msg in self.trajectories if t >= since]
 
-    def fresh_diagnostics(self, timeout: float = 5.0) -> Dict[str, str]:
+    def fresh_diagnostics(self, timeout: float = 5.0) -> dict[str, str]:
         """The first /diagnostics message that arrives after this call."""
         with self.lock:
             seen = self.diagnostics_count
-        assert wait_for(lambda: self.diagnostics_count > seen, timeout), "no /diagnostics from the node"
+        assert wait_for(lambda: self.diagnostics_count > seen, timeout), (
+            "no /diagnostics from the node"
+        )
         with self.lock:
             return dict(self.diagnostics)
 
@@ -200,33 +238,45 @@ class Probe:
         request = ChangeState.Request(transition=Transition(id=transition_id))
         return self.call(ChangeState, f"/{self.target}/change_state", request, timeout).success
 
-    def set_parameters(self, *parameters: Parameter) -> List[SetParametersResult]:
+    def set_parameters(self, *parameters: Parameter) -> list[SetParametersResult]:
         request = SetParameters.Request(parameters=[p.to_parameter_msg() for p in parameters])
         return list(self.call(SetParameters, f"/{self.target}/set_parameters", request).results)
 
-    def set(self, name: str, value: Any, type_: Optional[Parameter.Type] = None) -> SetParametersResult:
-        parameter = Parameter(name, type_, value) if type_ is not None else Parameter(name, value=value)
+    def set(
+        self, name: str, value: Any, type_: Parameter.Type | None = None
+    ) -> SetParametersResult:
+        parameter = (
+            Parameter(name, type_, value) if type_ is not None else Parameter(name, value=value)
+        )
         return self.set_parameters(parameter)[0]
 
     def get_parameter(self, name: str) -> Any:
-        reply = self.call(GetParameters, f"/{self.target}/get_parameters", GetParameters.Request(names=[name]))
+        reply = self.call(
+            GetParameters, f"/{self.target}/get_parameters", GetParameters.Request(names=[name])
+        )
         return parameter_value_to_python(reply.values[0])
 
     def wait_active(self, node: NodeProcess, timeout: float = 90.0) -> None:
         """Wait until the node reports 'active' (it configures itself with autostart)."""
+
         def active() -> bool:
             assert node.alive(), f"node exited; log:\n{node.log()[-3000:]}"
             try:
                 return self.get_state() == STATE_ACTIVE
             except AssertionError:
                 return False
-        assert wait_for(active, timeout, interval=0.5), f"node not active; log:\n{node.log()[-3000:]}"
+
+        assert wait_for(active, timeout, interval=0.5), (
+            f"node not active; log:\n{node.log()[-3000:]}"
+        )
 
     # -- playback ---------------------------------------------------------------------------------
-    def player(self, bag: Path, loop: bool = False, restamp: bool = True, rate: float = 1.0) -> BagPlayer:
+    def player(
+        self, bag: Path, loop: bool = False, restamp: bool = True, rate: float = 1.0
+    ) -> BagPlayer:
         return BagPlayer(self.node, bag, rate=rate, loop=loop, restamp=restamp)
 
-    def play_in_background(self, bag: Path) -> "Playback":
+    def play_in_background(self, bag: Path) -> Playback:
         return Playback(self.player(bag, loop=True))
 
     def close(self) -> None:
@@ -249,7 +299,7 @@ class Playback:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> "Playback":
+    def __enter__(self) -> Playback:
         return self
 
     def __exit__(self, *exc: Any) -> None:

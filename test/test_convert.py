@@ -107,9 +107,7 @@ def test_realistic_truncation_message():
     msg.data = array.array("B", bytes(1000))
     with pytest.raises(InputError) as err:
         image_to_rgb(msg)
-    assert str(err.value) == (
-        "Image data has 1000 bytes, expected 150528 (height 224 x step 672)"
-    )
+    assert str(err.value) == ("Image data has 1000 bytes, expected 150528 (height 224 x step 672)")
 
 
 @pytest.mark.parametrize(("width", "height"), [(0, 2), (2, 0), (0, 0)])
@@ -204,8 +202,10 @@ def test_png_round_trip_is_exact():
     np.testing.assert_array_equal(compressed_to_rgb(msg), rgb)
 
 
-@pytest.mark.parametrize("fmt", ["jpeg", "png", "JPEG", "", "rgb8; jpeg compressed bgr8",
-                                 "bgr8; png compressed bgr8", "jpg"])
+@pytest.mark.parametrize(
+    "fmt",
+    ["jpeg", "png", "JPEG", "", "rgb8; jpeg compressed bgr8", "bgr8; png compressed bgr8", "jpg"],
+)
 def test_format_strings_seen_in_the_wild(fmt):
     codec = "PNG" if "png" in fmt else "JPEG"
     buffer = io.BytesIO()
@@ -354,8 +354,13 @@ def test_chunk_non_finite_actions():
 
 @pytest.mark.parametrize(
     ("seconds", "sec", "nanosec"),
-    [(0.0, 0, 0), (1.5, 1, 500_000_000), (0.02, 0, 20_000_000), (-0.25, -1, 750_000_000),
-     (2.9999999999, 3, 0)],
+    [
+        (0.0, 0, 0),
+        (1.5, 1, 500_000_000),
+        (0.02, 0, 20_000_000),
+        (-0.25, -1, 750_000_000),
+        (2.9999999999, 3, 0),
+    ],
 )
 def test_seconds_to_duration_normalises(seconds, sec, nanosec):
     duration = seconds_to_duration(seconds)
@@ -384,4 +389,6 @@ def test_chunk_to_joint_trajectory_carries_velocities_when_given():
     with pytest.raises(ValueError, match="velocities"):
         chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP, velocities=np.zeros((3, 2)))
     with pytest.raises(InputError, match="velocities"):
-        chunk_to_joint_trajectory(positions, ["a", "b"], 0.1, STAMP, velocities=np.full((2, 2), np.nan))
+        chunk_to_joint_trajectory(
+            positions, ["a", "b"], 0.1, STAMP, velocities=np.full((2, 2), np.nan)
+        )

@@ -26,8 +26,16 @@ from oxygen_ros.ros.convert import (
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-BYTES_PER_PIXEL = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8UC1": 1,
-                   "mono16": 2, "16UC1": 2}
+BYTES_PER_PIXEL = {
+    "rgb8": 3,
+    "bgr8": 3,
+    "rgba8": 4,
+    "bgra8": 4,
+    "mono8": 1,
+    "8UC1": 1,
+    "mono16": 2,
+    "16UC1": 2,
+}
 UNSUPPORTED = ["yuv422", "", "32FC1", "RGB8", "bayer_rggb8"]
 
 
@@ -51,8 +59,9 @@ def reference_rgb(msg: Image) -> np.ndarray:
     for row in range(msg.height):
         for col in range(msg.width):
             start = row * msg.step + col * bpp
-            out[row, col] = reference_pixel(data[start:start + bpp], msg.encoding,
-                                            bool(msg.is_bigendian))
+            out[row, col] = reference_pixel(
+                data[start : start + bpp], msg.encoding, bool(msg.is_bigendian)
+            )
     return out
 
 
@@ -78,8 +87,13 @@ def images(draw) -> Image:
     height = draw(st.integers(0, 9))
     step = max(0, width * bpp + draw(st.integers(-4, 6)))
     size = max(0, height * step + draw(st.sampled_from([0, 0, 0, -1, -step, 3])))
-    msg = Image(width=width, height=height, step=step, encoding=encoding,
-                is_bigendian=draw(st.integers(0, 1)))
+    msg = Image(
+        width=width,
+        height=height,
+        step=step,
+        encoding=encoding,
+        is_bigendian=draw(st.integers(0, 1)),
+    )
     msg.data = array.array("B", draw(st.binary(min_size=size, max_size=size)))
     return msg
 
@@ -121,7 +135,10 @@ def test_huge_declared_sizes_never_allocate(width, height, step, data):
     rgb=st.integers(1, 6).flatmap(
         lambda h: st.integers(1, 6).flatmap(
             lambda w: st.binary(min_size=h * w * 3, max_size=h * w * 3).map(
-                lambda b: np.frombuffer(b, np.uint8).reshape(h, w, 3)))),
+                lambda b: np.frombuffer(b, np.uint8).reshape(h, w, 3)
+            )
+        )
+    ),
     encoding=st.sampled_from(["rgb8", "bgr8", "rgba8", "bgra8"]),
 )
 def test_colour_images_round_trip(rgb, encoding):
@@ -148,8 +165,7 @@ def check_compressed(data: bytes, fmt: str) -> None:
     try:
         rgb = compressed_to_rgb(msg)
     except InputError as err:
-        assert err.reason in {"unsupported_format", "zero_size", "too_large",
-                              "corrupt_compressed"}
+        assert err.reason in {"unsupported_format", "zero_size", "too_large", "corrupt_compressed"}
         return
     assert rgb.dtype == np.uint8 and rgb.ndim == 3 and rgb.shape[2] == 3
 
@@ -206,7 +222,7 @@ def as_float32(value: float) -> np.float32:
 def test_joint_state_gives_correct_vector_or_input_error(msg, wanted):
     names, positions = list(msg.name), list(msg.position)
     first = {}
-    for name, value in zip(names, positions):
+    for name, value in zip(names, positions, strict=False):  # lengths may differ
         first.setdefault(name, value)
     try:
         result = joint_state_to_positions(msg, wanted)
@@ -236,5 +252,5 @@ def test_joint_state_reorders_any_permutation(count, data):
     values = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=count, max_size=count))
     msg = JointState(name=order, position=values)
     result = joint_state_to_positions(msg, names)
-    lookup = dict(zip(order, values))
+    lookup = dict(zip(order, values, strict=True))
     np.testing.assert_array_equal(result, np.array([lookup[n] for n in names], np.float32))

@@ -16,15 +16,35 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 def test_demo_runs_and_summarises(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["ROS_DOMAIN_ID"] = str(int(env.get("ROS_DOMAIN_ID", "0")) % 100 + 101)  # not the other tests' graph
+    env["ROS_DOMAIN_ID"] = str(
+        int(env.get("ROS_DOMAIN_ID", "0")) % 100 + 101
+    )  # not the other tests' graph
     result = subprocess.run(
-        [sys.executable, "-m", "oxygen_ros.tools.demo", "--duration", "5", "--rate-hz", "15",
-         "--work", str(tmp_path), "--json", str(tmp_path / "summary.json")],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "oxygen_ros.tools.demo",
+            "--duration",
+            "5",
+            "--rate-hz",
+            "15",
+            "--work",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "summary.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     node_log = tmp_path / "node.log"
-    output = result.stdout + result.stderr + "\n--- node log ---\n" + (
-        node_log.read_text()[-4000:] if node_log.exists() else "(none)")
+    output = (
+        result.stdout
+        + result.stderr
+        + "\n--- node log ---\n"
+        + (node_log.read_text()[-4000:] if node_log.exists() else "(none)")
+    )
     assert result.returncode == 0, output
     assert "oxygen-demo summary" in output and "node stopped (exit status 0)" in output
     chunks = int(re.search(r"action chunks\s+(\d+)", output).group(1))
@@ -35,7 +55,10 @@ def test_demo_runs_and_summarises(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["chunks"] == chunks and summary["requested_rate_hz"] == 15.0
     assert 1.0 <= summary["effective_rate_hz"] <= 15.0
-    assert (summary["narrations_finished"], summary["answers_finished"]) == (int(narrations.group(1)), 1)
+    assert (summary["narrations_finished"], summary["answers_finished"]) == (
+        int(narrations.group(1)),
+        1,
+    )
     assert summary["late_fraction"] == pytest.approx(summary["deadline_misses"] / chunks, abs=1e-4)
     for key in ("tokens_per_s", "mean_frame_rate_hz", "load_average_1min", "warmup_tick_ms"):
         assert key in summary, summary

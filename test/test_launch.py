@@ -32,7 +32,7 @@ def test_launch_description_declares_its_arguments():
 
     description = module.generate_launch_description()
     declared = {a.name for a in description.entities if isinstance(a, DeclareLaunchArgument)}
-    assert declared == {"robot", "config_file", "checkpoint_dir", "preset", "namespace"}
+    assert declared == {"robot", "config_file", "checkpoint_dir", "namespace"}
 
 
 # --- which params file: plain Python, no launch imports needed -----------------------------------

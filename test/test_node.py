@@ -13,9 +13,9 @@ import time
 
 import pytest
 from lifecycle_msgs.msg import Transition
+from node_harness import STATE_ACTIVE, STATE_INACTIVE, NodeProcess, Probe, stamp_ns, wait_for
 from std_msgs.msg import String
 
-from node_harness import STATE_ACTIVE, STATE_INACTIVE, NodeProcess, Probe, stamp_ns, wait_for
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -34,22 +34,25 @@ def bag(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def node(tiny_checkpoint, tmp_path_factory):
-    process = NodeProcess({
-        "checkpoint_dir": str(tiny_checkpoint),
-        "rate_hz": RATE_HZ,
-        "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-        "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-        "joint_names": joint_names(7),
-        "action_joint_names": ACTION_JOINTS,
-        "action_horizon": HORIZON,
-        "action_dt": DT,
-        "max_observation_age_s": 1.0,
-        "narration_period_s": 1.0,
-        "narration_max_tokens": 6,
-        "answer_max_tokens": 6,
-        "task": "pick up the red block",
-        "kv_capacity_tokens": 1024,  # room for short texts only: a 4096-token answer is refused
-    }, tmp_path_factory.mktemp("node"))
+    process = NodeProcess(
+        {
+            "checkpoint_dir": str(tiny_checkpoint),
+            "rate_hz": RATE_HZ,
+            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": joint_names(7),
+            "action_joint_names": ACTION_JOINTS,
+            "action_horizon": HORIZON,
+            "action_dt": DT,
+            "max_observation_age_s": 1.0,
+            "narration_period_s": 1.0,
+            "narration_max_tokens": 6,
+            "answer_max_tokens": 6,
+            "task": "pick up the red block",
+            "kv_capacity_tokens": 1024,  # room for short texts only: a 4096-token answer is refused
+        },
+        tmp_path_factory.mktemp("node"),
+    )
     yield process
     assert process.stop() == 0, process.log()[-3000:]
 
@@ -66,7 +69,9 @@ def probe(node, bag):
 
 def test_chunks_arrive_with_configured_joints_horizon_and_observation_stamps(probe):
     since = time.monotonic()
-    assert wait_for(lambda: len(probe.chunks_since(since)) >= 10, 20), "fewer than 10 chunks in 20 s"
+    assert wait_for(lambda: len(probe.chunks_since(since)) >= 10, 20), (
+        "fewer than 10 chunks in 20 s"
+    )
     time.sleep(0.2)  # let the inputs of the last chunk be recorded
     chunks = probe.chunks_since(since)
     for chunk in chunks:
@@ -89,14 +94,19 @@ def test_joint_trajectory_matches_the_chunk(probe):
     since = time.monotonic()
     assert wait_for(lambda: len(probe.trajectories_since(since)) >= 5, 20)
     trajectories = probe.trajectories_since(since)
-    time.sleep(0.3)  # each trajectory is published just before its chunk: let the last chunks arrive
+    time.sleep(
+        0.3
+    )  # each trajectory is published just before its chunk: let the last chunks arrive
     chunk_stamps = {stamp_ns(c.header.stamp) for c in probe.chunks_since(since - 1.0)}
     for trajectory in trajectories:
         assert list(trajectory.joint_names) == ACTION_JOINTS
         assert len(trajectory.points) == HORIZON
         for i, point in enumerate(trajectory.points):
             assert len(point.positions) == len(ACTION_JOINTS)
-            assert point.time_from_start.sec + point.time_from_start.nanosec * 1e-9 == pytest.approx((i + 1) * DT)
+            assert (
+                point.time_from_start.sec + point.time_from_start.nanosec * 1e-9
+                == pytest.approx((i + 1) * DT)
+            )
         assert stamp_ns(trajectory.header.stamp) in chunk_stamps
 
 
@@ -140,11 +150,17 @@ def test_a_request_too_big_for_kv_memory_is_refused_with_a_reason(probe):
 
         def refused():
             with probe.lock:
-                return [n for n in probe.narrations if n.kind == "answer" and n.finish_reason == "refused"]
+                return [
+                    n
+                    for n in probe.narrations
+                    if n.kind == "answer" and n.finish_reason == "refused"
+                ]
 
         assert wait_for(lambda: refused(), 20), "the oversized answer was not refused"
         assert refused()[0].final
-        assert wait_for(lambda: any(t.startswith("[answer] (refused: needs") for t in list(probe.texts)), 5)
+        assert wait_for(
+            lambda: any(t.startswith("[answer] (refused: needs") for t in list(probe.texts)), 5
+        )
         assert probe.counter("requests_refused") == before + 1
     finally:
         assert probe.set("answer_max_tokens", 6).successful
@@ -152,13 +168,32 @@ def test_a_request_too_big_for_kv_memory_is_refused_with_a_reason(probe):
 
 def test_diagnostics_report_loop_language_memory_inputs(probe):
     values = probe.fresh_diagnostics()
-    for key in ("state", "frame_rate_hz", "deadline_misses", "action_latency_p50_ms", "action_latency_p99_ms",
-                "prefill_ms_p50", "tokens_per_s", "active_requests", "queued_requests", "kv_bytes_in_use",
-                "kv_peak_bytes", "kv_capacity_bytes", "tick_overruns", "late_ticks", "requested_rate_hz",
-                "effective_rate_hz", "warmup_tick_ms", "rate_feasible", "consecutive_failures",
-                "publish_ms_per_delta",
-                *(f"input_age_s {topic}" for topic in ("/camera/base/image_raw", "/camera/wrist/image_raw",
-                                                       "joint_states"))):
+    for key in (
+        "state",
+        "frame_rate_hz",
+        "deadline_misses",
+        "action_latency_p50_ms",
+        "action_latency_p99_ms",
+        "prefill_ms_p50",
+        "tokens_per_s",
+        "active_requests",
+        "queued_requests",
+        "kv_bytes_in_use",
+        "kv_peak_bytes",
+        "kv_capacity_bytes",
+        "tick_overruns",
+        "late_ticks",
+        "requested_rate_hz",
+        "effective_rate_hz",
+        "warmup_tick_ms",
+        "rate_feasible",
+        "consecutive_failures",
+        "publish_ms_per_delta",
+        *(
+            f"input_age_s {topic}"
+            for topic in ("/camera/base/image_raw", "/camera/wrist/image_raw", "joint_states")
+        ),
+    ):
         assert key in values, f"/diagnostics lacks {key!r}: {sorted(values)}"
     assert values["state"] == "active"
     assert float(values["frame_rate_hz"]) > 3.0
@@ -209,4 +244,6 @@ def test_lifecycle_deactivate_stops_output_and_activate_resumes(probe):
     assert probe.change_state(Transition.TRANSITION_ACTIVATE)
     assert probe.get_state() == STATE_ACTIVE
     since = time.monotonic()
-    assert wait_for(lambda: len(probe.chunks_since(since)) >= 5, 15), "no chunks after re-activation"
+    assert wait_for(lambda: len(probe.chunks_since(since)) >= 5, 15), (
+        "no chunks after re-activation"
+    )

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from node_harness import stamp_ns, wait_for
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, JointState
 
-from node_harness import stamp_ns, wait_for
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.ros.convert import rgb_to_image
 from oxygen_ros.ros.node import OxygenNode, spin_forever
@@ -50,18 +50,22 @@ class SimClock:
 def sim(tiny_checkpoint):
     context = rclpy.Context()
     rclpy.init(context=context)
-    node = OxygenNode("oxygen_clock_test", context=context, parameter_overrides=[
-        Parameter("use_sim_time", value=True),
-        Parameter("checkpoint_dir", value=str(tiny_checkpoint)),
-        Parameter("rate_hz", value=RATE_HZ),
-        Parameter("decode_margin_ms", value=MARGIN_MS),
-        Parameter("camera_topics", value=["/clock_test/camera"]),
-        Parameter("camera_slots", value=["base_0_rgb"]),
-        Parameter("joint_names", value=["j1", "j2"]),
-        Parameter("narration_period_s", value=0.0),
-        Parameter("max_observation_age_s", value=1.0),
-        Parameter("autostart", value=False),
-    ])
+    node = OxygenNode(
+        "oxygen_clock_test",
+        context=context,
+        parameter_overrides=[
+            Parameter("use_sim_time", value=True),
+            Parameter("checkpoint_dir", value=str(tiny_checkpoint)),
+            Parameter("rate_hz", value=RATE_HZ),
+            Parameter("decode_margin_ms", value=MARGIN_MS),
+            Parameter("camera_topics", value=["/clock_test/camera"]),
+            Parameter("camera_slots", value=["base_0_rgb"]),
+            Parameter("joint_names", value=["j1", "j2"]),
+            Parameter("narration_period_s", value=0.0),
+            Parameter("max_observation_age_s", value=1.0),
+            Parameter("autostart", value=False),
+        ],
+    )
     feeder = rclpy.create_node("clock_test_feeder", context=context)
     clock = SimClock()
     clock_pub = feeder.create_publisher(ClockMsg, "/clock", 10)
@@ -82,22 +86,32 @@ def sim(tiny_checkpoint):
     feeder.create_timer(0.01, publish_clock)
     feeder.create_timer(0.05, feed)
     chunks = []  # (steady receive time, message)
-    feeder.create_subscription(ActionChunk, "/oxygen_clock_test/action_chunk",
-                               lambda m: chunks.append((time.monotonic(), m)), 100)
+    feeder.create_subscription(
+        ActionChunk,
+        "/oxygen_clock_test/action_chunk",
+        lambda m: chunks.append((time.monotonic(), m)),
+        100,
+    )
     loop_status = []
 
     def on_diagnostics(msg):
         for status in msg.status:
             if status.name.startswith("oxygen_clock_test: action loop"):
-                loop_status.append((status.level, status.message, {kv.key: kv.value for kv in status.values}))
+                loop_status.append(
+                    (status.level, status.message, {kv.key: kv.value for kv in status.values})
+                )
 
     feeder.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(feeder)
     executor.add_node(node)
-    thread = threading.Thread(target=spin_forever, args=(executor, node.record_executor_error), daemon=True)
+    thread = threading.Thread(
+        target=spin_forever, args=(executor, node.record_executor_error), daemon=True
+    )
     thread.start()
-    assert wait_for(lambda: node.get_clock().now().nanoseconds >= SIM_START_S * 1e9, 10), "no /clock"
+    assert wait_for(lambda: node.get_clock().now().nanoseconds >= SIM_START_S * 1e9, 10), (
+        "no /clock"
+    )
     assert node.start(), "configure/activate failed"
     yield node, clock, chunks, loop_status
     executor.shutdown()
@@ -128,7 +142,7 @@ def test_the_loop_runs_on_steady_time_while_sim_time_crawls(sim):
     """In 4 s of steady time the simulated clock advances 1 s. A timer on the ROS clock could
     tick at most ~1 s x the effective rate; the steady one ticks about four times as often."""
     node, clock, chunks, _ = sim
-    rate = node._governor.effective_hz
+    rate = node._loop.governor.effective_hz
     sim_before, since = clock.now_ns(), time.monotonic()
     time.sleep(4.0)
     sim_elapsed_s = (clock.now_ns() - sim_before) / 1e9

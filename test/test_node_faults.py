@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from builtin_interfaces.msg import Time
 from lifecycle_msgs.msg import Transition
+from node_harness import STATE_INACTIVE, STATE_UNCONFIGURED, NodeProcess, Probe, wait_for
 from PIL import Image as PILImage
 from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
@@ -27,12 +28,15 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 from sensor_msgs.msg import CompressedImage
 
-from node_harness import STATE_INACTIVE, STATE_UNCONFIGURED, NodeProcess, Probe, wait_for
 from oxygen_ros.tools.make_bag import joint_names, write_synthetic_bag
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-BASE, WRIST, RIGHT = "/camera/base/image_raw", "/camera/wrist/image_raw", "/camera/right/image_raw/compressed"
+BASE, WRIST, RIGHT = (
+    "/camera/base/image_raw",
+    "/camera/wrist/image_raw",
+    "/camera/right/image_raw/compressed",
+)
 JOINTS = joint_names(7)
 MAX_AGE_S = 0.5
 FAULT_BAG_S = 6.0
@@ -50,19 +54,36 @@ class _BagBuilder:
         self.store = get_typestore(Stores.ROS2_KILTED)
         t = self.store.types
         self._time, self._header = t["builtin_interfaces/msg/Time"], t["std_msgs/msg/Header"]
-        self._image, self._compressed = t["sensor_msgs/msg/Image"], t["sensor_msgs/msg/CompressedImage"]
+        self._image, self._compressed = (
+            t["sensor_msgs/msg/Image"],
+            t["sensor_msgs/msg/CompressedImage"],
+        )
         self._joints = t["sensor_msgs/msg/JointState"]
 
     def _head(self, ns: int) -> object:
         return self._header(stamp=self._time(sec=ns // 10**9, nanosec=ns % 10**9), frame_id="cam")
 
-    def image(self, ns: int, encoding: str = "rgb8", width: int = 64, height: int = 48, step: int | None = None,
-              data: np.ndarray | None = None) -> bytes:
+    def image(
+        self,
+        ns: int,
+        encoding: str = "rgb8",
+        width: int = 64,
+        height: int = 48,
+        step: int | None = None,
+        data: np.ndarray | None = None,
+    ) -> bytes:
         step = width * 3 if step is None else step
         if data is None:
             data = np.random.default_rng(ns % 2**32).integers(0, 255, height * step, dtype=np.uint8)
-        msg = self._image(header=self._head(ns), height=height, width=width, encoding=encoding, is_bigendian=0,
-                          step=step, data=data)
+        msg = self._image(
+            header=self._head(ns),
+            height=height,
+            width=width,
+            encoding=encoding,
+            is_bigendian=0,
+            step=step,
+            data=data,
+        )
         return bytes(self.store.serialize_cdr(msg, msg.__msgtype__))
 
     def jpeg(self, ns: int, corrupt: bool = False) -> bytes:
@@ -71,13 +92,24 @@ class _BagBuilder:
         data = buffer.getvalue()
         if corrupt:  # a valid JPEG header followed by garbage
             data = data[:20] + bytes(np.random.default_rng(1).integers(0, 255, 400, dtype=np.uint8))
-        msg = self._compressed(header=self._head(ns), format="jpeg", data=np.frombuffer(data, dtype=np.uint8))
+        msg = self._compressed(
+            header=self._head(ns), format="jpeg", data=np.frombuffer(data, dtype=np.uint8)
+        )
         return bytes(self.store.serialize_cdr(msg, msg.__msgtype__))
 
     def joints(self, ns: int, names=JOINTS, positions=None) -> bytes:
-        positions = np.linspace(-0.2, 0.2, len(names)) if positions is None else np.asarray(positions, float)
-        msg = self._joints(header=self._head(ns), name=list(names), position=positions,
-                           velocity=np.zeros(0), effort=np.zeros(0))
+        positions = (
+            np.linspace(-0.2, 0.2, len(names))
+            if positions is None
+            else np.asarray(positions, float)
+        )
+        msg = self._joints(
+            header=self._head(ns),
+            name=list(names),
+            position=positions,
+            velocity=np.zeros(0),
+            effort=np.zeros(0),
+        )
         return bytes(self.store.serialize_cdr(msg, msg.__msgtype__))
 
 
@@ -87,7 +119,8 @@ def _between(t: float, start: float, end: float) -> bool:
 
 def write_fault_bag(path: Path) -> Path:
     """6 s: base camera always good; the wrist camera sends an unsupported encoding, truncated data,
-    a too-small step and zero-size images, then good images, then stops at 4 s; the compressed camera sends corrupt
+    a too-small step and zero-size images, then good images, then stops at 4 s; the compressed
+    camera sends corrupt
     jpeg for 0.5 s; joint states carry NaN, missing joints and short position arrays in 0.2 s
     windows (shorter than max_observation_age_s, so actions keep flowing)."""
     b = _BagBuilder()
@@ -99,11 +132,15 @@ def write_fault_bag(path: Path) -> Path:
         if _between(t, 1.0, 1.5):
             events.append((ns, WRIST, b.image(ns, encoding="yuv422")))
         elif _between(t, 1.5, 2.0):
-            events.append((ns, WRIST, b.image(ns, data=np.zeros(48 * 64 * 3 - 500, dtype=np.uint8))))
+            events.append(
+                (ns, WRIST, b.image(ns, data=np.zeros(48 * 64 * 3 - 500, dtype=np.uint8)))
+            )
         elif _between(t, 2.0, 2.5):
             events.append((ns, WRIST, b.image(ns, step=100)))  # < 64 * 3
         elif _between(t, 2.5, 3.0):
-            events.append((ns, WRIST, b.image(ns, width=0, height=0, data=np.zeros(0, dtype=np.uint8))))
+            events.append(
+                (ns, WRIST, b.image(ns, width=0, height=0, data=np.zeros(0, dtype=np.uint8)))
+            )
         elif t < 4.0:
             events.append((ns, WRIST, b.image(ns)))
         events.append((ns, RIGHT, b.jpeg(ns, corrupt=_between(t, 2.5, 3.0))))
@@ -119,10 +156,17 @@ def write_fault_bag(path: Path) -> Path:
         else:
             raw = b.joints(ns)
         events.append((ns, "/joint_states", raw))
-    types = {BASE: "sensor_msgs/msg/Image", WRIST: "sensor_msgs/msg/Image",
-             RIGHT: "sensor_msgs/msg/CompressedImage", "/joint_states": "sensor_msgs/msg/JointState"}
+    types = {
+        BASE: "sensor_msgs/msg/Image",
+        WRIST: "sensor_msgs/msg/Image",
+        RIGHT: "sensor_msgs/msg/CompressedImage",
+        "/joint_states": "sensor_msgs/msg/JointState",
+    }
     with Writer(path, version=Writer.VERSION_LATEST, storage_plugin=StoragePlugin.MCAP) as writer:
-        connections = {topic: writer.add_connection(topic, kind, typestore=b.store) for topic, kind in types.items()}
+        connections = {
+            topic: writer.add_connection(topic, kind, typestore=b.store)
+            for topic, kind in types.items()
+        }
         for ns, topic, raw in sorted(events, key=lambda e: e[0]):
             writer.write(connections[topic], ns, raw)
     return path
@@ -200,9 +244,17 @@ def test_bad_inputs_are_counted_and_chunks_keep_flowing(node, probe, fault_bag):
     started = time.monotonic()
     player.play()
     tail = probe.chunks_since(started + FAULT_BAG_S - 1.5)
-    keys = ["image_unsupported_encoding", "image_truncated_data", "image_bad_step", "image_zero_size",
-            "image_corrupt_compressed", "joint_non_finite", "joint_missing_joints", "joint_length_mismatch",
-            "camera_masked"]
+    keys = [
+        "image_unsupported_encoding",
+        "image_truncated_data",
+        "image_bad_step",
+        "image_zero_size",
+        "image_corrupt_compressed",
+        "joint_non_finite",
+        "joint_missing_joints",
+        "joint_length_mismatch",
+        "camera_masked",
+    ]
     values = _counters_after(probe, keys)
     for key in keys:
         assert int(values.get(key, 0)) > 0, f"{key} not counted: {values}"
@@ -230,12 +282,21 @@ def test_out_of_order_and_duplicate_stamps_are_dropped(probe, good_bag):
     with probe.play_in_background(good_bag):
         assert _chunks_flow(probe)
         now = probe.node.get_clock().now().nanoseconds
-        for offset_s in (0.0, 0.1, 0.1, 0.05, -10.0, 0.2):  # ok, ok, duplicate, backwards, reset, ok
+        for offset_s in (
+            0.0,
+            0.1,
+            0.1,
+            0.05,
+            -10.0,
+            0.2,
+        ):  # ok, ok, duplicate, backwards, reset, ok
             publisher.publish(_compressed(now + int(offset_s * 1e9)))
             time.sleep(0.5)  # the camera queue holds one message: let the node take each
         values = _counters_after(probe, keys)
         for key in keys:
-            assert int(values.get(key, 0)) == int(before.get(key, 0)) + 1, f"{key}: {before} -> {values}"
+            assert int(values.get(key, 0)) == int(before.get(key, 0)) + 1, (
+                f"{key}: {before} -> {values}"
+            )
         assert _chunks_flow(probe), "no chunks after the stamp faults"
     probe.node.destroy_publisher(publisher)
 
@@ -290,8 +351,12 @@ def test_joint_limits_clip_the_published_trajectory(probe, good_bag):
             assert np.abs(np.diff(positions, axis=0)).max(initial=0.0) <= speed * dt + 1e-6
         assert any(c.clipped_values > 0 for c in probe.chunks_since(since))
         assert probe.counter("clipped_values") > 0
-        cleared = probe.set_parameters(*(Parameter(name, Parameter.Type.DOUBLE_ARRAY, []) for name in
-                                         ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity")))
+        cleared = probe.set_parameters(
+            *(
+                Parameter(name, Parameter.Type.DOUBLE_ARRAY, [])
+                for name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity")
+            )
+        )
         assert all(r.successful for r in cleared)
         assert _chunks_flow(probe)
 

@@ -17,6 +17,7 @@ import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.srv import GetState
+from node_harness import STATE_UNCONFIGURED, wait_for
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy, qos_profile_system_default
@@ -24,7 +25,6 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from node_harness import STATE_UNCONFIGURED, wait_for
 from oxygen_ros.engine.faults import FaultInjector
 from oxygen_ros.engine.kv_cache import KVMemoryError
 from oxygen_ros.msg import ActionChunk, Narration
@@ -40,16 +40,20 @@ def running(tiny_checkpoint, tmp_path_factory):
     checkpoint = tiny_checkpoint
     context = rclpy.Context()
     rclpy.init(context=context)
-    node = OxygenNode("oxygen_loop_test", context=context, parameter_overrides=[
-        Parameter("checkpoint_dir", value=str(checkpoint)),
-        Parameter("rate_hz", value=RATE_HZ),
-        Parameter("camera_topics", value=["/loop_test/camera"]),
-        Parameter("camera_slots", value=["base_0_rgb"]),
-        Parameter("joint_names", value=["j1", "j2"]),
-        Parameter("narration_period_s", value=0.0),
-        Parameter("max_observation_age_s", value=1.0),
-        Parameter("autostart", value=False),
-    ])
+    node = OxygenNode(
+        "oxygen_loop_test",
+        context=context,
+        parameter_overrides=[
+            Parameter("checkpoint_dir", value=str(checkpoint)),
+            Parameter("rate_hz", value=RATE_HZ),
+            Parameter("camera_topics", value=["/loop_test/camera"]),
+            Parameter("camera_slots", value=["base_0_rgb"]),
+            Parameter("joint_names", value=["j1", "j2"]),
+            Parameter("narration_period_s", value=0.0),
+            Parameter("max_observation_age_s", value=1.0),
+            Parameter("autostart", value=False),
+        ],
+    )
     assert node.start(), "configure/activate failed"
     feeder = rclpy.create_node("loop_test_feeder", context=context)
     camera = feeder.create_publisher(Image, "/loop_test/camera", 10)
@@ -59,16 +63,24 @@ def running(tiny_checkpoint, tmp_path_factory):
     instruction = feeder.create_publisher(String, "/oxygen_loop_test/instruction", 10)
     # What ros2_control's JointTrajectoryController subscribes with (rclcpp::SystemDefaultsQoS).
     feeder.trajectories = []
-    feeder.create_subscription(JointTrajectory, "/oxygen_loop_test/joint_trajectory", feeder.trajectories.append,
-                               qos_profile_system_default)
+    feeder.create_subscription(
+        JointTrajectory,
+        "/oxygen_loop_test/joint_trajectory",
+        feeder.trajectories.append,
+        qos_profile_system_default,
+    )
     feeder.narrations = []
-    feeder.create_subscription(Narration, "/oxygen_loop_test/narration", feeder.narrations.append, 100)
+    feeder.create_subscription(
+        Narration, "/oxygen_loop_test/narration", feeder.narrations.append, 100
+    )
     feeder.loop_status = []  # (level, message, values) of the node's "action loop" status
 
     def on_diagnostics(msg):
         for status in msg.status:
             if status.name.startswith("oxygen_loop_test: action loop"):
-                feeder.loop_status.append((status.level, status.message, {kv.key: kv.value for kv in status.values}))
+                feeder.loop_status.append(
+                    (status.level, status.message, {kv.key: kv.value for kv in status.values})
+                )
 
     feeder.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     feeder.ask = feeder.create_publisher(String, "/oxygen_loop_test/ask", 10)
@@ -85,7 +97,9 @@ def running(tiny_checkpoint, tmp_path_factory):
     executor.add_node(node)
     executor.add_node(feeder)
     # The loop `oxygen_node` runs: errors raised inside the executor are reported to the node.
-    thread = threading.Thread(target=spin_forever, args=(executor, node.record_executor_error), daemon=True)
+    thread = threading.Thread(
+        target=spin_forever, args=(executor, node.record_executor_error), daemon=True
+    )
     thread.start()
     yield node, chunks, instruction, feeder
     executor.shutdown()
@@ -145,7 +159,11 @@ def test_an_overrun_is_counted_and_the_next_tick_is_not_skipped_silently(running
     finally:
         engine.act = act
     counts = node._counters.snapshot()
-    assert counts["deadline_misses"] >= 1 and counts["late_ticks"] >= 1 and counts["skipped_periods"] >= 2
+    assert (
+        counts["deadline_misses"] >= 1
+        and counts["late_ticks"] >= 1
+        and counts["skipped_periods"] >= 2
+    )
 
 
 def test_an_empty_instruction_is_rejected_and_counted(running):
@@ -197,23 +215,29 @@ class _Replaced:
 
 def _faulty(injector: FaultInjector, stage: str):
     """An engine method that first asks ``injector`` whether this call fails (InjectedFault)."""
+
     def wrapper(method):
         def call(*args, **kwargs):
             injector.check(stage)
             return method(*args, **kwargs)
+
         return call
+
     return wrapper
 
 
 def _raising(exc_type, times: int, raised: list):
     """An engine method whose first ``times`` calls raise ``exc_type``."""
+
     def wrapper(method):
         def call(*args, **kwargs):
             if len(raised) < times:
                 raised.append(1)
                 raise exc_type("injected")
             return method(*args, **kwargs)
+
         return call
+
     return wrapper
 
 
@@ -241,7 +265,7 @@ def test_isolated_engine_faults_are_counted_by_kind_and_chunks_keep_flowing(runn
     assert after.get("no_action_kv_memory", 0) - before.get("no_action_kv_memory", 0) == 2
     assert after.get("decode_errors", 0) - before.get("decode_errors", 0) == 2
     assert after.get("tick_exceptions", 0) == before.get("tick_exceptions", 0)
-    assert node.state_label == "active" and node._failing_ticks == 0
+    assert node.state_label == "active" and node._loop.failing_ticks == 0
 
 
 def test_rejected_observations_do_not_count_as_engine_failures(running):
@@ -265,16 +289,21 @@ def test_a_lost_final_delta_never_leaves_narration_busy(running):
     yet its slot is freed, so narrations keep being submitted and finishing; once publishing
     works again they reach subscribers."""
     node, chunks, _, feeder = running
-    assert node.set_parameters([Parameter("narration_max_tokens", value=2),
-                                Parameter("narration_period_s", value=0.1)])[0].successful
+    assert node.set_parameters(
+        [Parameter("narration_max_tokens", value=2), Parameter("narration_period_s", value=0.1)]
+    )[0].successful
     finished = node._counters.get("requests_finished")
     try:
         node.faults = FaultInjector(every={"text_publish": 1})
-        assert wait_for(lambda: node._counters.get("final_deltas_lost") >= 3, 20), node._counters.snapshot()
+        assert wait_for(lambda: node._counters.get("final_deltas_lost") >= 3, 20), (
+            node._counters.snapshot()
+        )
         assert node._counters.get("requests_finished") >= finished + 3
         assert node._counters.get("text_publish_errors") >= node._counters.get("final_deltas_lost")
         node.faults = FaultInjector()
-        assert wait_for(lambda: any(n.final and n.kind == "narration" for n in list(feeder.narrations)), 20)
+        assert wait_for(
+            lambda: any(n.final and n.kind == "narration" for n in list(feeder.narrations)), 20
+        )
     finally:
         node.faults = FaultInjector()
         assert node.set_parameters([Parameter("narration_period_s", value=0.0)])[0].successful
@@ -298,8 +327,12 @@ def test_too_long_text_on_ask_and_instruction_is_refused(running):
         instruction.publish(String(data="stack the cups"))  # 14: accepted
         assert wait_for(lambda: node.get_parameter("task").value == "stack the cups", 5)
     finally:
-        assert node.set_parameters([Parameter("max_text_chars", value=500),
-                                    Parameter("task", value="pick up the red block")])[0].successful
+        assert node.set_parameters(
+            [
+                Parameter("max_text_chars", value=500),
+                Parameter("task", value="pick up the red block"),
+            ]
+        )[0].successful
     assert node._counters.get("ask_rejected_too_long") == 1
 
 
@@ -309,9 +342,14 @@ def test_ask_and_instruction_are_refused_while_inactive(running):
     try:
         feeder.ask.publish(String(data="what is on the table?"))
         instruction.publish(String(data="stack the cups"))
-        assert wait_for(lambda: node._counters.get("ask_rejected_inactive") == 1
-                        and node._counters.get("instruction_rejected_inactive") == 1, 5)
-        assert list(node._questions) == []
+        assert wait_for(
+            lambda: (
+                node._counters.get("ask_rejected_inactive") == 1
+                and node._counters.get("instruction_rejected_inactive") == 1
+            ),
+            5,
+        )
+        assert list(node._loop.questions) == []
         assert node.get_parameter("task").value == "pick up the red block"
     finally:
         assert node.trigger_activate().name == "SUCCESS"
@@ -329,9 +367,12 @@ def test_the_trajectory_reaches_a_system_default_subscriber_and_keeps_only_the_n
     node, *_, feeder = running
     count = len(feeder.trajectories)
     assert wait_for(lambda: len(feeder.trajectories) >= count + 3, 10)
-    qos = node._trajectory_pub.qos_profile
+    qos = node._loop.outputs.trajectory.qos_profile
     assert (qos.history, qos.depth) == (HistoryPolicy.KEEP_LAST, 1)
-    assert (qos.reliability, qos.durability) == (ReliabilityPolicy.RELIABLE, DurabilityPolicy.VOLATILE)
+    assert (qos.reliability, qos.durability) == (
+        ReliabilityPolicy.RELIABLE,
+        DurabilityPolicy.VOLATILE,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,21 +389,32 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
         def call(observation):
             time.sleep(0.1)
             return method(observation)
+
         return call
 
     changes = node._counters.get("rate_changes")
     with _Replaced(node._engine, "act", slow):
-        assert wait_for(lambda: node._governor.effective_hz < RATE_HZ, 20), "the rate was not lowered"
-        assert node._governor.effective_hz <= 6.8
+        assert wait_for(lambda: node._loop.governor.effective_hz < RATE_HZ, 20), (
+            "the rate was not lowered"
+        )
+        assert node._loop.governor.effective_hz <= 6.8
         seen = len(feeder.loop_status)
-        assert wait_for(lambda: any(float(v["effective_rate_hz"]) < RATE_HZ for _, _, v in feeder.loop_status[seen:]),
-                        5)
-        level, message, values = [s for s in feeder.loop_status[seen:] if float(s[2]["effective_rate_hz"]) < RATE_HZ][0]
+        assert wait_for(
+            lambda: any(
+                float(v["effective_rate_hz"]) < RATE_HZ for _, _, v in feeder.loop_status[seen:]
+            ),
+            5,
+        )
+        level, message, values = [
+            s for s in feeder.loop_status[seen:] if float(s[2]["effective_rate_hz"]) < RATE_HZ
+        ][0]
         assert level == DiagnosticStatus.WARN and "replanning at" in message
         assert float(values["requested_rate_hz"]) == RATE_HZ
         assert _chunks_keep_flowing(chunks)
     # raising looks at three windows of 30 ticks, measured at the lowered rate
-    assert wait_for(lambda: node._governor.effective_hz == RATE_HZ, 60), "the rate did not return to rate_hz"
+    assert wait_for(lambda: node._loop.governor.effective_hz == RATE_HZ, 60), (
+        "the rate did not return to rate_hz"
+    )
     assert node._counters.get("rate_changes") >= changes + 2
 
 
@@ -394,8 +446,12 @@ def test_a_persistent_engine_fault_ends_in_the_error_transition(running):
     assert node._engine is None and engine.memory()["bytes_in_use"] == 0  # released, nothing held
     assert _lifecycle_state(feeder) == STATE_UNCONFIGURED
     assert node._counters.get("error_transitions") == 1
-    assert wait_for(lambda: any(level == DiagnosticStatus.ERROR for level, _, _ in feeder.loop_status[seen:]), 5)
-    level, message, values = [s for s in feeder.loop_status[seen:] if s[0] == DiagnosticStatus.ERROR][-1]
+    assert wait_for(
+        lambda: any(level == DiagnosticStatus.ERROR for level, _, _ in feeder.loop_status[seen:]), 5
+    )
+    level, message, values = [
+        s for s in feeder.loop_status[seen:] if s[0] == DiagnosticStatus.ERROR
+    ][-1]
     assert "5 consecutive ticks failed inside the engine" in message and "InjectedFault" in message
     assert values["state"] == "unconfigured" and values["last_error"] == message
     count = len(chunks)

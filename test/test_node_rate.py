@@ -48,12 +48,14 @@ def test_the_governor_holds_inside_its_hysteresis_band_and_climbs_back_to_rate_h
     for _ in range(4):
         governor.record(_cost(30))
     assert governor.effective_hz == pytest.approx(22.7)
-    # 27 Hz holdable (action 0.75 / 27 s): above 0.95 * 22.7 = 21.6, below 1.25 * 22.7 = 28.4 -> stays
+    # 27 Hz holdable (action 0.75 / 27 s): above 0.95 * 22.7 = 21.6, below 1.25 * 22.7 = 28.4 ->
+    # stays
     steady = TickCost(0.75 / 27, 0.0, 0.0)
     assert [governor.record(steady) for _ in range(8)] == [None] * 8
     assert governor.holdable_hz == pytest.approx(27.0)
     # 10 ms action: max(13.3, 10 + 2 + 3 = 15) ms -> 66.7 Hz. Raising looks at 3 windows = 12 ticks:
-    # after k cheap ticks they hold [27] * (12 - k) + [66.7] * k, whose 10th percentile (position 1.1)
+    # after k cheap ticks they hold [27] * (12 - k) + [66.7] * k, whose 10th percentile (position
+    # 1.1)
     # stays 27 < 1.25 * 22.7 = 28.4 while k <= 9; at k = 10 it is 27 + 0.1 * 39.7 = 30.97 Hz
     # -> 30.97 / 1.1 = 28.15 -> 28.1 Hz. Then 12 ticks at the new rate: 66.7 >= 1.25 * 28.1
     # -> min(60, 66.7 / 1.1 = 60.6) = 60 Hz.
@@ -67,7 +69,8 @@ def test_the_governor_holds_inside_its_hysteresis_band_and_climbs_back_to_rate_h
 def test_the_governor_uses_the_slow_tail_of_the_window():
     governor = RateGovernor(60.0, adapt=True, window=10)
     # nine cheap ticks (66.7 Hz) and one 60 ms tick (0.06 / 0.75 = 80 ms, 12.5 Hz): the 10th
-    # percentile of the holdable rates lies 0.9 of the way from 12.5 to 66.7 Hz = 61.3 Hz -> no change
+    # percentile of the holdable rates lies 0.9 of the way from 12.5 to 66.7 Hz = 61.3 Hz -> no
+    # change
     for _ in range(9):
         governor.record(_cost(10))
     assert governor.record(_cost(60)) is None
@@ -99,9 +102,13 @@ def test_publish_cost_is_cost_per_delta_times_deltas_per_tick():
     cost.record(4, 0.002)  # 0.5 ms per delta (first sample); deltas per tick 0 + 0.2 * 4 = 0.8
     assert cost.per_delta_s == pytest.approx(0.0005)
     assert cost.expected_s() == pytest.approx(0.0005 * 0.8)
-    cost.record(0, 0.0)  # a tick without text: 0.8 + 0.2 * (0 - 0.8) = 0.64 deltas, cost per delta kept
+    cost.record(
+        0, 0.0
+    )  # a tick without text: 0.8 + 0.2 * (0 - 0.8) = 0.64 deltas, cost per delta kept
     assert cost.expected_s() == pytest.approx(0.0005 * 0.64)
-    cost.record(2, 0.004)  # 2 ms per delta: 0.5 + 0.2 * 1.5 = 0.8 ms; 0.64 + 0.2 * 1.36 = 0.912 deltas
+    cost.record(
+        2, 0.004
+    )  # 2 ms per delta: 0.5 + 0.2 * 1.5 = 0.8 ms; 0.64 + 0.2 * 1.36 = 0.912 deltas
     assert cost.per_delta_s == pytest.approx(0.0008)
     assert cost.expected_s() == pytest.approx(0.0008 * 0.912)
     seeded = PublishCost()
@@ -115,8 +122,10 @@ def test_a_failed_final_frees_its_kind_and_says_why():
     streams.opened(7, "narration")
     assert streams.busy("narration")
     streams.update(TextDelta(7, "narration", "the "), None)
-    update = streams.update(TextDelta(7, "narration", "", final=True, finish_reason="failed", detail="decode fault"),
-                            None)
+    update = streams.update(
+        TextDelta(7, "narration", "", final=True, finish_reason="failed", detail="decode fault"),
+        None,
+    )
     assert not streams.busy("narration") and streams.open_count == 0
     assert update.full_text == "[narration] (failed: decode fault)"
 
@@ -128,7 +137,9 @@ def test_a_request_the_engine_went_silent_on_is_expired_as_failed():
     assert streams.expire(2) == [] and streams.expire(2) == []
     streams.update(TextDelta(2, "answer", "yes"), None)  # a delta resets the silence of request 2
     expired = streams.expire(2)  # request 1: 3 silent ticks > 2; request 2: 1
-    assert [(d.request_id, d.kind, d.final, d.finish_reason) for d in expired] == [(1, "narration", True, "failed")]
+    assert [(d.request_id, d.kind, d.final, d.finish_reason) for d in expired] == [
+        (1, "narration", True, "failed")
+    ]
     assert "3 silent ticks" in expired[0].detail
     streams.update(expired[0], None)
     assert not streams.busy("narration") and streams.busy("answer")
@@ -139,7 +150,9 @@ def test_the_new_parameters_are_checked():
     check_value("overrun_policy", "skip")
     with pytest.raises(SettingsError, match="overrun_policy must be one of adapt, skip"):
         check_value("overrun_policy", "sometimes")
-    with pytest.raises(SettingsError, match=r"max_consecutive_failures must be within \[1, 1e\+06\]"):
+    with pytest.raises(
+        SettingsError, match=r"max_consecutive_failures must be within \[1, 1e\+06\]"
+    ):
         check_value("max_consecutive_failures", 0)
     with pytest.raises(SettingsError, match="max_text_chars"):
         check_value("max_text_chars", 0)

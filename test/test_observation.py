@@ -15,7 +15,10 @@ from oxygen_ros.ros.params import CameraInput
 NS = 1_000_000_000
 NOW_NS = 1_700_000_000 * NS
 JOINTS = ["a", "b"]
-CAMERAS = [CameraInput("/cam/base", "base_0_rgb", False), CameraInput("/cam/wrist", "left_wrist_0_rgb", False)]
+CAMERAS = [
+    CameraInput("/cam/base", "base_0_rgb", False),
+    CameraInput("/cam/wrist", "left_wrist_0_rgb", False),
+]
 
 
 class FakeClock:
@@ -45,7 +48,9 @@ def joints(ns: int, positions=(0.1, 0.2), names=JOINTS) -> JointState:
 @pytest.fixture
 def setup():
     counters, warnings, clock = Counters(), [], FakeClock()
-    assembler = ObservationAssembler(CAMERAS, JOINTS, counters, lambda key, msg: warnings.append(msg), clock)
+    assembler = ObservationAssembler(
+        CAMERAS, JOINTS, counters, lambda key, msg: warnings.append(msg), clock
+    )
     return assembler, counters, warnings, clock
 
 
@@ -75,7 +80,11 @@ def test_no_joint_state_or_no_camera_means_no_observation(setup):
     assert assembler.assemble("task", 0.5, NOW_NS).reason == "no_joint_state"
     assembler.latest[JOINT_STATES_TOPIC].store(joints(NOW_NS))
     result = assembler.assemble("task", 0.5, NOW_NS)
-    assert result.observation is None and result.reason == "no_camera" and "never received" in result.detail
+    assert (
+        result.observation is None
+        and result.reason == "no_camera"
+        and "never received" in result.detail
+    )
 
 
 def test_stale_inputs_give_no_observation(setup):

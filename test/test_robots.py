@@ -38,6 +38,7 @@ def seconds(duration) -> float:
 
 # -- registry ------------------------------------------------------------------------------------
 
+
 def test_registry_names_every_robot_and_refuses_unknown_ones():
     assert set(ROBOTS) == {"generic", "droid", "aloha", "libero"}
     with pytest.raises(ValueError, match="unknown robot 'ur5'.*generic, droid, aloha, libero"):
@@ -46,18 +47,35 @@ def test_registry_names_every_robot_and_refuses_unknown_ones():
 
 def test_adapters_carry_the_checkpoint_facts():
     droid, aloha, libero = robot_adapter("droid"), robot_adapter("aloha"), robot_adapter("libero")
-    assert (droid.state_dim, droid.action_dim, droid.action_horizon, droid.action_space) == (8, 8, 15, "velocity")
+    assert (droid.state_dim, droid.action_dim, droid.action_horizon, droid.action_space) == (
+        8,
+        8,
+        15,
+        "velocity",
+    )
     assert droid.gripper_dims == (7,) and droid.discrete_state_input
-    assert dict(droid.cameras) == {"exterior_image_1_left": "base_0_rgb", "wrist_image_left": "left_wrist_0_rgb"}
-    assert (aloha.state_dim, aloha.action_dim, aloha.action_horizon, aloha.action_space) == (14, 14, 50, "position")
-    assert dict(aloha.cameras) == {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb",
-                                   "cam_right_wrist": "right_wrist_0_rgb"}
+    assert dict(droid.cameras) == {
+        "exterior_image_1_left": "base_0_rgb",
+        "wrist_image_left": "left_wrist_0_rgb",
+    }
+    assert (aloha.state_dim, aloha.action_dim, aloha.action_horizon, aloha.action_space) == (
+        14,
+        14,
+        50,
+        "position",
+    )
+    assert dict(aloha.cameras) == {
+        "cam_high": "base_0_rgb",
+        "cam_left_wrist": "left_wrist_0_rgb",
+        "cam_right_wrist": "right_wrist_0_rgb",
+    }
     assert (libero.state_dim, libero.action_dim, libero.action_horizon) == (8, 7, 10)
     assert libero.action_space == "end_effector" and not libero.controls_joints
     assert not libero.discrete_state_input
 
 
 # -- ALOHA by hand -------------------------------------------------------------------------------
+
 
 def test_aloha_gripper_state_goes_to_pis_angle():
     # Gripper 1.0 (normalised linear): 1.0 * (0.05800 - 0.01844) + 0.01844 = 0.058 m;
@@ -90,14 +108,16 @@ def test_aloha_gripper_action_from_pi():
 
 
 def test_aloha_delta_arm_actions_are_made_absolute_then_flipped():
-    # AbsoluteActions adds the flipped state: flip * (a + flip * s) = flip * a + s on the 12 arm dims.
+    # AbsoluteActions adds the flipped state: flip * (a + flip * s) = flip * a + s on the 12 arm
+    # dims.
     state = np.full(14, 0.2)
     state[[6, 13]] = 0.5  # grippers: not deltas, so the state must not be added to them
     actions = np.full((2, 14), 0.05)
     actions[1] = 0.1
     adapter = robot_adapter("aloha")
     out = adapter.actions_from_pi(actions, adapter.state_to_pi(state))
-    # joint 0 (flip +1): 0.2 + 0.05; joint 1 (flip -1): 0.2 - 0.05; right joint 8 (flip -1): 0.2 - 0.1
+    # joint 0 (flip +1): 0.2 + 0.05; joint 1 (flip -1): 0.2 - 0.05; right joint 8 (flip -1): 0.2 -
+    # 0.1
     assert out[0, 0] == pytest.approx(0.25)
     assert out[0, 1] == pytest.approx(0.15)
     assert out[1, 8] == pytest.approx(0.1)
@@ -111,7 +131,10 @@ def test_generic_and_droid_pass_the_first_dims_through():
     state = np.full(8, 0.5)
     for name in ("generic", "droid"):
         adapter = robot_adapter(name)
-        assert adapter.actions_from_pi(actions, adapter.state_to_pi(state)).tolist() == actions.tolist()
+        assert (
+            adapter.actions_from_pi(actions, adapter.state_to_pi(state)).tolist()
+            == actions.tolist()
+        )
 
 
 def test_wrong_state_width_is_refused_by_name():
@@ -122,6 +145,7 @@ def test_wrong_state_width_is_refused_by_name():
 
 
 # -- the policy: robot_actions / model_actions ---------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def wide_policy_parts(tiny_checkpoint):
@@ -150,7 +174,9 @@ def test_robot_and_model_actions_are_inverses_on_the_robot_dims(wide_policy_part
     assert robot_chunk.shape == (5, policy.action_dim) and robot_chunk.dtype == np.float32
     back = policy.model_actions(robot_chunk, state)
     assert back.shape == (5, 32) and back.dtype == np.float32
-    np.testing.assert_allclose(back[:, : policy.action_dim], model_chunk[:, : policy.action_dim], atol=2e-5)
+    np.testing.assert_allclose(
+        back[:, : policy.action_dim], model_chunk[:, : policy.action_dim], atol=2e-5
+    )
     assert not back[:, policy.action_dim :].any()  # zeros beyond the robot dims
     again = policy.robot_actions(back, state)
     np.testing.assert_allclose(again, robot_chunk, atol=2e-5)
@@ -175,6 +201,7 @@ def test_fixed_width_robots_refuse_another_action_dim(wide_policy_parts):
 
 
 # -- libero: no state in the prompt ---------------------------------------------------------------
+
 
 def test_libero_prompt_is_the_task_alone(tiny_checkpoint):
     libero = load_policy(tiny_checkpoint, robot="libero")
@@ -201,7 +228,9 @@ JOINTS3 = ["a", "b", "c"]
 
 def test_velocity_chunk_is_integrated_into_positions():
     # a, b: velocities; c: gripper position. q = [0.1, -0.2, 0.0], dt = 0.1.
-    s = settings(joint_names=JOINTS3, action_space="velocity", gripper_joint_names=["c"], action_dt=0.1)
+    s = settings(
+        joint_names=JOINTS3, action_space="velocity", gripper_joint_names=["c"], action_dt=0.1
+    )
     chunk = np.array([[0.5, -1.0, 0.2], [0.5, 0.0, 0.4], [-1.0, 1.0, 0.4]])
     command = build_command(s, chunk, np.array([0.1, -0.2, 0.0]), STAMP)
     trajectory = command.trajectory
@@ -250,16 +279,25 @@ def test_position_space_publishes_the_chunk_as_positions():
 
 
 def test_position_limits_act_on_positions_in_every_space():
-    limits = dict(joint_names=JOINTS3, joint_lower_limits=[-1.0, -1.0, 0.0], joint_upper_limits=[1.2, 1.0, 1.0])
+    limits = dict(
+        joint_names=JOINTS3,
+        joint_lower_limits=[-1.0, -1.0, 0.0],
+        joint_upper_limits=[1.2, 1.0, 1.0],
+    )
     state = np.array([1.0, 0.0, 0.0])
     # delta: 1.0 + 0.5 = 1.5 -> 1.2, published delta 0.2
-    delta = build_command(settings(action_space="delta_position", **limits), np.array([[0.5, 0.0, 0.0]]), state,
-                          STAMP)
+    delta = build_command(
+        settings(action_space="delta_position", **limits), np.array([[0.5, 0.0, 0.0]]), state, STAMP
+    )
     assert delta.trajectory.points[0].positions[0] == pytest.approx(1.2)
     assert delta.actions[0, 0] == pytest.approx(0.2) and delta.clipped == 1
     # velocity 2 rad/s, dt 0.1 from 1.0: 1.2 (ok), 1.4 -> 1.2; that step's velocity becomes 0
-    velocity = build_command(settings(action_space="velocity", action_dt=0.1, **limits),
-                             np.array([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]]), state, STAMP)
+    velocity = build_command(
+        settings(action_space="velocity", action_dt=0.1, **limits),
+        np.array([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]]),
+        state,
+        STAMP,
+    )
     points = velocity.trajectory.points
     assert [p.positions[0] for p in points] == pytest.approx([1.2, 1.2])
     assert [p.velocities[0] for p in points] == pytest.approx([2.0, 0.0], abs=1e-9)
@@ -267,8 +305,13 @@ def test_position_limits_act_on_positions_in_every_space():
 
 
 def test_velocity_limits_act_on_velocities():
-    s = settings(joint_names=JOINTS3, action_space="velocity", gripper_joint_names=["c"], action_dt=0.1,
-                 max_joint_velocity=[0.5, 0.5, 1.0])
+    s = settings(
+        joint_names=JOINTS3,
+        action_space="velocity",
+        gripper_joint_names=["c"],
+        action_dt=0.1,
+        max_joint_velocity=[0.5, 0.5, 1.0],
+    )
     chunk = np.array([[2.0, -0.3, 0.5], [-2.0, 0.3, 0.5]])
     command = build_command(s, chunk, np.zeros(3), STAMP)
     points = command.trajectory.points
@@ -284,12 +327,19 @@ def test_non_finite_chunks_are_refused_in_every_space():
     chunk = np.array([[np.nan, 0.0, 0.0]])
     for space in ("position", "delta_position", "velocity"):
         with pytest.raises(UnsafeChunkError):
-            build_command(settings(joint_names=JOINTS3, action_space=space), chunk, np.zeros(3), STAMP)
+            build_command(
+                settings(joint_names=JOINTS3, action_space=space), chunk, np.zeros(3), STAMP
+            )
 
 
 def test_libero_publishes_the_chunk_only():
     labels = ["dx", "dy", "dz", "droll", "dpitch", "dyaw", "grip"]
-    s = settings(robot="libero", joint_names=[f"s{i}" for i in range(8)], action_joint_names=labels, dry_run=False)
+    s = settings(
+        robot="libero",
+        joint_names=[f"s{i}" for i in range(8)],
+        action_joint_names=labels,
+        dry_run=False,
+    )
     assert s.command_space == "end_effector" and not s.publishes_trajectory
     chunk = np.full((3, 7), 0.25)
     command = build_command(s, chunk, np.zeros(8), STAMP)
@@ -298,37 +348,80 @@ def test_libero_publishes_the_chunk_only():
 
 
 def test_dry_run_publishes_no_trajectory():
-    command = build_command(settings(joint_names=JOINTS3, dry_run=True, action_space="velocity"),
-                            np.zeros((2, 3)), np.zeros(3), STAMP)
+    command = build_command(
+        settings(joint_names=JOINTS3, dry_run=True, action_space="velocity"),
+        np.zeros((2, 3)),
+        np.zeros(3),
+        STAMP,
+    )
     assert command.trajectory is None and command.actions.shape == (2, 3)
 
 
 # -- parameters -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(robot="ur5"), "robot must be one of generic, droid, aloha, libero"),
-    (dict(action_space="torque"), "action_space must be one of position, delta_position, velocity"),
-    (dict(robot="aloha"), "robot aloha reads a 14-dim state but joint_names has 7"),
-    (dict(robot="droid", joint_names=[f"j{i}" for i in range(8)], action_joint_names=[f"j{i}" for i in range(7)]),
-     "robot droid returns 8 action dims but there are 7"),
-    (dict(robot="droid", joint_names=[f"j{i}" for i in range(8)],
-          camera_slots=["base_0_rgb", "right_wrist_0_rgb"]), "trained with image slots"),
-    (dict(gripper_joint_names=["hand"]), "gripper_joint_names \\['hand'\\] are not action joints"),
-    (dict(robot="libero", joint_names=[f"s{i}" for i in range(8)], action_joint_names=list("abcdefg"),
-          action_space="position"), "end-effector actions.*action_space"),
-    (dict(robot="libero", joint_names=[f"s{i}" for i in range(8)], action_joint_names=list("abcdefg"),
-          joint_upper_limits=[1.0] * 7), "publishes ~/action_chunk only.*joint_upper_limits"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(robot="ur5"), "robot must be one of generic, droid, aloha, libero"),
+        (
+            dict(action_space="torque"),
+            "action_space must be one of position, delta_position, velocity",
+        ),
+        (dict(robot="aloha"), "robot aloha reads a 14-dim state but joint_names has 7"),
+        (
+            dict(
+                robot="droid",
+                joint_names=[f"j{i}" for i in range(8)],
+                action_joint_names=[f"j{i}" for i in range(7)],
+            ),
+            "robot droid returns 8 action dims but there are 7",
+        ),
+        (
+            dict(
+                robot="droid",
+                joint_names=[f"j{i}" for i in range(8)],
+                camera_slots=["base_0_rgb", "right_wrist_0_rgb"],
+            ),
+            "trained with image slots",
+        ),
+        (
+            dict(gripper_joint_names=["hand"]),
+            "gripper_joint_names \\['hand'\\] are not action joints",
+        ),
+        (
+            dict(
+                robot="libero",
+                joint_names=[f"s{i}" for i in range(8)],
+                action_joint_names=list("abcdefg"),
+                action_space="position",
+            ),
+            "end-effector actions.*action_space",
+        ),
+        (
+            dict(
+                robot="libero",
+                joint_names=[f"s{i}" for i in range(8)],
+                action_joint_names=list("abcdefg"),
+                joint_upper_limits=[1.0] * 7,
+            ),
+            "publishes ~/action_chunk only.*joint_upper_limits",
+        ),
+    ],
+)
 def test_robot_parameters_are_validated_together(overrides, message):
     with pytest.raises(SettingsError, match=message):
         settings(**overrides)
 
 
-@pytest.mark.parametrize("name, robot, horizon, space", [
-    ("pi05_droid", "droid", 15, "velocity"),
-    ("pi05_aloha", "aloha", 50, "position"),
-    ("pi05_libero", "libero", 10, "end_effector"),
-])
+@pytest.mark.parametrize(
+    "name, robot, horizon, space",
+    [
+        ("pi05_droid", "droid", 15, "velocity"),
+        ("pi05_aloha", "aloha", 50, "position"),
+        ("pi05_libero", "libero", 10, "end_effector"),
+    ],
+)
 def test_shipped_params_files_are_valid_and_match_their_checkpoint(name, robot, horizon, space):
     text = (ROOT / "config" / f"{name}.yaml").read_text()
     values = yaml.safe_load(text)["/**"]["ros__parameters"]
@@ -338,5 +431,9 @@ def test_shipped_params_files_are_valid_and_match_their_checkpoint(name, robot, 
     assert s.dry_run and not s.publishes_trajectory
     adapter = robot_adapter(robot)
     assert {cam.slot for cam in s.cameras} <= set(adapter.slots)
-    assert len(s.joint_names) == adapter.state_dim and len(s.action_joint_names) == adapter.action_dim
-    assert math.isclose(s.action_dt, {"droid": 1 / 15, "aloha": 0.02, "libero": 0.05}[robot], rel_tol=1e-3)
+    assert (
+        len(s.joint_names) == adapter.state_dim and len(s.action_joint_names) == adapter.action_dim
+    )
+    assert math.isclose(
+        s.action_dt, {"droid": 1 / 15, "aloha": 0.02, "libero": 0.05}[robot], rel_tol=1e-3
+    )

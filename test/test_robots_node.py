@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-
 from node_harness import NodeProcess, Probe, stamp_ns, wait_for
+
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -20,20 +20,25 @@ MAX_VELOCITY = 0.5
 
 @pytest.fixture(scope="module")
 def probe(tiny_checkpoint, tmp_path_factory):
-    bag = write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0, num_joints=8)
-    node = NodeProcess({
-        "checkpoint_dir": str(tiny_checkpoint),
-        "robot": "droid",  # action_space: droid's own (velocity), gripper: its 8th dim
-        "rate_hz": 10.0,
-        "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-        "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-        "joint_names": JOINTS,
-        "action_dt": DT,
-        "max_joint_velocity": [MAX_VELOCITY] * 8,
-        "max_observation_age_s": 1.0,
-        "narration_period_s": 0.0,
-        "dry_run": False,
-    }, tmp_path_factory.mktemp("node"))
+    bag = write_synthetic_bag(
+        tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0, num_joints=8
+    )
+    node = NodeProcess(
+        {
+            "checkpoint_dir": str(tiny_checkpoint),
+            "robot": "droid",  # action_space: droid's own (velocity), gripper: its 8th dim
+            "rate_hz": 10.0,
+            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": JOINTS,
+            "action_dt": DT,
+            "max_joint_velocity": [MAX_VELOCITY] * 8,
+            "max_observation_age_s": 1.0,
+            "narration_period_s": 0.0,
+            "dry_run": False,
+        },
+        tmp_path_factory.mktemp("node"),
+    )
     probe = Probe()
     try:
         probe.wait_active(node)
@@ -47,14 +52,18 @@ def probe(tiny_checkpoint, tmp_path_factory):
 
 def test_velocity_command_carries_velocities_and_integrated_positions(probe):
     since = time.monotonic()
-    assert wait_for(lambda: len(probe.trajectories_since(since)) >= 3, 30), "fewer than 3 trajectories in 30 s"
+    assert wait_for(lambda: len(probe.trajectories_since(since)) >= 3, 30), (
+        "fewer than 3 trajectories in 30 s"
+    )
     chunks = {stamp_ns(c.header.stamp): c for c in probe.chunks_since(since - 1.0)}
     matched = 0
     for trajectory in probe.trajectories_since(since):
         positions = np.array([p.positions for p in trajectory.points])
         velocities = np.array([p.velocities for p in trajectory.points])
         assert positions.shape == velocities.shape == (10, 8)  # the tiny model's horizon, 8 dims
-        times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in trajectory.points]
+        times = [
+            p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in trajectory.points
+        ]
         assert times == pytest.approx([(i + 1) * DT for i in range(10)], abs=1e-6)
         # each point is where the previous one ends plus this step's velocity * dt
         np.testing.assert_allclose(positions[1:] - positions[:-1], velocities[1:] * DT, atol=1e-5)
@@ -64,7 +73,13 @@ def test_velocity_command_carries_velocities_and_integrated_positions(probe):
             continue
         matched += 1
         assert chunk.action_space == "velocity"
-        published = np.array(chunk.actions, dtype=np.float64).reshape(chunk.horizon, chunk.action_dim)
-        np.testing.assert_allclose(published[:, :7], velocities[:, :7], atol=1e-5)  # arm: velocities
-        np.testing.assert_allclose(published[:, 7], positions[:, 7], atol=1e-5)  # gripper: positions
+        published = np.array(chunk.actions, dtype=np.float64).reshape(
+            chunk.horizon, chunk.action_dim
+        )
+        np.testing.assert_allclose(
+            published[:, :7], velocities[:, :7], atol=1e-5
+        )  # arm: velocities
+        np.testing.assert_allclose(
+            published[:, 7], positions[:, 7], atol=1e-5
+        )  # gripper: positions
     assert matched >= 1, "no trajectory matched an ActionChunk by stamp"

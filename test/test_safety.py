@@ -16,20 +16,24 @@ def test_unlimited_filter_passes_the_chunk_through():
 
 def test_position_limits_clip_and_count():
     safe = SafetyFilter(2, lower=[-1.0, 0.0], upper=[1.0, 0.5]).apply(
-        np.array([[2.0, 0.2], [-3.0, 0.7]]), np.zeros(2), 0.1)
+        np.array([[2.0, 0.2], [-3.0, 0.7]]), np.zeros(2), 0.1
+    )
     assert safe.actions.tolist() == [[1.0, pytest.approx(0.2)], [-1.0, 0.5]]
     assert safe.clipped == 3
 
 
 def test_speed_limit_starts_from_the_current_state_and_chains_steps():
-    safe = SafetyFilter(1, max_velocity=[1.0]).apply(np.array([[1.0], [1.0], [1.0]]), np.array([0.0]), 0.1)
+    safe = SafetyFilter(1, max_velocity=[1.0]).apply(
+        np.array([[1.0], [1.0], [1.0]]), np.array([0.0]), 0.1
+    )
     assert safe.actions[:, 0] == pytest.approx([0.1, 0.2, 0.3])
     assert safe.clipped == 3
 
 
 def test_position_limits_win_over_the_speed_limit():
     safe = SafetyFilter(1, lower=[-0.1], upper=[0.1], max_velocity=[0.5]).apply(
-        np.array([[2.0], [2.0]]), np.array([1.0]), 0.1)
+        np.array([[2.0], [2.0]]), np.array([1.0]), 0.1
+    )
     assert safe.actions[:, 0].tolist() == pytest.approx([0.1, 0.1])
 
 
@@ -59,15 +63,20 @@ def test_velocity_command_integrates_from_the_current_state():
 
 
 def test_velocity_limits_clip_speeds_and_position_limits_the_integral():
-    # v 3.0 clipped to 1.0 -> 0.1 per step from 0: 0.1, 0.2, then the upper limit 0.25 stops it (v = 0.5)
-    safe = SafetyFilter(1, upper=[0.25], max_velocity=[1.0]).apply_velocity(np.full((3, 1), 3.0), np.zeros(1), 0.1)
+    # v 3.0 clipped to 1.0 -> 0.1 per step from 0: 0.1, 0.2, then the upper limit 0.25 stops it (v =
+    # 0.5)
+    safe = SafetyFilter(1, upper=[0.25], max_velocity=[1.0]).apply_velocity(
+        np.full((3, 1), 3.0), np.zeros(1), 0.1
+    )
     assert safe.positions[:, 0] == pytest.approx([0.1, 0.2, 0.25])
     assert safe.velocities[:, 0] == pytest.approx([1.0, 1.0, 0.5])
     assert safe.clipped == 3
 
 
 def test_position_dims_of_a_velocity_command_stay_positions():
-    safe = SafetyFilter(2).apply_velocity(np.array([[1.0, 0.3], [1.0, 0.3]]), np.array([0.0, 0.1]), 0.5, [1])
+    safe = SafetyFilter(2).apply_velocity(
+        np.array([[1.0, 0.3], [1.0, 0.3]]), np.array([0.0, 0.1]), 0.5, [1]
+    )
     assert safe.positions[:, 1] == pytest.approx([0.3, 0.3])
     assert safe.velocities[:, 1] == pytest.approx([0.4, 0.0])  # (0.3 - 0.1) / 0.5, then still
     assert safe.positions[:, 0] == pytest.approx([0.5, 1.0])

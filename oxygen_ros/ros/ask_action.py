@@ -6,6 +6,15 @@ An action server answering questions keeps one :class:`AnswerStream` per goal: e
 :meth:`AnswerStream.result`. The stream remembers the text so far, so a cancelled or failed goal
 still returns what was said before it ended.
 
+The node serves the action on ``~/ask`` (next to the fire-and-forget ``~/ask`` String topic; an
+action's topics and services live under ``~/ask/_action/``, so the two coexist). It never blocks
+in an action callback: an accepted goal joins the question queue as a :class:`Question`; the tick
+submits it and feeds its deltas to :class:`AskGoal`, which publishes them as feedback; the final
+delta calls ``goal_handle.execute`` with a callback that only sets the terminal state and returns
+the result, so rclpy answers the client from a short executor task. While the answer streams the
+goal is ACCEPTED; its status changes to EXECUTING and then to SUCCEEDED, ABORTED or CANCELED when
+the final delta arrives.
+
 For clients: rclpy's ActionClient stops delivering a goal's feedback once the goal's result has
 arrived, and feedback and result travel on different DDS entities; the result's ``text`` is
 therefore the authoritative answer, the feedback its live preview.
@@ -13,11 +22,15 @@ therefore the authoritative answer, the feedback its live preview.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from oxygen_ros.action import Ask
 
 from ..engine.types import TextDelta
 
 CANCELLED = "cancelled"
+SUCCESSFUL = ("eos", "stop", "length")  # finish reasons that end a goal as SUCCEEDED
 
 
 def goal_problem(goal: Ask.Goal) -> str:
@@ -88,3 +101,52 @@ class AnswerStream:
         if not self.finished:
             raise ValueError("the answer has not finished; feed its final delta or cancel it first")
         return Ask.Result(text=self.text, finish_reason=self.finish_reason, detail=self.detail)
+
+
+class AskGoal:
+    """One accepted goal (``handle`` is rclpy's ServerGoalHandle) and the answer streamed to it."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.stream = AnswerStream()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return bool(self.handle.is_cancel_requested)
+
+    def feed(self, delta: TextDelta) -> None:
+        """Publish ``delta`` as feedback; the final one ends the goal."""
+        self.handle.publish_feedback(self.stream.feedback(delta))
+        if delta.final:
+            self._finish()
+
+    def cancel(self, detail: str) -> None:
+        """End the goal as cancelled without an engine delta (it never reached the engine)."""
+        self.stream.cancel(detail)
+        self._finish()
+
+    def _finish(self) -> None:
+        self.handle.execute(self._conclude)
+
+    def _conclude(self, handle: Any) -> Ask.Result:
+        """rclpy's execute callback: the terminal state, then the result (never blocks)."""
+        reason = self.stream.finish_reason
+        if reason == CANCELLED and handle.is_cancel_requested:
+            handle.canceled()
+        elif reason in SUCCESSFUL:
+            handle.succeed()
+        else:  # refused, failed, stalled, or cancelled by the node itself
+            handle.abort()
+        return self.stream.result()
+
+
+@dataclasses.dataclass
+class Question:
+    """A question waiting for the next frame: from ``~/ask`` (no goal) or an Ask goal."""
+
+    text: str
+    goal: AskGoal | None = None
+
+    def token_budget(self, default: int) -> int:
+        """The answer's token limit: the goal's ``max_tokens``, else ``default``."""
+        return default if self.goal is None else token_budget(self.goal.handle.request, default)

@@ -12,14 +12,14 @@ The numbers a checkpoint returns mean different things (``action_space``, see
   JointTrajectory, and no joint limits apply.
 
 The dims named by ``gripper_joint_names`` are absolute positions in every joint space. Safety limits
-act in the commanded space after the conversion: position limits on positions, ``max_joint_velocity``
+act in the commanded space after the conversion: position limits on positions,
+``max_joint_velocity``
 on velocities (a position dim's speed between consecutive points).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 from builtin_interfaces.msg import Time
@@ -42,17 +42,26 @@ class Command:
     action_space: str
     actions: np.ndarray  # [horizon, action dims] float32
     clipped: int  # values changed by the limits
-    trajectory: Optional[JointTrajectory]  # None in dry_run and for end-effector actions
+    trajectory: JointTrajectory | None  # None in dry_run and for end-effector actions
 
 
 def safety_filter(settings: NodeSettings) -> SafetyFilter:
     """The limits of ``settings`` over the action dims."""
-    return SafetyFilter(len(settings.action_joint_names), settings.joint_lower_limits,
-                        settings.joint_upper_limits, settings.max_joint_velocity)
+    return SafetyFilter(
+        len(settings.action_joint_names),
+        settings.joint_lower_limits,
+        settings.joint_upper_limits,
+        settings.max_joint_velocity,
+    )
 
 
-def build_command(settings: NodeSettings, actions: np.ndarray, state: np.ndarray, stamp: Time,
-                  safety: Optional[SafetyFilter] = None) -> Command:
+def build_command(
+    settings: NodeSettings,
+    actions: np.ndarray,
+    state: np.ndarray,
+    stamp: Time,
+    safety: SafetyFilter | None = None,
+) -> Command:
     """Convert a robot-unit chunk [horizon, action dims] into the limited command of ``settings``.
 
     ``state`` is the full joint state of the observation (``joint_names`` order); ``stamp`` its
@@ -67,7 +76,9 @@ def build_command(settings: NodeSettings, actions: np.ndarray, state: np.ndarray
     chunk = np.asarray(actions, dtype=np.float64)
     if space == END_EFFECTOR:
         if not np.isfinite(chunk).all():
-            raise UnsafeChunkError(f"model output holds {int((~np.isfinite(chunk)).sum())} non-finite values")
+            raise UnsafeChunkError(
+                f"model output holds {int((~np.isfinite(chunk)).sum())} non-finite values"
+            )
         return Command(space, chunk.astype(np.float32), 0, None)
     safety = safety or safety_filter(settings)
     current = np.asarray(state, dtype=np.float64)[list(settings.action_joint_indices)]
@@ -91,8 +102,9 @@ def build_command(settings: NodeSettings, actions: np.ndarray, state: np.ndarray
         raise ValueError(f"no command conversion for action space {space!r}")
     trajectory = None
     if settings.publishes_trajectory:
-        trajectory = chunk_to_joint_trajectory(positions, settings.action_joint_names, settings.action_dt, stamp,
-                                               velocities=velocities)
+        trajectory = chunk_to_joint_trajectory(
+            positions, settings.action_joint_names, settings.action_dt, stamp, velocities=velocities
+        )
     return Command(space, np.asarray(published, dtype=np.float32), clipped, trajectory)
 
 

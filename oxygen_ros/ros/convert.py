@@ -16,7 +16,7 @@ from __future__ import annotations
 import array
 import io
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
@@ -311,7 +311,7 @@ def chunk_to_joint_trajectory(
     dt: float,
     stamp: Time,
     frame_id: str = "",
-    velocities: Optional[np.ndarray] = None,
+    velocities: np.ndarray | None = None,
 ) -> JointTrajectory:
     """Turn an action chunk (H, J) of positions into a ``trajectory_msgs/JointTrajectory``.
 
@@ -337,7 +337,8 @@ def chunk_to_joint_trajectory(
     msg.header.frame_id = frame_id
     msg.joint_names = list(joint_names)
     msg.points = [
-        _trajectory_point(row, (i + 1) * dt, None if speeds is None else speeds[i]) for i, row in enumerate(chunk)
+        _trajectory_point(row, (i + 1) * dt, None if speeds is None else speeds[i])
+        for i, row in enumerate(chunk)
     ]
     return msg
 
@@ -356,7 +357,7 @@ def _checked_chunk(values: np.ndarray, joint_names: Sequence[str], what: str) ->
 
 
 def _trajectory_point(
-    positions: np.ndarray, time_from_start_s: float, velocities: Optional[np.ndarray] = None
+    positions: np.ndarray, time_from_start_s: float, velocities: np.ndarray | None = None
 ) -> JointTrajectoryPoint:
     """One trajectory point from contiguous float64 position (and velocity) rows."""
     point = JointTrajectoryPoint()

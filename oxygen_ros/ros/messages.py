@@ -8,7 +8,7 @@ fills the package's own messages from engine results. Float arrays go in through
 from __future__ import annotations
 
 import array
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from builtin_interfaces.msg import Time
@@ -34,7 +34,8 @@ def action_chunk_msg(
     clipped_values: int,
     action_space: str = "position",
 ) -> ActionChunkMsg:
-    """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at ``stamp``;
+    """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at
+    ``stamp``;
     ``action_space`` says what the values mean (see msg/ActionChunk.msg)."""
     chunk = np.ascontiguousarray(actions, dtype=np.float32)
     horizon, action_dim = chunk.shape
@@ -57,7 +58,8 @@ def action_chunk_msg(
 
 
 def narration_msg(delta: TextDelta, stamp: Time) -> Narration:
-    """A ``Narration`` carrying one text delta of a request born from the observation at ``stamp``."""
+    """A ``Narration`` carrying one text delta of a request born from the observation at
+    ``stamp``."""
     msg = Narration()
     msg.header.stamp = stamp
     msg.request_id = int(delta.request_id)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,8 @@ def stamp_to_ns(stamp: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """A stored message: its header stamp (ns, 0 when unstamped), receive time and sequence number."""
+    """A stored message: its header stamp (ns, 0 when unstamped), receive time and sequence
+    number."""
 
     msg: Any
     stamp: int
@@ -63,22 +65,28 @@ class LatestMessage:
     accepted and counted as ``stamp_resets``.
     """
 
-    def __init__(self, topic: str, counters: Counters, reset_after_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        topic: str,
+        counters: Counters,
+        reset_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.topic = topic
         self.reset_after_s = reset_after_s
         self._counters = counters
         self._clock = clock
         self._lock = threading.Lock()
-        self._sample: Optional[Sample] = None
+        self._sample: Sample | None = None
         self.received = 0  # accepted messages
 
     @property
-    def sample(self) -> Optional[Sample]:
+    def sample(self) -> Sample | None:
         return self._sample
 
     def store(self, msg: Any) -> None:
-        """Keep ``msg`` (a message with a std_msgs/Header) unless it is a duplicate or out of order."""
+        """Keep ``msg`` (a message with a std_msgs/Header) unless it is a duplicate or out of
+        order."""
         stamp = stamp_to_ns(msg.header.stamp)
         received = self._clock()
         with self._lock:
@@ -117,12 +125,12 @@ class Assembly:
     masked: camera topics left out of this observation.
     """
 
-    observation: Optional[Observation]
+    observation: Observation | None
     stamp_ns: int = 0
     reason: str = ""
     detail: str = ""
-    ages: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
-    masked: List[str] = dataclasses.field(default_factory=list)
+    ages: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    masked: list[str] = dataclasses.field(default_factory=list)
 
 
 class ObservationAssembler:
@@ -141,14 +149,14 @@ class ObservationAssembler:
         self._counters = counters
         self._warn = warn
         self._clock = clock
-        self.latest: Dict[str, LatestMessage] = {
+        self.latest: dict[str, LatestMessage] = {
             cam.topic: LatestMessage(cam.topic, counters, clock=clock) for cam in self.cameras
         }
         self.latest[JOINT_STATES_TOPIC] = LatestMessage(JOINT_STATES_TOPIC, counters, clock=clock)
-        self._good: Dict[str, _Good] = {}
-        self._tried: Dict[str, int] = {}  # seq of the newest message converted per topic
-        self._stale_counted: Dict[str, int] = {}  # seq of the last good sample counted stale
-        self.masked_ticks: Dict[str, int] = {cam.topic: 0 for cam in self.cameras}
+        self._good: dict[str, _Good] = {}
+        self._tried: dict[str, int] = {}  # seq of the newest message converted per topic
+        self._stale_counted: dict[str, int] = {}  # seq of the last good sample counted stale
+        self.masked_ticks: dict[str, int] = {cam.topic: 0 for cam in self.cameras}
 
     def set_reset_threshold(self, seconds: float) -> None:
         """Stamp jumps back larger than this are clock restarts, smaller ones out-of-order drops."""
@@ -166,8 +174,8 @@ class ObservationAssembler:
         now = self._clock()
         now_ros = now_ros_ns / NS_PER_S
         assembly = Assembly(observation=None)
-        images: Dict[str, np.ndarray] = {}
-        stamps: List[int] = []
+        images: dict[str, np.ndarray] = {}
+        stamps: list[int] = []
         for cam in self.cameras:
             convert = compressed_to_rgb if cam.compressed else image_to_rgb
             good, age = self._fresh(cam.topic, "image", convert, max_age_s, now, now_ros)
@@ -179,47 +187,60 @@ class ObservationAssembler:
                 continue
             images[cam.slot] = good.value
             stamps.append(self._ros_stamp(good, now, now_ros_ns))
-        joints, age = self._fresh(JOINT_STATES_TOPIC, "joint", self._positions, max_age_s, now, now_ros)
+        joints, age = self._fresh(
+            JOINT_STATES_TOPIC, "joint", self._positions, max_age_s, now, now_ros
+        )
         assembly.ages[JOINT_STATES_TOPIC] = age
         if joints is None:
             never = age is None
             assembly.reason = "no_joint_state" if never else "stale_joint_state"
             assembly.detail = (
-                f"no usable {JOINT_STATES_TOPIC} with joints {list(self.joint_names)} received yet" if never
-                else f"{JOINT_STATES_TOPIC} is {age:.3f} s old (max_observation_age_s {max_age_s:g})"
+                f"no usable {JOINT_STATES_TOPIC} with joints {list(self.joint_names)} received yet"
+                if never
+                else f"{JOINT_STATES_TOPIC} is {age:.3f} s old "
+                f"(max_observation_age_s {max_age_s:g})"
             )
             return assembly
         if not images:
             assembly.reason = "no_camera"
-            assembly.detail = "no camera has a fresh usable image: " + ", ".join(
-                f"{topic} {'never received' if a is None else f'{a:.3f} s old'}"
-                for topic, a in assembly.ages.items() if topic != JOINT_STATES_TOPIC
-            ) + f" (max_observation_age_s {max_age_s:g})"
+            assembly.detail = (
+                "no camera has a fresh usable image: "
+                + ", ".join(
+                    f"{topic} {'never received' if a is None else f'{a:.3f} s old'}"
+                    for topic, a in assembly.ages.items()
+                    if topic != JOINT_STATES_TOPIC
+                )
+                + f" (max_observation_age_s {max_age_s:g})"
+            )
             return assembly
         stamps.append(self._ros_stamp(joints, now, now_ros_ns))
         assembly.stamp_ns = max(stamps)
-        assembly.observation = Observation(images=images, state=joints.value, prompt=task,
-                                           stamp=assembly.stamp_ns / NS_PER_S)
+        assembly.observation = Observation(
+            images=images, state=joints.value, prompt=task, stamp=assembly.stamp_ns / NS_PER_S
+        )
         return assembly
-
-    def current_positions(self) -> Optional[np.ndarray]:
-        """The last good joint positions (joint_names order), or None."""
-        good = self._good.get(JOINT_STATES_TOPIC)
-        return None if good is None else good.value
 
     # -- internals --------------------------------------------------------------------------------
     def _positions(self, msg: Any) -> np.ndarray:
         return joint_state_to_positions(msg, self.joint_names)
 
     def _fresh(
-        self, topic: str, kind: str, convert: Callable[[Any], np.ndarray], max_age_s: float, now: float, now_ros: float
-    ) -> Tuple[Optional[_Good], Optional[float]]:
+        self,
+        topic: str,
+        kind: str,
+        convert: Callable[[Any], np.ndarray],
+        max_age_s: float,
+        now: float,
+        now_ros: float,
+    ) -> tuple[_Good | None, float | None]:
         """(the topic's last good value if fresh else None, its age or None if it never had one)."""
         sample = self.latest[topic].sample
         if sample is not None and self._tried.get(topic) != sample.seq:
             self._tried[topic] = sample.seq
             try:
-                self._good[topic] = _Good(convert(sample.msg), sample.stamp, sample.received, sample.seq)
+                self._good[topic] = _Good(
+                    convert(sample.msg), sample.stamp, sample.received, sample.seq
+                )
             except InputError as exc:
                 self._counters.add(f"{kind}_{exc.reason}")
                 self._warn(f"{topic}:{exc.reason}", f"dropping a message on {topic}: {exc}")
@@ -231,8 +252,11 @@ class ObservationAssembler:
             if self._stale_counted.get(topic) != good.seq:
                 self._stale_counted[topic] = good.seq
                 self._counters.add("stale_inputs")
-                self._warn(f"{topic}:stale", f"{topic} is stale: newest usable message is {age:.3f} s old "
-                                             f"(max_observation_age_s {max_age_s:g})")
+                self._warn(
+                    f"{topic}:stale",
+                    f"{topic} is stale: newest usable message is {age:.3f} s old "
+                    f"(max_observation_age_s {max_age_s:g})",
+                )
             return None, age
         return good, age
 

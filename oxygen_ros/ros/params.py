@@ -1,4 +1,5 @@
-"""The node's parameters: declarations with descriptors, per-value checks and the validated snapshot.
+"""The node's parameters: declarations with descriptors, per-value checks and the validated
+snapshot.
 
 Every parameter is listed once in :data:`PARAMETERS` with its type, default, description, range and
 *when it applies*:
@@ -11,7 +12,7 @@ Every parameter is listed once in :data:`PARAMETERS` with its type, default, des
 Checks happen at three levels, each with a message that names the parameter and the fix:
 
 1. rclpy enforces the declared type, range and read-only flag (e.g. ``rate_hz`` outside 1-200);
-2. :func:`check_value` checks one value on its own (a preset name, an image slot, a finite limit);
+2. :func:`check_value` checks one value on its own (a dtype name, an image slot, a finite limit);
 3. :meth:`NodeSettings.from_values` checks the parameters against each other (array lengths,
    unique slots, lower < upper ...). It runs at ``configure`` and on every change while configured.
 
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
@@ -33,11 +35,12 @@ STATIC = "static"
 CONFIGURE = "configure"
 RUNTIME = "runtime"
 
-RANDOM_WEIGHT_PRESETS = ("tiny", "small")
-PRESET_NAMES = ("tiny", "small", "pi05")
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("deadline", "fixed")
-CHUNK_CONTINUITY_MODES = ("none", "rtc")  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
+CHUNK_CONTINUITY_MODES = (
+    "none",
+    "rtc",
+)  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 OVERRUN_POLICIES = ("adapt", "skip")
 _INT32_MAX = 2**31 - 1
@@ -64,12 +67,16 @@ class ParamSpec:
     default: Any
     description: str
     applies: str = RUNTIME
-    range: Optional[Tuple[float, float]] = None  # inclusive; integer or floating per ``type``
+    range: tuple[float, float] | None = None  # inclusive; integer or floating per ``type``
 
     @property
     def dynamic(self) -> bool:
-        """Declared with dynamic typing (see :meth:`descriptor`); :func:`check_value` checks the type."""
-        return self.type == ParameterType.PARAMETER_DOUBLE or (self.type in _ARRAY_TYPES and not self.default)
+        """Declared with dynamic typing (see :meth:`descriptor`); :func:`check_value` checks the
+        type."""
+        return self.type in (
+            ParameterType.PARAMETER_DOUBLE,
+            ParameterType.PARAMETER_DOUBLE_ARRAY,
+        ) or (self.type in _ARRAY_TYPES and not self.default)
 
     def descriptor(self) -> ParameterDescriptor:
         """The ROS descriptor: description (with when it applies), type, range, read-only."""
@@ -85,7 +92,8 @@ class ParamSpec:
             read_only=self.applies == STATIC,
         )
         if self.dynamic:
-            # rclpy infers a static type from the default: [] would become BYTE_ARRAY (rejecting every
+            # rclpy infers a static type from the default: [] would become BYTE_ARRAY (rejecting
+            # every
             # real override) and a float would reject `-p rate_hz:=30`. These are dynamically typed;
             # check_value checks their type and range and normalise() makes integers floats.
             descriptor.type = ParameterType.PARAMETER_NOT_SET
@@ -95,7 +103,9 @@ class ParamSpec:
             descriptor.integer_range = [IntegerRange(from_value=low, to_value=high, step=1)]
         elif self.range is not None:
             descriptor.floating_point_range = [
-                FloatingPointRange(from_value=float(self.range[0]), to_value=float(self.range[1]), step=0.0)
+                FloatingPointRange(
+                    from_value=float(self.range[0]), to_value=float(self.range[1]), step=0.0
+                )
             ]
         return descriptor
 
@@ -103,130 +113,379 @@ class ParamSpec:
 _T = ParameterType
 DEFAULT_JOINTS = [f"joint_{i}" for i in range(1, 8)]
 
-PARAMETERS: Tuple[ParamSpec, ...] = (
+PARAMETERS: tuple[ParamSpec, ...] = (
     # -- model and engine (configure) -------------------------------------------------------------
-    ParamSpec("checkpoint_dir", _T.PARAMETER_STRING, "",
-              "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); empty: "
-              "generate a RANDOM-WEIGHT checkpoint of `preset` once into the cache (tiny/small only)", CONFIGURE),
-    ParamSpec("preset", _T.PARAMETER_STRING, "tiny",
-              "model size used when checkpoint_dir is empty: tiny | small (pi05 needs real weights)", CONFIGURE),
-    ParamSpec("tokenizer_path", _T.PARAMETER_STRING, "",
-              "sentencepiece tokenizer; empty: the checkpoint's own tokenizer.model", CONFIGURE),
+    ParamSpec(
+        "checkpoint_dir",
+        _T.PARAMETER_STRING,
+        "",
+        "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); "
+        "required: `oxygen-make-checkpoint --preset tiny --out DIR` makes a random-weight one",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "tokenizer_path",
+        _T.PARAMETER_STRING,
+        "",
+        "sentencepiece tokenizer; empty: the checkpoint's own tokenizer.model",
+        CONFIGURE,
+    ),
     ParamSpec("device", _T.PARAMETER_STRING, "cpu", "torch device: cpu, cuda, cuda:N", CONFIGURE),
-    ParamSpec("dtype", _T.PARAMETER_STRING, "float32", "model dtype: float32 | bfloat16 | float16", CONFIGURE),
-    ParamSpec("seed", _T.PARAMETER_INTEGER, 0, "seed of the flow-matching noise and of sampled text", CONFIGURE,
-              (0, _INT32_MAX)),
-    ParamSpec("decode_mode", _T.PARAMETER_STRING, "deadline",
-              "language decoding budget: deadline (as many batched steps as fit before the next tick) "
-              "| fixed (decode_steps_per_frame steps per tick, ended early at the next tick's deadline)", CONFIGURE),
-    ParamSpec("decode_steps_per_frame", _T.PARAMETER_INTEGER, 5, "batched decode steps per tick in fixed mode",
-              CONFIGURE, (0, 10_000)),
-    ParamSpec("decode_margin_ms", _T.PARAMETER_DOUBLE, 3.0,
-              "time kept free before the next tick (for taking the inputs that arrived meanwhile) when "
-              "deciding whether one more decode step fits", CONFIGURE,
-              (0.0, 1000.0)),
-    ParamSpec("static_shapes", _T.PARAMETER_BOOL, False,
-              "fixed-shape prefill / action / text steps (the GPU fast path; eager on CPU)", CONFIGURE),
-    ParamSpec("cuda_graphs", _T.PARAMETER_BOOL, False,
-              "capture the action path and batched decode steps in CUDA graphs (implies static_shapes; "
-              "needs device cuda)", CONFIGURE),
-    ParamSpec("gpu_preprocess", _T.PARAMETER_BOOL, False,
-              "resize_with_pad and scaling on the model device with pinned, non-blocking uploads (needs "
-              "static_shapes or cuda_graphs); exact for 224x224 images, within one uint8 level otherwise",
-              CONFIGURE),
-    ParamSpec("max_active_requests", _T.PARAMETER_INTEGER, 16,
-              "language requests decoded together; more wait in the queue", CONFIGURE, (1, 4096)),
-    ParamSpec("kv_capacity_tokens", _T.PARAMETER_INTEGER, 0,
-              "KV memory budget in tokens; 0: room for max_active_requests frames plus their text", CONFIGURE,
-              (0, 100_000_000)),
+    ParamSpec(
+        "dtype",
+        _T.PARAMETER_STRING,
+        "float32",
+        "model dtype: float32 | bfloat16 | float16",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "seed",
+        _T.PARAMETER_INTEGER,
+        0,
+        "seed of the flow-matching noise and of sampled text",
+        CONFIGURE,
+        (0, _INT32_MAX),
+    ),
+    ParamSpec(
+        "decode_mode",
+        _T.PARAMETER_STRING,
+        "deadline",
+        "language decoding budget: deadline (as many batched steps as fit before the next tick) "
+        "| fixed (decode_steps_per_frame steps per tick, ended early at the next tick's deadline)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "decode_steps_per_frame",
+        _T.PARAMETER_INTEGER,
+        5,
+        "batched decode steps per tick in fixed mode",
+        CONFIGURE,
+        (0, 10_000),
+    ),
+    ParamSpec(
+        "decode_margin_ms",
+        _T.PARAMETER_DOUBLE,
+        3.0,
+        "time kept free before the next tick (for taking the inputs that arrived meanwhile) when "
+        "deciding whether one more decode step fits",
+        CONFIGURE,
+        (0.0, 1000.0),
+    ),
+    ParamSpec(
+        "static_shapes",
+        _T.PARAMETER_BOOL,
+        False,
+        "fixed-shape prefill / action / text steps (the GPU fast path; eager on CPU)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "cuda_graphs",
+        _T.PARAMETER_BOOL,
+        False,
+        "capture the action path and batched decode steps in CUDA graphs (implies static_shapes; "
+        "needs device cuda)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "gpu_preprocess",
+        _T.PARAMETER_BOOL,
+        False,
+        "resize_with_pad and scaling on the model device with pinned, non-blocking uploads (needs "
+        "static_shapes or cuda_graphs); exact for 224x224 images, within one uint8 level otherwise",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "max_active_requests",
+        _T.PARAMETER_INTEGER,
+        16,
+        "language requests decoded together; more wait in the queue",
+        CONFIGURE,
+        (1, 4096),
+    ),
+    ParamSpec(
+        "kv_capacity_tokens",
+        _T.PARAMETER_INTEGER,
+        0,
+        "KV memory budget in tokens; 0: room for max_active_requests frames plus their text",
+        CONFIGURE,
+        (0, 100_000_000),
+    ),
     # -- inputs (configure) -----------------------------------------------------------------------
-    ParamSpec("camera_topics", _T.PARAMETER_STRING_ARRAY, ["/camera/base/image_raw", "/camera/wrist/image_raw"],
-              "camera topics, one per image slot", CONFIGURE),
-    ParamSpec("camera_slots", _T.PARAMETER_STRING_ARRAY, ["base_0_rgb", "left_wrist_0_rgb"],
-              f"model image slot of each camera topic (same length, unique): {', '.join(IMAGE_SLOTS)}", CONFIGURE),
-    ParamSpec("camera_compressed", _T.PARAMETER_BOOL_ARRAY, [],
-              "per camera topic: true = sensor_msgs/CompressedImage (jpeg/png), false = sensor_msgs/Image; "
-              "empty: compressed when the topic ends in /compressed", CONFIGURE),
-    ParamSpec("joint_names", _T.PARAMETER_STRING_ARRAY, DEFAULT_JOINTS,
-              "joints read from joint_states, in the model's state order", CONFIGURE),
-    ParamSpec("action_joint_names", _T.PARAMETER_STRING_ARRAY, [],
-              "joints driven by the first N action dimensions (a subset of joint_names); empty: joint_names",
-              CONFIGURE),
+    ParamSpec(
+        "camera_topics",
+        _T.PARAMETER_STRING_ARRAY,
+        ["/camera/base/image_raw", "/camera/wrist/image_raw"],
+        "camera topics, one per image slot",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "camera_slots",
+        _T.PARAMETER_STRING_ARRAY,
+        ["base_0_rgb", "left_wrist_0_rgb"],
+        f"model image slot of each camera topic (same length, unique): {', '.join(IMAGE_SLOTS)}",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "camera_compressed",
+        _T.PARAMETER_BOOL_ARRAY,
+        [],
+        "per camera topic: true = sensor_msgs/CompressedImage (jpeg/png), false = "
+        "sensor_msgs/Image; empty: compressed when the topic ends in /compressed",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "joint_names",
+        _T.PARAMETER_STRING_ARRAY,
+        DEFAULT_JOINTS,
+        "joints read from joint_states, in the model's state order",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "action_joint_names",
+        _T.PARAMETER_STRING_ARRAY,
+        [],
+        "joints driven by the first N action dimensions (a subset of joint_names); empty: "
+        "joint_names",
+        CONFIGURE,
+    ),
     # -- loop and outputs (runtime) ---------------------------------------------------------------
-    ParamSpec("rate_hz", _T.PARAMETER_DOUBLE, 60.0, "action loop rate (one shared prefill + chunk per tick); "
-              "overrun_policy adapt runs slower while ticks cannot hold it", RUNTIME, (1.0, 200.0)),
-    ParamSpec("torch_threads", _T.PARAMETER_INTEGER, 1, "torch intra-op threads of the thread running the model",
-              RUNTIME, (1, 256)),
-    ParamSpec("action_dt", _T.PARAMETER_DOUBLE, 0.02, "seconds between consecutive actions of a chunk", RUNTIME,
-              (0.001, 10.0)),
-    ParamSpec("action_horizon", _T.PARAMETER_INTEGER, 0,
-              "actions published per chunk (the first N); 0: the model's whole horizon", RUNTIME, (0, 10_000)),
-    ParamSpec("task", _T.PARAMETER_STRING, "pick up the red block",
-              "task text given to the model (also set by ~/instruction)", RUNTIME),
-    ParamSpec("max_observation_age_s", _T.PARAMETER_DOUBLE, 0.5,
-              "inputs older than this (receive time or header stamp) are not used; no action without "
-              "fresh joint states and at least one fresh camera", RUNTIME, (0.001, 3600.0)),
-    ParamSpec("joint_lower_limits", _T.PARAMETER_DOUBLE_ARRAY, [],
-              "per action joint lower position limit; empty: unlimited", RUNTIME),
-    ParamSpec("joint_upper_limits", _T.PARAMETER_DOUBLE_ARRAY, [],
-              "per action joint upper position limit; empty: unlimited", RUNTIME),
-    ParamSpec("max_joint_velocity", _T.PARAMETER_DOUBLE_ARRAY, [],
-              "per action joint speed limit (units/s) between consecutive actions and from the current "
-              "state to the first; empty: unlimited", RUNTIME),
-    ParamSpec("dry_run", _T.PARAMETER_BOOL, False,
-              "publish only ~/action_chunk, never ~/joint_trajectory", RUNTIME),
-    ParamSpec("narration_period_s", _T.PARAMETER_DOUBLE, 2.0,
-              "seconds between narration requests; 0 disables narration", RUNTIME, (0.0, 86_400.0)),
-    ParamSpec("narration_max_tokens", _T.PARAMETER_INTEGER, 30, "token limit of a narration", RUNTIME, (1, 4096)),
-    ParamSpec("answer_max_tokens", _T.PARAMETER_INTEGER, 40, "token limit of an answer to ~/ask", RUNTIME,
-              (1, 4096)),
-    ParamSpec("temperature", _T.PARAMETER_DOUBLE, 0.0, "text sampling temperature; 0 is greedy", RUNTIME,
-              (0.0, 10.0)),
-    # -- continuous chunks: real-time chunking (configure) ------------------------------------------
-    ParamSpec("chunk_continuity", _T.PARAMETER_STRING, "none",
-              "none: every chunk is denoised from fresh noise | rtc: real-time chunking, each chunk is "
-              "denoised as an inpainting of the previous chunk's actions the controller still executes "
-              "(frozen over the measured inference delay in action_dt steps, softly guided over the rest "
-              "of the overlap); costs one vector-Jacobian product of the action expert per denoising step "
-              "and runs the eager sampler even with static_shapes/cuda_graphs", CONFIGURE),
-    ParamSpec("rtc_execution_horizon", _T.PARAMETER_INTEGER, 0,
-              "chunk_continuity rtc: guide at most this many steps of a new chunk; 0: the whole overlap "
-              "with the previous chunk", CONFIGURE, (0, 10_000)),
-    ParamSpec("rtc_max_guidance_weight", _T.PARAMETER_DOUBLE, 5.0,
-              "chunk_continuity rtc: beta, the clip of the guidance weight (0 disables guidance; above "
-              "2 x the 10 denoising steps it overshoots)", CONFIGURE, (0.0, 100.0)),
-    ParamSpec("rtc_schedule", _T.PARAMETER_STRING, "exp",
-              "chunk_continuity rtc: decay of the guidance over the overlap after the frozen steps: "
-              "exp | linear", CONFIGURE),
+    ParamSpec(
+        "rate_hz",
+        _T.PARAMETER_DOUBLE,
+        60.0,
+        "action loop rate (one shared prefill + chunk per tick); "
+        "overrun_policy adapt runs slower while ticks cannot hold it",
+        RUNTIME,
+        (1.0, 200.0),
+    ),
+    ParamSpec(
+        "torch_threads",
+        _T.PARAMETER_INTEGER,
+        1,
+        "torch intra-op threads of the thread running the model",
+        RUNTIME,
+        (1, 256),
+    ),
+    ParamSpec(
+        "action_dt",
+        _T.PARAMETER_DOUBLE,
+        0.02,
+        "seconds between consecutive actions of a chunk",
+        RUNTIME,
+        (0.001, 10.0),
+    ),
+    ParamSpec(
+        "action_horizon",
+        _T.PARAMETER_INTEGER,
+        0,
+        "actions published per chunk (the first N); 0: the model's whole horizon",
+        RUNTIME,
+        (0, 10_000),
+    ),
+    ParamSpec(
+        "task",
+        _T.PARAMETER_STRING,
+        "pick up the red block",
+        "task text given to the model (also set by ~/instruction)",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "max_observation_age_s",
+        _T.PARAMETER_DOUBLE,
+        0.5,
+        "inputs older than this (receive time or header stamp) are not used; no action without "
+        "fresh joint states and at least one fresh camera",
+        RUNTIME,
+        (0.001, 3600.0),
+    ),
+    ParamSpec(
+        "joint_lower_limits",
+        _T.PARAMETER_DOUBLE_ARRAY,
+        [],
+        "per action joint lower position limit; empty: unlimited",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "joint_upper_limits",
+        _T.PARAMETER_DOUBLE_ARRAY,
+        [],
+        "per action joint upper position limit; empty: unlimited",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "max_joint_velocity",
+        _T.PARAMETER_DOUBLE_ARRAY,
+        [],
+        "per action joint speed limit (units/s) between consecutive actions and from the current "
+        "state to the first; empty: unlimited",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "dry_run",
+        _T.PARAMETER_BOOL,
+        False,
+        "publish only ~/action_chunk, never ~/joint_trajectory",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "narration_period_s",
+        _T.PARAMETER_DOUBLE,
+        2.0,
+        "seconds between narration requests; 0 disables narration",
+        RUNTIME,
+        (0.0, 86_400.0),
+    ),
+    ParamSpec(
+        "narration_max_tokens",
+        _T.PARAMETER_INTEGER,
+        30,
+        "token limit of a narration",
+        RUNTIME,
+        (1, 4096),
+    ),
+    ParamSpec(
+        "answer_max_tokens",
+        _T.PARAMETER_INTEGER,
+        40,
+        "token limit of an answer to ~/ask",
+        RUNTIME,
+        (1, 4096),
+    ),
+    ParamSpec(
+        "temperature",
+        _T.PARAMETER_DOUBLE,
+        0.0,
+        "text sampling temperature; 0 is greedy",
+        RUNTIME,
+        (0.0, 10.0),
+    ),
+    # -- continuous chunks: real-time chunking (configure) -----------------------------------------
+    ParamSpec(
+        "chunk_continuity",
+        _T.PARAMETER_STRING,
+        "none",
+        "none: every chunk is denoised from fresh noise | rtc: real-time chunking, each chunk is "
+        "denoised as an inpainting of the previous chunk's actions the controller still executes "
+        "(frozen over the measured inference delay in action_dt steps, softly guided over the rest "
+        "of the overlap); costs one vector-Jacobian product of the action expert per denoising "
+        "step and runs the eager sampler even with static_shapes/cuda_graphs",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "rtc_execution_horizon",
+        _T.PARAMETER_INTEGER,
+        0,
+        "chunk_continuity rtc: guide at most this many steps of a new chunk; 0: the whole overlap "
+        "with the previous chunk",
+        CONFIGURE,
+        (0, 10_000),
+    ),
+    ParamSpec(
+        "rtc_max_guidance_weight",
+        _T.PARAMETER_DOUBLE,
+        5.0,
+        "chunk_continuity rtc: beta, the clip of the guidance weight (0 disables guidance; above "
+        "2 x the 10 denoising steps it overshoots)",
+        CONFIGURE,
+        (0.0, 100.0),
+    ),
+    ParamSpec(
+        "rtc_schedule",
+        _T.PARAMETER_STRING,
+        "exp",
+        "chunk_continuity rtc: decay of the guidance over the overlap after the frozen steps: "
+        "exp | linear",
+        CONFIGURE,
+    ),
     # -- start-up (static) ------------------------------------------------------------------------
-    ParamSpec("autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC),
+    ParamSpec(
+        "autostart", _T.PARAMETER_BOOL, True, "configure and activate on start (plain runs)", STATIC
+    ),
     # -- robot adapter and action space (configure) -----------------------------------------------
-    ParamSpec("robot", _T.PARAMETER_STRING, "generic",
-              f"openpi robot transforms around the checkpoint: {' | '.join(ROBOTS)} (state layout, delta -> "
-              "absolute, ALOHA flips and grippers, state in the prompt or not; generic: none)", CONFIGURE),
-    ParamSpec("action_space", _T.PARAMETER_STRING, "",
-              f"what the robot-unit actions command: {' | '.join(JOINT_ACTION_SPACES)} (delta_position: relative "
-              "to the joint state at the observation; velocity: JointTrajectory points carry velocities and "
-              "positions integrated from that state); empty: the robot's own (generic/aloha position, droid "
-              "velocity, libero end-effector actions on ~/action_chunk only)", CONFIGURE),
-    ParamSpec("gripper_joint_names", _T.PARAMETER_STRING_ARRAY, [],
-              "action joints that are absolute positions in every action space (a subset of "
-              "action_joint_names); empty: the robot's own (droid: its 8th dim, aloha: both grippers)", CONFIGURE),
+    ParamSpec(
+        "robot",
+        _T.PARAMETER_STRING,
+        "generic",
+        f"openpi robot transforms around the checkpoint: {' | '.join(ROBOTS)} (state layout, delta "
+        "-> absolute, ALOHA flips and grippers, state in the prompt or not; generic: none)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "action_space",
+        _T.PARAMETER_STRING,
+        "",
+        f"what the robot-unit actions command: {' | '.join(JOINT_ACTION_SPACES)} (delta_position: "
+        "relative "
+        "to the joint state at the observation; velocity: JointTrajectory points carry velocities "
+        "and "
+        "positions integrated from that state); empty: the robot's own (generic/aloha position, "
+        "droid velocity, libero end-effector actions on ~/action_chunk only)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "gripper_joint_names",
+        _T.PARAMETER_STRING_ARRAY,
+        [],
+        "action joints that are absolute positions in every action space (a subset of "
+        "action_joint_names); empty: the robot's own (droid: its 8th dim, aloha: both grippers)",
+        CONFIGURE,
+    ),
     # -- fault tolerance and graceful degradation of the loop (runtime) ---------------------------
-    ParamSpec("max_consecutive_failures", _T.PARAMETER_INTEGER, 30,
-              "ticks in a row in which an engine call fails (an observation the model rejects does not "
-              "count) before the node reports ERROR and takes the lifecycle error transition: it releases "
-              "the engine and ends unconfigured", RUNTIME, (1, 1_000_000)),
-    ParamSpec("max_text_chars", _T.PARAMETER_INTEGER, 500,
-              "longest text accepted on ~/ask and ~/instruction (characters); longer ones are refused "
-              "and counted", RUNTIME, (1, 1_000_000)),
-    ParamSpec("overrun_policy", _T.PARAMETER_STRING, "adapt",
-              "when ticks cannot be held at rate_hz with room for language: adapt (replan at the rate the "
-              "measured tick cost allows, back up to rate_hz when it falls) | skip (keep rate_hz; the timer "
-              "skips the periods a long tick overran)", RUNTIME),
+    ParamSpec(
+        "max_consecutive_failures",
+        _T.PARAMETER_INTEGER,
+        30,
+        "ticks in a row in which an engine call fails (an observation the model rejects does not "
+        "count) before the node reports ERROR and takes the lifecycle error transition: it "
+        "releases the engine and ends unconfigured",
+        RUNTIME,
+        (1, 1_000_000),
+    ),
+    ParamSpec(
+        "max_text_chars",
+        _T.PARAMETER_INTEGER,
+        500,
+        "longest text accepted on ~/ask and ~/instruction (characters); longer ones are refused "
+        "and counted",
+        RUNTIME,
+        (1, 1_000_000),
+    ),
+    ParamSpec(
+        "overrun_policy",
+        _T.PARAMETER_STRING,
+        "adapt",
+        "when ticks cannot be held at rate_hz with room for language: adapt (replan at the rate "
+        "the "
+        "measured tick cost allows, back up to rate_hz when it falls) | skip (keep rate_hz; the "
+        "timer skips the periods a long tick overran)",
+        RUNTIME,
+    ),
+    # -- text in rviz ------------------------------------------------------------------------------
+    ParamSpec(
+        "narration_marker",
+        _T.PARAMETER_BOOL,
+        False,
+        "also publish each finished text as a visualization_msgs/Marker (TEXT_VIEW_FACING) on "
+        "~/narration_marker, for rviz (rviz/oxygen.rviz shows it)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "narration_marker_frame",
+        _T.PARAMETER_STRING,
+        "base_link",
+        "frame_id of the narration marker (rviz's Fixed Frame or one TF connects to it)",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "narration_marker_position",
+        _T.PARAMETER_DOUBLE_ARRAY,
+        [0.0, 0.0, 1.0],
+        "x, y, z of the narration marker in narration_marker_frame (metres)",
+        RUNTIME,
+    ),
 )
 
-SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
 
 
 def normalise(name: str, value: Any) -> Any:
@@ -277,19 +536,25 @@ def check_value(name: str, value: Any) -> None:
     value = normalise(name, value)
     spec = SPECS[name]
     if spec.range is not None and not (spec.range[0] <= value <= spec.range[1]):  # NaN fails too
-        raise SettingsError(f"{name} must be within [{spec.range[0]:g}, {spec.range[1]:g}], got {value!r}")
-    if name == "preset" and value not in PRESET_NAMES:
-        raise SettingsError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {value!r}")
+        raise SettingsError(
+            f"{name} must be within [{spec.range[0]:g}, {spec.range[1]:g}], got {value!r}"
+        )
     if name == "dtype" and value not in DTYPES:
         raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
     if name == "decode_mode" and value not in DECODE_MODES:
         raise SettingsError(f"decode_mode must be one of {', '.join(DECODE_MODES)}, got {value!r}")
     if name == "chunk_continuity" and value not in CHUNK_CONTINUITY_MODES:
-        raise SettingsError(f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}")
+        raise SettingsError(
+            f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}"
+        )
     if name == "rtc_schedule" and value not in RTC_SCHEDULES:
-        raise SettingsError(f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}")
+        raise SettingsError(
+            f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}"
+        )
     if name == "overrun_policy" and value not in OVERRUN_POLICIES:
-        raise SettingsError(f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}")
+        raise SettingsError(
+            f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}"
+        )
     if name == "device" and not value.strip():
         raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
     if name == "task" and not value.strip():
@@ -297,14 +562,18 @@ def check_value(name: str, value: Any) -> None:
     if name == "camera_slots":
         unknown = [slot for slot in value if slot not in IMAGE_SLOTS]
         if unknown:
-            raise SettingsError(f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)}")
+            raise SettingsError(
+                f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)}"
+            )
         if len(set(value)) != len(value):
             raise SettingsError(f"camera_slots must be unique, got {value}")
     if name == "robot" and value not in ROBOTS:
         raise SettingsError(f"robot must be one of {', '.join(ROBOTS)}, got {value!r}")
     if name == "action_space" and value and value not in JOINT_ACTION_SPACES:
         raise SettingsError(
-            f"action_space must be one of {', '.join(JOINT_ACTION_SPACES)} (or empty: the robot's own), got {value!r}")
+            f"action_space must be one of {', '.join(JOINT_ACTION_SPACES)} (or empty: the robot's "
+            f"own), got {value!r}"
+        )
     if name in ("camera_topics", "joint_names", "action_joint_names", "gripper_joint_names"):
         if any(not item.strip() for item in value):
             raise SettingsError(f"{name} must not contain empty names, got {value}")
@@ -313,6 +582,14 @@ def check_value(name: str, value: Any) -> None:
     if name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity"):
         if not all(math.isfinite(v) for v in value):
             raise SettingsError(f"{name} must be finite numbers, got {value}")
+    if name == "narration_marker_frame" and not value.strip():
+        raise SettingsError("narration_marker_frame must not be empty (e.g. base_link)")
+    if name == "narration_marker_position" and (
+        len(value) != 3 or not all(math.isfinite(v) for v in value)
+    ):
+        raise SettingsError(
+            f"narration_marker_position must be 3 finite numbers (x, y, z), got {value}"
+        )
     if name == "max_joint_velocity" and any(v <= 0 for v in value):
         raise SettingsError(f"max_joint_velocity must be positive, got {value}")
 
@@ -331,7 +608,6 @@ class NodeSettings:
     """A consistent snapshot of every parameter (build it with :meth:`from_values`)."""
 
     checkpoint_dir: str
-    preset: str
     tokenizer_path: str
     device: str
     dtype: str
@@ -344,18 +620,18 @@ class NodeSettings:
     gpu_preprocess: bool
     max_active_requests: int
     kv_capacity_tokens: int
-    cameras: Tuple[CameraInput, ...]
-    joint_names: Tuple[str, ...]
-    action_joint_names: Tuple[str, ...]
+    cameras: tuple[CameraInput, ...]
+    joint_names: tuple[str, ...]
+    action_joint_names: tuple[str, ...]
     rate_hz: float
     torch_threads: int
     action_dt: float
     action_horizon: int
     task: str
     max_observation_age_s: float
-    joint_lower_limits: Tuple[float, ...]
-    joint_upper_limits: Tuple[float, ...]
-    max_joint_velocity: Tuple[float, ...]
+    joint_lower_limits: tuple[float, ...]
+    joint_upper_limits: tuple[float, ...]
+    max_joint_velocity: tuple[float, ...]
     dry_run: bool
     narration_period_s: float
     narration_max_tokens: int
@@ -370,18 +646,22 @@ class NodeSettings:
     # -- robot adapter and action space ----------------------------------------------------------
     robot: str
     action_space: str  # as given; see command_space
-    gripper_joint_names: Tuple[str, ...]
+    gripper_joint_names: tuple[str, ...]
     # fault tolerance and graceful degradation
     max_consecutive_failures: int
     max_text_chars: int
     overrun_policy: str
+    # text in rviz
+    narration_marker: bool
+    narration_marker_frame: str
+    narration_marker_position: tuple[float, float, float]
 
     @property
     def period_s(self) -> float:
         return 1.0 / self.rate_hz
 
     @property
-    def action_joint_indices(self) -> Tuple[int, ...]:
+    def action_joint_indices(self) -> tuple[int, ...]:
         """Index of each action joint in the state vector (joint_names order)."""
         return tuple(self.joint_names.index(name) for name in self.action_joint_names)
 
@@ -391,19 +671,21 @@ class NodeSettings:
         return self.action_space or robot_adapter(self.robot).action_space
 
     @property
-    def gripper_dims(self) -> Tuple[int, ...]:
-        """Action dims published as absolute positions: ``gripper_joint_names``, else the robot's."""
+    def gripper_dims(self) -> tuple[int, ...]:
+        """Action dims published as absolute positions: ``gripper_joint_names``, else the
+        robot's."""
         if self.gripper_joint_names:
             return tuple(self.action_joint_names.index(name) for name in self.gripper_joint_names)
         return robot_adapter(self.robot).gripper_dims
 
     @property
     def publishes_trajectory(self) -> bool:
-        """Whether ~/joint_trajectory is published (never in dry_run or for end-effector actions)."""
+        """Whether ~/joint_trajectory is published (never in dry_run or for end-effector
+        actions)."""
         return not self.dry_run and self.command_space != END_EFFECTOR
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> "NodeSettings":
+    def from_values(cls, values: Mapping[str, Any]) -> NodeSettings:
         """Validate every value and their consistency.
 
         Raises:
@@ -415,11 +697,6 @@ class NodeSettings:
         v = {name: normalise(name, values[name]) for name in SPECS}
         for name in SPECS:
             check_value(name, v[name])
-        if not v["checkpoint_dir"] and v["preset"] not in RANDOM_WEIGHT_PRESETS:
-            raise SettingsError(
-                f"preset {v['preset']!r} has no random-weight stand-in: set checkpoint_dir to real pi0.5 weights "
-                f"(random weights are generated only for {', '.join(RANDOM_WEIGHT_PRESETS)})"
-            )
         cameras = _cameras(v["camera_topics"], v["camera_slots"], v["camera_compressed"])
         joints = tuple(v["joint_names"])
         if not joints:
@@ -429,78 +706,119 @@ class NodeSettings:
         strangers = [name for name in action_joints if name not in joints]
         if strangers and robot.controls_joints:
             raise SettingsError(
-                f"action_joint_names {strangers} are not in joint_names {list(joints)}: every driven joint's "
-                "current position must be read from joint_states"
+                f"action_joint_names {strangers} are not in joint_names {list(joints)}: every "
+                "driven joint's current position must be read from joint_states"
             )
-        limits = {name: tuple(float(x) for x in v[name])
-                  for name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity")}
+        limits = {
+            name: tuple(float(x) for x in v[name])
+            for name in ("joint_lower_limits", "joint_upper_limits", "max_joint_velocity")
+        }
         for name, array in limits.items():
             if array and len(array) != len(action_joints):
                 raise SettingsError(
-                    f"{name} has {len(array)} values but there are {len(action_joints)} action joints "
-                    f"{list(action_joints)}; give one per action joint or none"
+                    f"{name} has {len(array)} values but there are {len(action_joints)} action "
+                    f"joints {list(action_joints)}; give one per action joint or none"
                 )
         lower, upper = limits["joint_lower_limits"], limits["joint_upper_limits"]
         if lower and upper:
-            crossed = [name for name, lo, hi in zip(action_joints, lower, upper) if lo > hi]
+            crossed = [
+                name for name, lo, hi in zip(action_joints, lower, upper, strict=True) if lo > hi
+            ]
             if crossed:
-                raise SettingsError(f"joint_lower_limits exceed joint_upper_limits for joints {crossed}")
+                raise SettingsError(
+                    f"joint_lower_limits exceed joint_upper_limits for joints {crossed}"
+                )
         _check_robot(robot, v, cameras, joints, action_joints, limits)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
-        return cls(**{**direct, "cameras": cameras, "joint_names": joints, "action_joint_names": action_joints, **limits,
-                      "gripper_joint_names": tuple(v["gripper_joint_names"])})
+        return cls(
+            **{
+                **direct,
+                "cameras": cameras,
+                "joint_names": joints,
+                "action_joint_names": action_joints,
+                **limits,
+                "gripper_joint_names": tuple(v["gripper_joint_names"]),
+                "narration_marker_position": tuple(v["narration_marker_position"]),
+            }
+        )
 
 
-def _check_robot(robot: RobotAdapter, v: Mapping[str, Any], cameras: Sequence[CameraInput], joints: Sequence[str],
-                 action_joints: Sequence[str], limits: Mapping[str, Sequence[float]]) -> None:
+def _check_robot(
+    robot: RobotAdapter,
+    v: Mapping[str, Any],
+    cameras: Sequence[CameraInput],
+    joints: Sequence[str],
+    action_joints: Sequence[str],
+    limits: Mapping[str, Sequence[float]],
+) -> None:
     """The robot adapter's needs against the other parameters (widths, slots, action space)."""
     name = robot.name
     if robot.state_dim is not None and len(joints) != robot.state_dim:
-        raise SettingsError(f"robot {name} reads a {robot.state_dim}-dim state but joint_names has {len(joints)} "
-                            f"names; list the {robot.state_dim} state values in the robot's order")
+        raise SettingsError(
+            f"robot {name} reads a {robot.state_dim}-dim state but joint_names has {len(joints)} "
+            f"names; list the {robot.state_dim} state values in the robot's order"
+        )
     if robot.action_dim is not None and len(action_joints) != robot.action_dim:
-        raise SettingsError(f"robot {name} returns {robot.action_dim} action dims but there are {len(action_joints)} "
-                            f"action joints {list(action_joints)}; set action_joint_names to {robot.action_dim} names")
+        raise SettingsError(
+            f"robot {name} returns {robot.action_dim} action dims but there are "
+            f"{len(action_joints)} "
+            f"action joints {list(action_joints)}; set action_joint_names to {robot.action_dim} "
+            "names"
+        )
     unused = [cam.slot for cam in cameras if robot.slots and cam.slot not in robot.slots]
     if unused:
-        raise SettingsError(f"robot {name} was trained with image slots {list(robot.slots)} only, not {unused}")
+        raise SettingsError(
+            f"robot {name} was trained with image slots {list(robot.slots)} only, not {unused}"
+        )
     grippers = list(v["gripper_joint_names"])
     strangers = [g for g in grippers if g not in action_joints]
     if strangers:
-        raise SettingsError(f"gripper_joint_names {strangers} are not action joints {list(action_joints)}")
+        raise SettingsError(
+            f"gripper_joint_names {strangers} are not action joints {list(action_joints)}"
+        )
     if not robot.controls_joints:
-        given = [key for key, values in limits.items() if values] + (["gripper_joint_names"] if grippers else [])
+        given = [key for key, values in limits.items() if values] + (
+            ["gripper_joint_names"] if grippers else []
+        )
         if v["action_space"]:
             given.insert(0, "action_space")
         if given:
-            raise SettingsError(f"robot {name} returns end-effector actions, not joints: it publishes ~/action_chunk "
-                                f"only (never ~/joint_trajectory), so {', '.join(given)} cannot apply; leave them "
-                                "empty")
+            raise SettingsError(
+                f"robot {name} returns end-effector actions, not joints: it publishes "
+                "~/action_chunk "
+                f"only (never ~/joint_trajectory), so {', '.join(given)} cannot apply; leave them "
+                "empty"
+            )
 
 
-def _cameras(topics: Sequence[str], slots: Sequence[str], compressed: Sequence[bool]) -> Tuple[CameraInput, ...]:
+def _cameras(
+    topics: Sequence[str], slots: Sequence[str], compressed: Sequence[bool]
+) -> tuple[CameraInput, ...]:
     if not topics:
         raise SettingsError("camera_topics must name at least one camera")
     if len(slots) != len(topics):
         raise SettingsError(
-            f"camera_slots has {len(slots)} entries for {len(topics)} camera_topics; give one slot per topic"
+            f"camera_slots has {len(slots)} entries for {len(topics)} camera_topics; give one slot "
+            "per topic"
         )
     if compressed and len(compressed) != len(topics):
         raise SettingsError(
             f"camera_compressed has {len(compressed)} entries for {len(topics)} camera_topics; "
             "give one per topic or none"
         )
-    flags: List[bool] = list(compressed) or [topic.rstrip("/").endswith("/compressed") for topic in topics]
-    return tuple(CameraInput(t, s, bool(c)) for t, s, c in zip(topics, slots, flags))
+    flags: list[bool] = list(compressed) or [
+        topic.rstrip("/").endswith("/compressed") for topic in topics
+    ]
+    return tuple(CameraInput(t, s, bool(c)) for t, s, c in zip(topics, slots, flags, strict=True))
 
 
-def changed_configure_parameters(names: Sequence[str]) -> List[str]:
+def changed_configure_parameters(names: Sequence[str]) -> list[str]:
     """The names among ``names`` that only the configure transition applies."""
     return [name for name in names if SPECS[name].applies == CONFIGURE]
 
 
-def declare_parameters(node: Any) -> Dict[str, Any]:
+def declare_parameters(node: Any) -> dict[str, Any]:
     """Declare every parameter on ``node`` (an rclpy Node) and return the values it starts with.
 
     Values are checked by :meth:`NodeSettings.from_values` when the node configures, so a bad value
@@ -511,11 +829,13 @@ def declare_parameters(node: Any) -> Dict[str, Any]:
     """
     from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for spec in PARAMETERS:
         try:
             parameter = node.declare_parameter(spec.name, spec.default, spec.descriptor())
         except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
-            raise SettingsError(f"parameter {spec.name}: {exc}; expected: {spec.description}") from exc
+            raise SettingsError(
+                f"parameter {spec.name}: {exc}; expected: {spec.description}"
+            ) from exc
         values[spec.name] = parameter.value  # checked by NodeSettings.from_values at configure
     return values

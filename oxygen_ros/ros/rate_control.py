@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Deque, Optional
 
 import numpy as np
 
@@ -64,20 +63,24 @@ class RateGovernor:
 
     def __init__(self, requested_hz: float, adapt: bool = True, window: int = WINDOW_TICKS) -> None:
         if requested_hz <= 0 or window < 1:
-            raise ValueError(f"requested_hz must be > 0 and window >= 1, got {requested_hz}, {window}")
+            raise ValueError(
+                f"requested_hz must be > 0 and window >= 1, got {requested_hz}, {window}"
+            )
         self.requested_hz = requested_hz
         self.adapt = adapt
         self.effective_hz = requested_hz
         self.holdable_hz = math.inf  # what the last full window of ticks could hold
         self._window = window
-        self._holdable: Deque[float] = collections.deque(maxlen=window * RAISE_WINDOWS)
+        self._holdable: collections.deque[float] = collections.deque(maxlen=window * RAISE_WINDOWS)
 
-    def reset(self, requested_hz: float, adapt: bool, start_hz: Optional[float] = None) -> None:
+    def reset(self, requested_hz: float, adapt: bool, start_hz: float | None = None) -> None:
         """A new requested rate or policy; ``start_hz`` (adapt only) starts below the request, e.g.
         at the rate the warm-up measured."""
         self.requested_hz, self.adapt = requested_hz, adapt
         start = requested_hz if start_hz is None or not adapt else min(requested_hz, start_hz)
-        self.effective_hz = max(_rounded(start), MIN_RATE_HZ) if start < requested_hz else requested_hz
+        self.effective_hz = (
+            max(_rounded(start), MIN_RATE_HZ) if start < requested_hz else requested_hz
+        )
         self.holdable_hz = math.inf if start_hz is None else start_hz
         self._holdable.clear()
 
@@ -85,7 +88,7 @@ class RateGovernor:
     def effective_period_s(self) -> float:
         return 1.0 / self.effective_hz
 
-    def record(self, cost: TickCost) -> Optional[float]:
+    def record(self, cost: TickCost) -> float | None:
         """One tick's cost. Returns the new effective rate when it changes, else None."""
         if not self.adapt:
             return None
@@ -93,7 +96,7 @@ class RateGovernor:
         if len(self._holdable) < self._window:
             return None
         samples = np.fromiter(self._holdable, dtype=np.float64)
-        recent = float(np.percentile(samples[-self._window:], 100 - COST_PERCENTILE))
+        recent = float(np.percentile(samples[-self._window :], 100 - COST_PERCENTILE))
         self.holdable_hz = recent
         target = None
         if recent < self.effective_hz * LOWER_BELOW:

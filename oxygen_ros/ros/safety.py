@@ -1,6 +1,7 @@
 """Last checks between the model and the robot: finite values, position limits, speed limits.
 
-:meth:`SafetyFilter.apply` takes an action chunk in robot units ``[horizon, joints]`` and the current
+:meth:`SafetyFilter.apply` takes an action chunk in robot units ``[horizon, joints]`` and the
+current
 positions of the same joints, and returns a copy in which
 
 1. each step moves at most ``max_velocity * dt`` from the previous step (the first step from the
@@ -9,7 +10,8 @@ positions of the same joints, and returns a copy in which
    limit when the robot currently stands outside them),
 
 together with the number of values changed. :meth:`SafetyFilter.apply_velocity` limits a velocity
-command in its own space: speeds to ``max_velocity``, the positions integrated from the current state
+command in its own space: speeds to ``max_velocity``, the positions integrated from the current
+state
 (``q + sum(v * dt)``) to ``[lower, upper]``. A chunk holding NaN or Inf is refused
 (:class:`UnsafeChunkError`), never repaired: the node publishes nothing for that tick.
 """
@@ -17,7 +19,7 @@ command in its own space: speeds to ``max_velocity``, the positions integrated f
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,17 +36,23 @@ class SafeChunk:
 
 @dataclasses.dataclass(frozen=True)
 class SafeVelocityChunk:
-    velocities: np.ndarray  # [horizon, joints] float32, each step's velocity (also of position dims)
+    velocities: (
+        np.ndarray
+    )  # [horizon, joints] float32, each step's velocity (also of position dims)
     positions: np.ndarray  # [horizon, joints] float32, where each step ends
-    clipped: int  # commanded values (velocities; positions of the position dims) changed by the limits
+    clipped: (
+        int  # commanded values (velocities; positions of the position dims) changed by the limits
+    )
 
 
-def _optional(values: Sequence[float], joints: int, name: str) -> Optional[np.ndarray]:
+def _optional(values: Sequence[float], joints: int, name: str) -> np.ndarray | None:
     if not values:
         return None
     array = np.asarray(values, dtype=np.float64)
     if array.shape != (joints,):
-        raise ValueError(f"{name} needs {joints} values (one per action joint), got {array.shape[0]}")
+        raise ValueError(
+            f"{name} needs {joints} values (one per action joint), got {array.shape[0]}"
+        )
     if not np.isfinite(array).all():
         raise ValueError(f"{name} must be finite, got {list(values)}")
     return array
@@ -83,7 +91,9 @@ class SafetyFilter:
             raise ValueError(f"actions must be [horizon, {self.joints}], got {chunk.shape}")
         bad = ~np.isfinite(chunk)
         if bad.any():
-            raise UnsafeChunkError(f"model output holds {int(bad.sum())} non-finite values (NaN/Inf)")
+            raise UnsafeChunkError(
+                f"model output holds {int(bad.sum())} non-finite values (NaN/Inf)"
+            )
         return chunk
 
     def _current(self, current: np.ndarray) -> np.ndarray:
@@ -92,12 +102,14 @@ class SafetyFilter:
             raise ValueError(f"current positions must be {self.joints} finite values, got {state}")
         return state
 
-    def apply_velocity(self, command: np.ndarray, current: np.ndarray, dt: float,
-                       position_dims: Sequence[int] = ()) -> SafeVelocityChunk:
+    def apply_velocity(
+        self, command: np.ndarray, current: np.ndarray, dt: float, position_dims: Sequence[int] = ()
+    ) -> SafeVelocityChunk:
         """Limit a velocity ``command`` [horizon, joints] whose ``position_dims`` hold positions.
 
         Step by step from the ``current`` positions: a velocity dim's speed is clipped to
-        ``max_velocity`` and its position integrated (``previous + v * dt``); a position dim moves at
+        ``max_velocity`` and its position integrated (``previous + v * dt``); a position dim moves
+        at
         most ``max_velocity * dt`` towards its target. Each position is then clipped to
         ``[lower, upper]``; where that changes it, the step's velocity becomes the one that reaches
         the clipped position (``(position - previous) / dt``), so velocities and positions agree.
@@ -116,27 +128,39 @@ class SafetyFilter:
         if len(position_dims):
             dims = np.asarray(position_dims, dtype=int)
             if dims.min() < 0 or dims.max() >= self.joints:
-                raise ValueError(f"position dims {list(position_dims)} outside 0..{self.joints - 1}")
+                raise ValueError(
+                    f"position dims {list(position_dims)} outside 0..{self.joints - 1}"
+                )
             is_position[dims] = True
         velocities = np.empty_like(chunk)
         positions = np.empty_like(chunk)
         step = None if self.max_velocity is None else self.max_velocity * dt
         for i, row in enumerate(chunk):
-            velocity = row if self.max_velocity is None else np.clip(row, -self.max_velocity, self.max_velocity)
+            velocity = (
+                row
+                if self.max_velocity is None
+                else np.clip(row, -self.max_velocity, self.max_velocity)
+            )
             target = row if step is None else np.clip(row, previous - step, previous + step)
             target = np.where(is_position, target, previous + velocity * dt)
-            position = np.clip(target, self.lower, self.upper) if self.lower is not None or self.upper is not None \
+            position = (
+                np.clip(target, self.lower, self.upper)
+                if self.lower is not None or self.upper is not None
                 else target
+            )
             reached = (position - previous) / dt
             velocities[i] = np.where(is_position | (position != target), reached, velocity)
             positions[i] = position
             previous = position
         commanded = np.where(is_position, positions, velocities).astype(np.float32)
         clipped = int(np.count_nonzero(commanded != chunk.astype(np.float32)))
-        return SafeVelocityChunk(velocities.astype(np.float32), positions.astype(np.float32), clipped)
+        return SafeVelocityChunk(
+            velocities.astype(np.float32), positions.astype(np.float32), clipped
+        )
 
     def apply(self, actions: np.ndarray, current: np.ndarray, dt: float) -> SafeChunk:
-        """Limit ``actions`` [horizon, joints] given the ``current`` positions [joints] and step ``dt``.
+        """Limit ``actions`` [horizon, joints] given the ``current`` positions [joints] and step
+        ``dt``.
 
         Raises:
             UnsafeChunkError: ``actions`` holds NaN or Inf.

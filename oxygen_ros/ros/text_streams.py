@@ -7,7 +7,8 @@ prefixed with its kind (``[answer] ...``). A request is admitted onto the engine
 right after that frame's action, so the stamp of the frame current at a request's first delta is
 the stamp of the observation the request reads.
 
-A request leaves :class:`LanguageStreams` with its final delta, whatever its finish reason (``failed``
+A request leaves :class:`LanguageStreams` with its final delta, whatever its finish reason
+(``failed``
 included) and whether or not that delta could be published, so a lost final never keeps a kind
 "busy". A request the engine went silent on for longer than its own limits allow is expired by
 :meth:`LanguageStreams.expire` with a ``failed`` final of the node's own.
@@ -19,7 +20,7 @@ delta costs and how many deltas a tick brings, so the node ends ``decode()`` tha
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from ..engine.types import TextDelta
 
@@ -28,7 +29,7 @@ from ..engine.types import TextDelta
 class _OpenRequest:
     kind: str
     stamp: Any = None  # builtin_interfaces/Time
-    pieces: List[str] = dataclasses.field(default_factory=list)
+    pieces: list[str] = dataclasses.field(default_factory=list)
     silent_ticks: int = 0  # ticks since its last delta
 
 
@@ -38,18 +39,14 @@ class StreamUpdate:
 
     delta: TextDelta
     stamp: Any  # builtin_interfaces/Time of the observation the request reads
-    full_text: Optional[str]  # "[kind] text" once the request has finished, else None
+    full_text: str | None  # "[kind] text" once the request has finished, else None
 
 
 class LanguageStreams:
     """Open language requests of the node (used from the tick thread only)."""
 
     def __init__(self) -> None:
-        self._open: Dict[int, _OpenRequest] = {}
-
-    @property
-    def open_count(self) -> int:
-        return len(self._open)
+        self._open: dict[int, _OpenRequest] = {}
 
     def opened(self, request_id: int, kind: str) -> None:
         """Record a request just submitted to the engine."""
@@ -75,16 +72,25 @@ class LanguageStreams:
             full_text = f"[{delta.kind}] {text}"
         return StreamUpdate(delta, request.stamp, full_text)
 
-    def expire(self, max_silent_ticks: int) -> List[TextDelta]:
-        """Count one tick; the ``failed`` finals of requests silent for more than ``max_silent_ticks``
+    def expire(self, max_silent_ticks: int) -> list[TextDelta]:
+        """Count one tick; the ``failed`` finals of requests silent for more than
+        ``max_silent_ticks``
         (pass them through :meth:`update` and publish them like the engine's own)."""
         expired = []
         for request_id, request in self._open.items():
             request.silent_ticks += 1
             if request.silent_ticks > max_silent_ticks:
-                expired.append(TextDelta(
-                    request_id, request.kind, "", final=True, finish_reason="failed",
-                    detail=f"no final delta from the engine after {request.silent_ticks} silent ticks"))
+                expired.append(
+                    TextDelta(
+                        request_id,
+                        request.kind,
+                        "",
+                        final=True,
+                        finish_reason="failed",
+                        detail=f"no final delta from the engine after {request.silent_ticks} "
+                        "silent ticks",
+                    )
+                )
         return expired
 
     def clear(self) -> None:
@@ -110,8 +116,11 @@ class PublishCost:
         self.deltas_per_tick += self._alpha * (deltas - self.deltas_per_tick)
         if deltas:
             sample = seconds / deltas
-            self.per_delta_s = sample if self.per_delta_s == 0.0 else self.per_delta_s + self._alpha * (
-                sample - self.per_delta_s)
+            self.per_delta_s = (
+                sample
+                if self.per_delta_s == 0.0
+                else self.per_delta_s + self._alpha * (sample - self.per_delta_s)
+            )
 
     def expected_s(self) -> float:
         """What the next tick's publishing is expected to take."""
@@ -122,7 +131,7 @@ class PeriodicSchedule:
     """Says when something done every ``period_s`` seconds is due (period 0 = never)."""
 
     def __init__(self) -> None:
-        self._last: Optional[float] = None
+        self._last: float | None = None
 
     def due(self, now: float, period_s: float) -> bool:
         return period_s > 0 and (self._last is None or now - self._last >= period_s)

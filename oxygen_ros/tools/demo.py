@@ -25,9 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 from oxygen_ros.tools.cli import positive_float
 
@@ -37,17 +37,32 @@ STARTUP_TIMEOUT_S = 60.0
 ANSWER_WAIT_S = 5.0  # after the bag ends
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxygen-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=positive_float, default=15.0, help="bag length in seconds (default 15)")
-    parser.add_argument("--rate-hz", type=positive_float, default=60.0, help="node loop rate (default 60, as the node)")
-    parser.add_argument("--preset", choices=("tiny", "small"), default="tiny", help="random-weight model size")
-    parser.add_argument("--work", type=Path, default=None,
-                        help="where checkpoint, bag and node log are kept (default ~/.cache/oxygen_ros/demo)")
-    parser.add_argument("--narration-period", type=float, default=1.0, help="seconds between narrations")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the summary as JSON")
+    parser.add_argument(
+        "--duration", type=positive_float, default=15.0, help="bag length in seconds (default 15)"
+    )
+    parser.add_argument(
+        "--rate-hz",
+        type=positive_float,
+        default=60.0,
+        help="node loop rate (default 60, as the node)",
+    )
+    parser.add_argument(
+        "--preset", choices=("tiny", "small"), default="tiny", help="random-weight model size"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="where checkpoint, bag and node log are kept (default ~/.cache/oxygen_ros/demo)",
+    )
+    parser.add_argument(
+        "--narration-period", type=float, default=1.0, help="seconds between narrations"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the summary as JSON"
+    )
     return parser
 
 
@@ -56,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------------------------
 
 
-def prepare_inputs(work: Path, preset: str, duration: float) -> "tuple[Path, Path]":
+def prepare_inputs(work: Path, preset: str, duration: float) -> tuple[Path, Path]:
     """(checkpoint dir, bag dir), created on first use."""
-    from oxygen_ros.ros.model_setup import random_checkpoint
     from oxygen_ros.tools.make_bag import write_synthetic_bag
+    from oxygen_ros.tools.make_checkpoint import random_checkpoint
 
     started = time.monotonic()
     checkpoint = random_checkpoint(preset, root=work)
@@ -73,7 +88,7 @@ def prepare_inputs(work: Path, preset: str, duration: float) -> "tuple[Path, Pat
     return checkpoint, bag
 
 
-def find_config(name: str = "oxygen.yaml") -> Optional[Path]:
+def find_config(name: str = "oxygen.yaml") -> Path | None:
     """config/<name> from the source tree, else from the installed package's share directory."""
     source = Path(__file__).resolve().parents[2] / "config" / name
     if source.is_file():
@@ -89,13 +104,13 @@ def find_config(name: str = "oxygen.yaml") -> Optional[Path]:
         return None
 
 
-def write_overrides(path: Path, parameters: Dict[str, object]) -> Path:
+def write_overrides(path: Path, parameters: dict[str, object]) -> Path:
     """A ROS params file (JSON is valid YAML) applying ``parameters`` to any node name."""
     path.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
     return path
 
 
-def ros_environment() -> Dict[str, str]:
+def ros_environment() -> dict[str, str]:
     """This process's environment with an isolated, local ROS graph."""
     env = os.environ
     env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
@@ -115,14 +130,14 @@ def ros_environment() -> Dict[str, str]:
 class Monitor:
     """What the demo has seen of the node's outputs (updated from executor threads)."""
 
-    chunk_times: List[float] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)
     deadline_misses: int = 0
     tokens: int = 0  # tokens of finished requests
-    finished: Dict[str, int] = field(default_factory=dict)
+    finished: dict[str, int] = field(default_factory=dict)
     latest_text: str = ""
     answer: str = ""
-    diagnostics: Dict[str, str] = field(default_factory=dict)
-    effective_rates: List[float] = field(default_factory=list)  # one per /diagnostics message
+    diagnostics: dict[str, str] = field(default_factory=dict)
+    effective_rates: list[float] = field(default_factory=list)  # one per /diagnostics message
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_chunk(self, msg) -> None:
@@ -143,7 +158,12 @@ class Monitor:
                 self.answer = msg.data
 
     def on_diagnostics(self, msg) -> None:
-        values = {kv.key: kv.value for st in msg.status if st.name.startswith(NODE_NAME) for kv in st.values}
+        values = {
+            kv.key: kv.value
+            for st in msg.status
+            if st.name.startswith(NODE_NAME)
+            for kv in st.values
+        }
         if values:
             with self.lock:
                 self.diagnostics.update(values)
@@ -173,7 +193,9 @@ def _wait_until_ready(node, player, process: subprocess.Popen, stop: threading.E
     while time.monotonic() < deadline and not stop.is_set():
         if process.poll() is not None:
             return False
-        if node.count_publishers(f"/{NODE_NAME}/action_chunk") and player.wait_for_subscribers(0.05, stop):
+        if node.count_publishers(f"/{NODE_NAME}/action_chunk") and player.wait_for_subscribers(
+            0.05, stop
+        ):
             return True
         time.sleep(0.1)
     return False
@@ -187,10 +209,15 @@ def _report(monitor: Monitor, started: float, stop: threading.Event) -> None:
             diag = dict(monitor.diagnostics)
             text = monitor.latest_text
         hz = monitor.frames_since(now - 1.0)
-        print(f"  t={now - started:5.1f} s  frame {hz:5.1f} Hz (of {diag.get('effective_rate_hz', '?')})  "
-              f"misses {monitor.deadline_misses:3d}  "
-              f"tok/s {float(diag.get('tokens_per_s', 0)):6.1f}  active {diag.get('active_requests', '0'):>2}  "
-              f"| {text[:60]!r}", flush=True)
+        print(
+            f"  t={now - started:5.1f} s  frame {hz:5.1f} Hz (of "
+            f"{diag.get('effective_rate_hz', '?')})  "
+            f"misses {monitor.deadline_misses:3d}  "
+            f"tok/s {float(diag.get('tokens_per_s', 0)):6.1f}  active "
+            f"{diag.get('active_requests', '0'):>2}  "
+            f"| {text[:60]!r}",
+            flush=True,
+        )
 
 
 def _stop_node(process: subprocess.Popen) -> int:
@@ -210,29 +237,36 @@ def _stop_node(process: subprocess.Popen) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oxygen_ros.ros.model_setup import cache_dir
+    from oxygen_ros.tools.make_checkpoint import cache_dir
 
     work = (args.work or cache_dir() / "demo").expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)
     checkpoint, bag = prepare_inputs(work, args.preset, args.duration)
     env = ros_environment()
-    overrides = write_overrides(work / "demo_params.yaml", {
-        "checkpoint_dir": str(checkpoint),
-        "rate_hz": float(args.rate_hz),
-        "narration_period_s": float(args.narration_period),
-        # Random weights make near-flat logits: greedy decoding repeats one (blank) token, sampling
-        # shows the text streaming. Real weights: the config's temperature (0 = greedy) applies.
-        "temperature": 1.0,
-        "camera_topics": ["/camera/base/image_raw", "/camera/wrist/image_raw"],
-        "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-        "joint_names": [f"joint_{i}" for i in range(1, 8)],
-        "autostart": True,
-    })
+    overrides = write_overrides(
+        work / "demo_params.yaml",
+        {
+            "checkpoint_dir": str(checkpoint),
+            "rate_hz": float(args.rate_hz),
+            "narration_period_s": float(args.narration_period),
+            # Random weights make near-flat logits: greedy decoding repeats one (blank) token,
+            # sampling
+            # shows the text streaming. Real weights: the config's temperature (0 = greedy) applies.
+            "temperature": 1.0,
+            "camera_topics": ["/camera/base/image_raw", "/camera/wrist/image_raw"],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": [f"joint_{i}" for i in range(1, 8)],
+            "autostart": True,
+        },
+    )
     config = find_config()
     files = (["--params-file", str(config)] if config else []) + ["--params-file", str(overrides)]
     log_path = work / "node.log"
     command = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", *files]
-    print(f"oxygen-demo: ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}; starting {' '.join(command[1:])} (log {log_path})")
+    print(
+        f"oxygen-demo: ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}; starting {' '.join(command[1:])} (log "
+        f"{log_path})"
+    )
 
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
@@ -252,7 +286,10 @@ def run(args: argparse.Namespace) -> int:
     executor.add_node(node)
 
     def report(exc: Exception) -> None:
-        print(f"oxygen-demo: executor error, spinning on: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"oxygen-demo: executor error, spinning on: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
     spinner = threading.Thread(target=spin_forever, args=(executor, report), daemon=True)
     spinner.start()
@@ -262,17 +299,28 @@ def run(args: argparse.Namespace) -> int:
         ask = node.create_publisher(String, f"/{NODE_NAME}/ask", 10)
         player = BagPlayer(node, bag, rate=1.0, restamp=True)
         if not _wait_until_ready(node, player, process, stop):
-            print(f"oxygen-demo: the node did not come up; last lines of {log_path}:", file=sys.stderr)
+            print(
+                f"oxygen-demo: the node did not come up; last lines of {log_path}:", file=sys.stderr
+            )
             print("".join(log_path.read_text().splitlines(True)[-15:]), file=sys.stderr)
             return 1
-        print(f"oxygen-demo: node ready; playing {bag.name} ({player.duration_s:.1f} s). The model has random "
-              "weights: its actions and text are meaningless, the timing is real.")
+        print(
+            f"oxygen-demo: node ready; playing {bag.name} ({player.duration_s:.1f} s). The model "
+            "has random weights: its actions and text are meaningless, the timing is real."
+        )
         started = time.monotonic()
         reporter_stop = threading.Event()
-        reporter = threading.Thread(target=_report, args=(monitor, started, reporter_stop), daemon=True)
+        reporter = threading.Thread(
+            target=_report, args=(monitor, started, reporter_stop), daemon=True
+        )
         reporter.start()
-        question = threading.Timer(args.duration / 2, lambda: (ask.publish(String(data=QUESTION)),
-                                                               print(f"  >> asked: {QUESTION!r}", flush=True)))
+        question = threading.Timer(
+            args.duration / 2,
+            lambda: (
+                ask.publish(String(data=QUESTION)),
+                print(f"  >> asked: {QUESTION!r}", flush=True),
+            ),
+        )
         question.start()
         player.play(stop)
         played = time.monotonic() - started
@@ -292,14 +340,16 @@ def run(args: argparse.Namespace) -> int:
         code = _stop_node(process)
         print(f"oxygen-demo: node stopped (exit status {code})")
         executor.shutdown()
-        spinner.join(timeout=5.0)  # a spin thread still inside rcl at interpreter exit aborts the process
+        spinner.join(
+            timeout=5.0
+        )  # a spin thread still inside rcl at interpreter exit aborts the process
         node.destroy_node()
         context.try_shutdown()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _summary(monitor: Monitor, played: float, requested_hz: float) -> Dict[str, object]:
+def _summary(monitor: Monitor, played: float, requested_hz: float) -> dict[str, object]:
     """Print the summary; returns it as the JSON-ready dict ``--json`` writes."""
     with monitor.lock:
         times = list(monitor.chunk_times)
@@ -310,7 +360,7 @@ def _summary(monitor: Monitor, played: float, requested_hz: float) -> Dict[str, 
     span = times[-1] - times[0] if len(times) > 1 else 0.0
     hz = (len(times) - 1) / span if span > 0 else 0.0
     late = misses / len(times) if times else 0.0
-    summary: Dict[str, object] = {
+    summary: dict[str, object] = {
         "requested_rate_hz": requested_hz,
         "effective_rate_hz": rates[-1] if rates else requested_hz,
         "effective_rate_hz_min": min(rates) if rates else requested_hz,
@@ -331,22 +381,38 @@ def _summary(monitor: Monitor, played: float, requested_hz: float) -> Dict[str, 
         "cpu_count": os.cpu_count(),
     }
     print("oxygen-demo summary")
-    print(f"  action chunks     {len(times)} in {played:.1f} s  (mean frame rate {hz:.1f} Hz, "
-          f"{misses} deadline misses = {100 * late:.1f}% late)")
-    print(f"  replanning rate   requested {requested_hz:g} Hz, effective {summary['effective_rate_hz']:g} Hz "
-          f"(lowest {summary['effective_rate_hz_min']:g} Hz, {summary['rate_changes']} changes; warm-up tick "
-          f"{summary['warmup_tick_ms']:.1f} ms)")
-    print(f"  action latency    p50 {diag.get('action_latency_p50_ms', '?')} ms, "
-          f"p99 {diag.get('action_latency_p99_ms', '?')} ms")
-    print(f"  language          {tokens} tokens in finished requests, {tokens / played if played else 0:.1f} tok/s; "
-          f"{finished.get('narration', 0)} narrations, {finished.get('answer', 0)} answers")
+    print(
+        f"  action chunks     {len(times)} in {played:.1f} s  (mean frame rate {hz:.1f} Hz, "
+        f"{misses} deadline misses = {100 * late:.1f}% late)"
+    )
+    print(
+        f"  replanning rate   requested {requested_hz:g} Hz, effective "
+        f"{summary['effective_rate_hz']:g} Hz "
+        f"(lowest {summary['effective_rate_hz_min']:g} Hz, {summary['rate_changes']} changes; "
+        f"warm-up tick {summary['warmup_tick_ms']:.1f} ms)"
+    )
+    print(
+        f"  action latency    p50 {diag.get('action_latency_p50_ms', '?')} ms, "
+        f"p99 {diag.get('action_latency_p99_ms', '?')} ms"
+    )
+    print(
+        f"  language          {tokens} tokens in finished requests, "
+        f"{tokens / played if played else 0:.1f} tok/s; "
+        f"{finished.get('narration', 0)} narrations, {finished.get('answer', 0)} answers"
+    )
     print(f"  answer            {answer or '(none)'}")
-    print(f"  kv memory         peak {diag.get('kv_peak_bytes', '?')} of {diag.get('kv_capacity_bytes', '?')} bytes")
-    print(f"  machine           load average {summary['load_average_1min']} on {summary['cpu_count']} CPUs")
+    print(
+        f"  kv memory         peak {diag.get('kv_peak_bytes', '?')} of "
+        f"{diag.get('kv_capacity_bytes', '?')} bytes"
+    )
+    print(
+        f"  machine           load average {summary['load_average_1min']} on "
+        f"{summary['cpu_count']} CPUs"
+    )
     return summary
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run(args)
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ LARGE_CHECKPOINT_BYTES = 2 * 1024**3
 PALIGEMMA_VOCAB_SIZE = 257_152
 
 
-def synthetic_norm_stats(dim: int, seed: int) -> Dict[str, NormStats]:
+def synthetic_norm_stats(dim: int, seed: int) -> dict[str, NormStats]:
     """Plausible quantile stats for ``state`` and ``actions`` of a ``dim``-joint robot."""
     rng = np.random.default_rng(seed)
     stats = {}
@@ -70,7 +73,7 @@ def make_checkpoint(
     seed: int = 0,
     *,
     dtype: torch.dtype = torch.float32,
-    tokenizer_out: Optional[Path] = None,
+    tokenizer_out: Path | None = None,
     asset_id: str = "robot",
     force: bool = False,
 ) -> Path:
@@ -119,7 +122,54 @@ def make_checkpoint(
     return out_dir
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+CACHE_ENV = "OXYGEN_ROS_CACHE"
+RANDOM_WEIGHT_PRESETS = ("tiny", "small")
+RANDOM_WEIGHTS_SEED = 0
+
+
+def cache_dir() -> Path:
+    """``$OXYGEN_ROS_CACHE``, else ``$XDG_CACHE_HOME/oxygen_ros``, else ``~/.cache/oxygen_ros``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oxygen_ros"
+
+
+def random_checkpoint(preset: str, root: Path | None = None) -> Path:
+    """The cached random-weight checkpoint of ``preset`` under ``root`` (default :func:`cache_dir`),
+    generated on first use.
+
+    Generation writes into a temporary sibling directory and renames it into place, so concurrent
+    users never see a half-written checkpoint.
+
+    Raises:
+        ValueError: ``preset`` is not one that is cached (tiny, small).
+    """
+    if preset not in RANDOM_WEIGHT_PRESETS:
+        raise ValueError(
+            f"random weights are cached only for presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}"
+        )
+    parent = (root or cache_dir()) / "checkpoints"
+    target = parent / f"random-{preset}-seed{RANDOM_WEIGHTS_SEED}"
+    if (target / "model.safetensors").is_file():
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
+    try:
+        make_checkpoint(scratch / "ckpt", preset, RANDOM_WEIGHTS_SEED)
+        try:
+            os.rename(scratch / "ckpt", target)
+        except OSError:
+            if not (
+                target / "model.safetensors"
+            ).is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="oxygen-make-checkpoint", description=__doc__.split("\n\n")[0]
     )
@@ -151,7 +201,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
@@ -184,8 +234,8 @@ def random_policy(
     device: str = "cpu",
     dtype: str = "float32",
     seed: int = 0,
-    action_dim: Optional[int] = None,
-    tokenizer_dir: Optional[Path] = None,
+    action_dim: int | None = None,
+    tokenizer_dir: Path | None = None,
     init: str = "cpu",
 ):
     """A random-weight policy of any preset built in memory (benchmarks; nothing written but a

@@ -18,9 +18,10 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import rclpy
 from rclpy.node import Node
@@ -40,7 +41,7 @@ _STAMP_END = 12  # bytes 4..12: header.stamp (int32 sec, uint32 nanosec) when he
 _HEADER_FIELD = ("header", "std_msgs/Header")
 
 
-def message_class(type_name: str) -> Optional[type]:
+def message_class(type_name: str) -> type | None:
     """Import the rclpy message class for ``pkg/msg/Type`` (or ``pkg/Type``); None if absent."""
     parts = type_name.split("/")
     if len(parts) == 2:
@@ -84,7 +85,7 @@ def _patch_leading_header(raw: bytes, sec: int, nanosec: int) -> bytes:
     return raw[:4] + struct.pack(f"{order}iI", sec, nanosec) + raw[_STAMP_END:]
 
 
-def restamper_for(msg_class: type) -> Optional[Restamper]:
+def restamper_for(msg_class: type) -> Restamper | None:
     """A function that rewrites the header stamp of serialized ``msg_class`` messages.
 
     Messages whose first field is ``std_msgs/Header`` (nearly all stamped messages) get their
@@ -121,7 +122,7 @@ class _Output:
     """Where one bag topic goes."""
 
     publisher: Publisher
-    restamp: Optional[Restamper]
+    restamp: Restamper | None
 
 
 class BagPlayer:
@@ -147,7 +148,7 @@ class BagPlayer:
         *,
         rate: float = 1.0,
         loop: bool = False,
-        topics: Optional[Sequence[str]] = None,
+        topics: Sequence[str] | None = None,
         restamp: bool = True,
     ) -> None:
         if not (math.isfinite(rate) and rate > 0):
@@ -169,7 +170,7 @@ class BagPlayer:
         return sorted(self._outputs)
 
     def _make_outputs(
-        self, connections: Sequence[Any], wanted: Optional[Sequence[str]]
+        self, connections: Sequence[Any], wanted: Sequence[str] | None
     ) -> dict[str, _Output]:
         """One publisher (and optional restamper) per playable topic."""
         logger = self._node.get_logger()
@@ -189,8 +190,9 @@ class BagPlayer:
             outputs[topic] = _Output(publisher, restamp)
         return outputs
 
-    def wait_for_subscribers(self, timeout_s: float,
-                             stop_event: Optional[threading.Event] = None) -> bool:
+    def wait_for_subscribers(
+        self, timeout_s: float, stop_event: threading.Event | None = None
+    ) -> bool:
         """Wait until every topic has a subscriber; False on timeout or stop."""
         deadline = time.monotonic() + timeout_s
         stop_event = stop_event or threading.Event()
@@ -199,7 +201,7 @@ class BagPlayer:
                 return False
         return True
 
-    def play(self, stop_event: Optional[threading.Event] = None) -> int:
+    def play(self, stop_event: threading.Event | None = None) -> int:
         """Publish the bag (repeatedly when looping) and return the number of messages sent.
 
         Returns early when ``stop_event`` is set or the node's context shuts down.
@@ -218,7 +220,7 @@ class BagPlayer:
         with AnyReader([self._path]) as reader:
             connections = [c for c in reader.connections if c.topic in self._outputs]
             start_wall = time.monotonic()
-            start_bag: Optional[int] = None
+            start_bag: int | None = None
             for connection, timestamp, raw in reader.messages(connections=connections):
                 start_bag = timestamp if start_bag is None else start_bag
                 due = start_wall + (timestamp - start_bag) * 1e-9 / self._rate
@@ -247,8 +249,6 @@ class BagPlayer:
 # ----------------------------------------------------------------------------------------------
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``oxygen-replay``."""
     parser = argparse.ArgumentParser(
@@ -257,18 +257,30 @@ def build_parser() -> argparse.ArgumentParser:
         "(--ros-args ...) may follow.",
     )
     parser.add_argument("bag", type=Path, help="rosbag2 directory")
-    parser.add_argument("--rate", type=positive_float, default=1.0,
-                        help="playback speed factor (default 1; 4 plays 4x faster)")
+    parser.add_argument(
+        "--rate",
+        type=positive_float,
+        default=1.0,
+        help="playback speed factor (default 1; 4 plays 4x faster)",
+    )
     parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
     parser.add_argument("--topics", nargs="+", metavar="TOPIC", help="only these topics")
-    parser.add_argument("--keep-stamps", action="store_true",
-                        help="publish the bag's header stamps instead of the current time")
-    parser.add_argument("--wait-for-subscribers", type=float, default=0.0, metavar="SEC",
-                        help="wait up to SEC seconds for a subscriber on every topic")
+    parser.add_argument(
+        "--keep-stamps",
+        action="store_true",
+        help="publish the bag's header stamps instead of the current time",
+    )
+    parser.add_argument(
+        "--wait-for-subscribers",
+        type=float,
+        default=0.0,
+        metavar="SEC",
+        help="wait up to SEC seconds for a subscriber on every topic",
+    )
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``oxygen-replay``; returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(remove_ros_args(["oxygen-replay", *argv])[1:])
@@ -289,8 +301,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _replay(node: Node, args: argparse.Namespace, stop: threading.Event) -> int:
     """Play the bag named by ``args`` and print a one-line summary; returns the exit status."""
     try:
-        player = BagPlayer(node, args.bag, rate=args.rate, loop=args.loop,
-                           topics=args.topics, restamp=not args.keep_stamps)
+        player = BagPlayer(
+            node,
+            args.bag,
+            rate=args.rate,
+            loop=args.loop,
+            topics=args.topics,
+            restamp=not args.keep_stamps,
+        )
         if args.wait_for_subscribers > 0:
             player.wait_for_subscribers(args.wait_for_subscribers, stop)
         started = time.monotonic()
@@ -299,8 +317,10 @@ def _replay(node: Node, args: argparse.Namespace, stop: threading.Event) -> int:
         print(f"oxygen-replay: cannot play {args.bag}: {exc}", file=sys.stderr)
         return 1
     elapsed = time.monotonic() - started
-    print(f"oxygen-replay: published {published} messages on {len(player.topics)} topic(s) "
-          f"in {elapsed:.2f} s (bag {player.duration_s:.2f} s at {args.rate:g}x) from {args.bag}")
+    print(
+        f"oxygen-replay: published {published} messages on {len(player.topics)} topic(s) "
+        f"in {elapsed:.2f} s (bag {player.duration_s:.2f} s at {args.rate:g}x) from {args.bag}"
+    )
     return 0
 
 

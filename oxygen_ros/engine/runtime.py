@@ -1,0 +1,108 @@
+"""Build a ready OxyGen engine from plain arguments: load the policy, make the engine, warm it up.
+
+What a program that runs the model needs, without ROS: the node converts its parameters into a
+:class:`ModelSpec` and an :class:`~oxygen_ros.engine.scheduler.EngineConfig` and calls
+:func:`load_policy`, :func:`build_engine` and :func:`warm_up`; a script can do the same.
+
+This module imports only the model and engine layers (never ``ros`` or ``tools``). It does not
+generate checkpoints: random-weight ones are made by ``oxygen-make-checkpoint`` (tooling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..model.policy import Pi05Policy
+from ..model.policy import load_policy as _load_policy
+from .requests import SamplingParams
+from .scheduler import Clock, EngineConfig, OxygenEngine
+from .types import Observation
+
+MAKE_CHECKPOINT_HINT = (
+    "make one with `oxygen-make-checkpoint --preset tiny --out DIR` (random weights, for trying "
+    "the package) or run `make demo`; for a robot, convert openpi's pi0.5 weights (see the README)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Which model to load and where it runs."""
+
+    checkpoint_dir: str  # openpi layout: model.safetensors + assets/*/norm_stats.json
+    tokenizer_path: str = ""  # empty: the checkpoint's own tokenizer.model
+    device: str = "cpu"
+    dtype: str = "float32"
+    robot: str = "generic"  # the robot adapter (model.robots)
+    action_dim: int | None = None  # action dims the robot uses; None: the model's
+    torch_threads: int = 1  # torch threads of the calling thread
+
+
+def load_policy(spec: ModelSpec) -> Pi05Policy:
+    """Load the checkpoint of ``spec`` (the calling thread gets ``torch_threads``).
+
+    Raises:
+        ValueError: ``checkpoint_dir`` is empty (the message says how to make a checkpoint).
+        CheckpointError (a ValueError), FileNotFoundError, RuntimeError: the checkpoint cannot be
+            loaded; the message says why.
+    """
+    if not spec.checkpoint_dir:
+        raise ValueError(
+            f"checkpoint_dir is empty: give an openpi-layout checkpoint directory; "
+            f"{MAKE_CHECKPOINT_HINT}"
+        )
+    torch.set_num_threads(spec.torch_threads)
+    return _load_policy(
+        Path(spec.checkpoint_dir).expanduser(),
+        tokenizer_path=spec.tokenizer_path or None,
+        device=spec.device,
+        dtype=spec.dtype,
+        action_dim=spec.action_dim,
+        robot=spec.robot,
+    )
+
+
+def build_engine(
+    policy: Pi05Policy, config: EngineConfig, clock: Clock = time.monotonic
+) -> OxygenEngine:
+    """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines)."""
+    return OxygenEngine(policy, config, clock=clock)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmUpReport:
+    """What warm-up measured of the engine's part of a tick (milliseconds)."""
+
+    action_ms: float  # prefill + action expert, median of the frames after the first
+    language_step_ms: float  # one decode step at batch 1 (the engine's estimate)
+
+
+def warm_up(engine: OxygenEngine, observation: Observation, frames: int = 5) -> WarmUpReport:
+    """Prepare ``engine`` before its first real deadline and report what a tick costs.
+
+    ``OxygenEngine.warm_up`` is to become the one warm-up (graph capture, decode calibration and
+    the first-call frames, returning the report). Until the engine returns a report, this runs the
+    first-call frames itself: TO BE REPLACED by the engine's own once it does.
+    """
+    report = engine.warm_up(observation)
+    if hasattr(report, "action_ms") and hasattr(report, "language_step_ms"):
+        return WarmUpReport(float(report.action_ms), float(report.language_step_ms))
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=engine.config.seed)
+    action_s = []
+    for frame in range(max(frames, 2)):
+        started = time.monotonic()
+        engine.act(observation)
+        action_s.append(time.monotonic() - started)
+        for _ in range(min(frame, 2) + 1):  # batches of 1, 2, 3
+            engine.submit("narration", sampling=sampling)
+        engine.decode()
+        engine.decode(max_steps=16)
+    engine.decode(max_steps=64)
+    return WarmUpReport(
+        action_ms=1e3 * float(np.median(action_s[1:])),
+        language_step_ms=1e3 * engine.timer.estimate(1),
+    )

@@ -1,0 +1,107 @@
+"""The node's parameters as engine-level arguments, and the configure transition's model steps.
+
+:func:`model_spec` and :func:`engine_config` turn :class:`NodeSettings` into what
+:mod:`oxygen_ros.engine.runtime` takes; :func:`check_fits_model` checks the parameters against the
+loaded model; :func:`load_engine` and :func:`warm_up_observation` are what ``configure`` runs.
+No rclpy here: the node passes an ``info`` callable for its logger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..engine.runtime import ModelSpec, build_engine, load_policy
+from ..engine.scheduler import EngineConfig, OxygenEngine
+from ..engine.types import Observation
+from ..model.policy import Pi05Policy
+from .params import NodeSettings, SettingsError
+
+Log = Callable[[str], None]
+
+
+def model_spec(settings: NodeSettings) -> ModelSpec:
+    """The model the node's parameters ask for."""
+    return ModelSpec(
+        checkpoint_dir=settings.checkpoint_dir,
+        tokenizer_path=settings.tokenizer_path,
+        device=settings.device,
+        dtype=settings.dtype,
+        robot=settings.robot,
+        action_dim=len(settings.action_joint_names),
+        torch_threads=settings.torch_threads,
+    )
+
+
+def engine_config(settings: NodeSettings) -> EngineConfig:
+    """The engine settings the node's parameters ask for."""
+    return EngineConfig(
+        decode_mode=settings.decode_mode,
+        decode_steps_per_frame=settings.decode_steps_per_frame,
+        max_active_requests=settings.max_active_requests,
+        kv_capacity_tokens=settings.kv_capacity_tokens,
+        deadline_margin_ms=settings.decode_margin_ms,
+        seed=settings.seed,
+        default_max_tokens=max(settings.narration_max_tokens, settings.answer_max_tokens),
+        static_shapes=settings.static_shapes,
+        cuda_graphs=settings.cuda_graphs,
+        gpu_preprocess=settings.gpu_preprocess,
+        chunk_continuity=settings.chunk_continuity,
+        action_dt=settings.action_dt,
+        rtc_execution_horizon=settings.rtc_execution_horizon,
+        rtc_max_guidance_weight=settings.rtc_max_guidance_weight,
+        rtc_schedule=settings.rtc_schedule,
+    )
+
+
+def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
+    """Raise :class:`SettingsError` when the parameters ask for more than the model has."""
+    config = policy.config
+    if settings.action_horizon > config.action_horizon:
+        raise SettingsError(
+            f"action_horizon {settings.action_horizon} exceeds the model's horizon "
+            f"{config.action_horizon}"
+        )
+    if len(settings.action_joint_names) > config.action_dim:
+        raise SettingsError(
+            f"{len(settings.action_joint_names)} action joints but the model has "
+            f"{config.action_dim} action dims"
+        )
+    if len(settings.joint_names) > policy.state_stats.dim:
+        raise SettingsError(
+            f"{len(settings.joint_names)} joint_names but the checkpoint's state norm stats cover "
+            f"{policy.state_stats.dim} dims"
+        )
+
+
+def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
+    """Load the policy, check it against the parameters and build the engine (the calling thread
+    gets ``torch_threads``).
+
+    Raises:
+        ValueError (CheckpointError, or an empty checkpoint_dir), FileNotFoundError, SettingsError,
+        RuntimeError: the checkpoint cannot be loaded or does not fit the parameters; the message
+        says why.
+    """
+    started = time.monotonic()
+    policy = load_policy(model_spec(settings))
+    check_fits_model(settings, policy)
+    info(
+        f"loaded '{policy.config.name}' model from {settings.checkpoint_dir} in "
+        f"{time.monotonic() - started:.2f} s (horizon {policy.config.action_horizon}, "
+        f"{len(settings.action_joint_names)} action joints, device {settings.device}, "
+        f"{settings.dtype})"
+    )
+    return build_engine(policy, engine_config(settings))
+
+
+def warm_up_observation(settings: NodeSettings, size: int = 224) -> Observation:
+    """A grey observation with every configured camera slot, for warming up."""
+    image = np.full((size, size, 3), 128, dtype=np.uint8)
+    return Observation(
+        images={cam.slot: image for cam in settings.cameras},
+        state=np.zeros(len(settings.joint_names), dtype=np.float32),
+        prompt=settings.task,
+    )

@@ -1,0 +1,428 @@
+"""One tick of the node's loop, and the state the loop keeps between ticks.
+
+    assemble the newest inputs -> act (ONE shared prefill + action expert) -> command (limits)
+    -> publish the chunk -> submit questions / a due narration onto this frame
+    -> decode language until the next tick -> publish text (Narration, texts, Ask feedback)
+    -> record stats
+
+Faults inside the engine are counted by kind and reported to the caller, which decides when a run
+of failing ticks takes the node through the lifecycle error transition. Nothing here touches the
+lifecycle or the timer directly: the node passes ``restart_timer`` and ``next_tick_time``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from builtin_interfaces.msg import Time
+
+from ..engine.faults import FaultInjector
+from ..engine.kv_cache import KVMemoryError
+from ..engine.requests import SamplingParams
+from ..engine.runtime import WarmUpReport
+from ..engine.scheduler import OxygenEngine
+from ..engine.types import ActionChunk, Observation, TextDelta
+from .ask_action import AskGoal, Question
+from .commands import build_command, safety_filter
+from .diagnostics import Counters, RateMeter, RollingWindow
+from .observation import NS_PER_S, ObservationAssembler
+from .outputs import Outputs, publish_cost
+from .params import NodeSettings
+from .rate_control import RateGovernor, TickCost
+from .safety import SafetyFilter, UnsafeChunkError
+from .text_streams import LanguageStreams, PeriodicSchedule, PublishCost
+
+MAX_PENDING_QUESTIONS = 32
+# Beyond the engine's own limits (queued max_wait_frames, then stalled max_stall_frames) a request
+# without a final delta is lost: the node finishes it as failed.
+EXPIRY_SLACK_TICKS = 10
+Warn = Callable[[str, str], None]
+
+_thread_state = threading.local()
+
+
+class EngineFault(Exception):
+    """An engine call failed in this tick (already counted and logged); the message says which."""
+
+
+def use_torch_threads(count: int) -> None:
+    """``torch.set_num_threads`` is per thread: apply it to the calling thread once."""
+    if getattr(_thread_state, "torch_threads", None) != count:
+        torch.set_num_threads(count)
+        _thread_state.torch_threads = count
+
+
+class TickLoop:
+    """The loop's state and one tick (called with the engine lock held, from one thread)."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        warn: Warn,
+        log: Any,
+        faults: FaultInjector,
+        now_ns: Callable[[], int],
+        restart_timer: Callable[[], None],
+        next_tick_time: Callable[[float, float], float],
+        rate_hz: float,
+    ) -> None:
+        self.counters, self._warn, self._log, self.faults = counters, warn, log, faults
+        self._now_ns, self._restart_timer, self._next_tick_time = (
+            now_ns,
+            restart_timer,
+            next_tick_time,
+        )
+        self.outputs: Outputs | None = None  # set while configured
+        self.assembler: ObservationAssembler | None = None
+        self.questions: collections.deque[Question] = collections.deque()
+        self.asks: dict[int, AskGoal] = {}  # request id -> the Ask goal it answers
+        self.streams = LanguageStreams()
+        self.narration_due = PeriodicSchedule()
+        self.governor = RateGovernor(rate_hz)
+        self.warm_up_cost: TickCost | None = None  # of the configured engine
+        self.publish_cost = PublishCost()
+        self.action_ms, self.prefill_ms, self.tick_ms = (
+            RollingWindow(),
+            RollingWindow(),
+            RollingWindow(),
+        )
+        self.frame_rate, self.token_rate = RateMeter(), RateMeter()
+        self.ages: dict[str, float | None] = {}
+        self.engine_stats: dict[str, int] = {}
+        self.chunks_published = 0
+        self.failing_ticks = 0  # consecutive ticks with an engine fault
+        self._submitted = 0
+        self._frame_stamp = Time()
+        self._safety: tuple[NodeSettings, SafetyFilter] | None = None
+
+    # -- the tick ---------------------------------------------------------------------------------
+    def run(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> str | None:
+        """One tick. Returns what failed inside the engine, None when every engine call
+        succeeded."""
+        use_torch_threads(settings.torch_threads)
+        assembly = self.assembler.assemble(
+            settings.task, settings.max_observation_age_s, self._now_ns()
+        )
+        self.ages = assembly.ages
+        fault = None
+        if assembly.observation is None:
+            self.counters.add(f"no_action_{assembly.reason}")
+            self._warn(f"no_action:{assembly.reason}", f"no action this tick: {assembly.detail}")
+        else:
+            try:
+                if self._act(engine, settings, assembly.observation, assembly.stamp_ns, started):
+                    action_s = time.monotonic() - started
+                    self._submit_language(engine, settings, started)
+                    self._adapt_rate(engine, settings, action_s)
+            except EngineFault as exc:
+                fault = str(exc)
+        deltas = self._cancelled(engine)
+        decoded, decode_fault = self._decode(engine, started)
+        self.publish_text(deltas + decoded + self._expired(engine), settings)
+        self._record_engine_stats(engine)
+        return fault or decode_fault
+
+    def _act(
+        self,
+        engine: OxygenEngine,
+        settings: NodeSettings,
+        observation: Observation,
+        stamp_ns: int,
+        started: float,
+    ) -> bool:
+        """Shared prefill + action, limits, publish. Returns whether a new frame now exists.
+
+        Raises:
+            EngineFault: the engine failed (counted); the next tick retries.
+        """
+        try:
+            chunk = engine.act(observation)
+        except ValueError as exc:  # an observation the model cannot use: not the engine's failure
+            self.counters.add("no_action_engine_rejected")
+            self._warn(
+                "no_action:engine_rejected",
+                f"no action this tick: the model rejected the observation: {exc}",
+            )
+            return False
+        except KVMemoryError as exc:
+            self.counters.add("no_action_kv_memory")
+            self._warn(
+                "no_action:kv_memory", f"no action this tick: no KV memory for the frame: {exc}"
+            )
+            raise EngineFault(f"act: KVMemoryError: {exc}") from exc
+        except Exception as exc:  # an internal fault (a CUDA error, an out-of-memory, a bug)
+            self.counters.add("no_action_engine_error")
+            self._warn(
+                f"no_action:engine_error:{type(exc).__name__}",
+                f"no action this tick: the engine failed: {type(exc).__name__}: {exc}\n"
+                f"{traceback.format_exc()}",
+            )
+            raise EngineFault(f"act: {type(exc).__name__}: {exc}") from exc
+        stamp = Time(sec=stamp_ns // NS_PER_S, nanosec=stamp_ns % NS_PER_S)
+        self._frame_stamp = stamp
+        self.action_ms.add(chunk.prefill_ms + chunk.action_ms)
+        self.prefill_ms.add(chunk.prefill_ms)
+        horizon = settings.action_horizon or chunk.actions.shape[0]
+        try:
+            command = build_command(
+                settings,
+                chunk.actions[:horizon],
+                observation.state,
+                stamp,
+                self.safety_filter(settings),
+            )
+        except UnsafeChunkError as exc:
+            self.counters.add("non_finite_output")
+            self._warn("unsafe_chunk", f"not publishing frame {chunk.frame_id}: {exc}")
+            return True
+        self._publish_chunk(settings, chunk, stamp, command, started)
+        return True
+
+    def _publish_chunk(
+        self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Any, started: float
+    ) -> None:
+        published = time.monotonic()
+        deadline_met = published - started <= self.governor.effective_period_s  # the loop's rate
+        age = self._now_ns() / NS_PER_S - chunk.stamp
+        self.outputs.publish_command(
+            settings, chunk, stamp, command, (published - started) * 1e3, deadline_met, age
+        )
+        self.chunks_published += 1
+        if command.clipped:
+            self.counters.add("clipped_values", command.clipped)
+        if not deadline_met:
+            self.counters.add("deadline_misses")
+
+    def safety_filter(self, settings: NodeSettings) -> SafetyFilter:
+        """The limits of ``settings`` (rebuilt only when the settings object changes)."""
+        if self._safety is None or self._safety[0] is not settings:
+            self._safety = (settings, safety_filter(settings))
+        return self._safety[1]
+
+    def _decode(self, engine: OxygenEngine, started: float) -> tuple[list[TextDelta], str | None]:
+        """Language in the rest of the period: (the deltas, what failed or None).
+
+        Publishing this tick's text is part of its budget, so decoding ends that much before the
+        next tick; in decode_mode fixed, ``until`` bounds the k steps too.
+        """
+        until = (
+            self._next_tick_time(started, self.governor.effective_period_s)
+            - self.publish_cost.expected_s()
+        )
+        try:
+            return engine.decode(until=until), None
+        except (
+            Exception
+        ) as exc:  # the engine answers language faults with failed finals; this is worse
+            self.counters.add("decode_errors")
+            self._warn(
+                f"decode:{type(exc).__name__}",
+                f"language decoding failed this tick: {type(exc).__name__}: {exc}\n"
+                f"{traceback.format_exc()}",
+            )
+            return [], f"decode: {type(exc).__name__}: {exc}"
+
+    def _record_engine_stats(self, engine: OxygenEngine) -> None:
+        memory = engine.memory()
+        self.engine_stats = {
+            "active_requests": engine.active_requests,
+            "queued_requests": engine.queued_requests,
+            "tokens_generated": engine.tokens_generated,
+            "decode_steps": engine.decode_steps,
+            **{f"kv_{key}": value for key, value in memory.items()},
+        }
+
+    # -- language ---------------------------------------------------------------------------------
+    def _submit_language(self, engine: OxygenEngine, settings: NodeSettings, now: float) -> None:
+        """Submit queued questions and a due narration onto the frame just computed."""
+        while self.questions:
+            question = self.questions.popleft()
+            if question.goal is not None and question.goal.cancel_requested:
+                self.counters.add("ask_goals_cancelled")
+                question.goal.cancel("cancelled before it was asked")
+                continue
+            request_id = self._submit(
+                engine,
+                "answer",
+                question.text,
+                question.token_budget(settings.answer_max_tokens),
+                settings,
+            )
+            if question.goal is not None:
+                self.asks[request_id] = question.goal
+        if self.narration_due.due(now, settings.narration_period_s):
+            self.narration_due.mark(now)
+            if self.streams.busy("narration"):
+                self.counters.add("narration_skipped_busy")
+            else:
+                self._submit(engine, "narration", "", settings.narration_max_tokens, settings)
+
+    def _submit(
+        self, engine: OxygenEngine, kind: str, text: str, max_tokens: int, settings: NodeSettings
+    ) -> int:
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=settings.temperature,
+            seed=settings.seed + self._submitted,
+        )
+        self._submitted += 1
+        request_id = engine.submit(kind, text, sampling)
+        self.streams.opened(request_id, kind)
+        return request_id
+
+    def _cancelled(self, engine: OxygenEngine) -> list[TextDelta]:
+        """The ``cancelled`` finals of Ask goals whose client cancelled (their KV is freed now)."""
+        deltas = []
+        for request_id, goal in list(self.asks.items()):
+            if goal.cancel_requested:
+                delta = engine.cancel(request_id)
+                if delta is not None:
+                    self.counters.add("ask_goals_cancelled")
+                    deltas.append(delta)
+        return deltas
+
+    def _expired(self, engine: OxygenEngine) -> list[TextDelta]:
+        """Failed finals for requests the engine went silent on beyond its own limits (counted)."""
+        limits = engine.config
+        expired = self.streams.expire(
+            limits.max_wait_frames + limits.max_stall_frames + EXPIRY_SLACK_TICKS
+        )
+        if expired:
+            self.counters.add("streams_expired", len(expired))
+        return expired
+
+    def publish_text(self, deltas: Sequence[TextDelta], settings: NodeSettings) -> None:
+        """Publish each delta (and a finished request's full text, and Ask feedback); the cost feeds
+        the language budget.
+
+        A request's stream closes with its final delta before that is published, so a final lost to
+        a publishing failure (counted) never leaves its kind busy.
+        """
+        started = time.monotonic()
+        for delta in deltas:
+            update = self.streams.update(delta, self._frame_stamp)
+            if delta.final:
+                self._count_finish(delta)
+            goal = (
+                self.asks.pop(delta.request_id, None)
+                if delta.final
+                else self.asks.get(delta.request_id)
+            )
+            try:
+                if goal is not None:
+                    goal.feed(delta)
+                self.faults.check("text_publish")
+                self.outputs.publish_delta(delta, update.stamp)
+                if delta.final:
+                    self.outputs.publish_finished(update.full_text, settings, update.stamp)
+            except Exception as exc:  # rclpy (or an injected fault): lose this delta, not the tick
+                self.counters.add("text_publish_errors")
+                if delta.final:
+                    self.counters.add("final_deltas_lost")
+                self._warn(
+                    f"text_publish:{type(exc).__name__}",
+                    f"could not publish a text delta of {delta.kind} request {delta.request_id}"
+                    f"{' (its final)' if delta.final else ''}: {type(exc).__name__}: {exc}",
+                )
+        self.publish_cost.record(len(deltas), time.monotonic() - started)
+
+    def _count_finish(self, delta: TextDelta) -> None:
+        self.counters.add("requests_finished")
+        if delta.finish_reason in ("refused", "failed", "stalled"):
+            self.counters.add(f"requests_{delta.finish_reason}")
+            self._warn(
+                f"{delta.finish_reason}:{delta.kind}",
+                f"{delta.kind} request {delta.request_id} {delta.finish_reason}: {delta.detail}",
+            )
+
+    def finish_closed(self, deltas: Sequence[TextDelta]) -> None:
+        """The engine was closed: count the requests it cancelled, end their Ask goals, forget every
+        open stream (nothing is published; the publishers are going away)."""
+        finals = [delta for delta in deltas if delta.final]
+        if finals:
+            self.counters.add("requests_cancelled_at_close", len(finals))
+        for delta in finals:
+            goal = self.asks.pop(delta.request_id, None)
+            if goal is not None:
+                goal.feed(delta)
+        for goal in self.asks.values():  # no final came back for these
+            goal.cancel("the engine was released")
+        self.asks.clear()
+        self.streams.clear()
+
+    def drop_questions(self, why: str) -> None:
+        """Questions still waiting when the node stops being active are dropped (counted); their
+        Ask goals end as aborted with ``why``."""
+        if self.questions:
+            self.counters.add("ask_dropped_inactive", len(self.questions))
+        while self.questions:
+            question = self.questions.popleft()
+            if question.goal is not None:
+                question.goal.cancel(why)
+
+    # -- rate -------------------------------------------------------------------------------------
+    def cost_at_warm_up(
+        self, settings: NodeSettings, engine: OxygenEngine, report: WarmUpReport
+    ) -> TickCost:
+        """The whole tick as warm-up measured it: the engine's part plus building and serialising
+        what a tick publishes (a chunk, its trajectory, one text delta)."""
+        horizon = settings.action_horizon or engine.policy.config.action_horizon
+        chunk_s, delta_s = publish_cost(settings, horizon, self.safety_filter(settings))
+        self.publish_cost.seed(delta_s)
+        return TickCost(
+            action_s=report.action_ms * 1e-3 + chunk_s,
+            language_step_s=report.language_step_ms * 1e-3 + delta_s,
+            margin_s=settings.decode_margin_ms * 1e-3,
+        )
+
+    def plan_rate(self, settings: NodeSettings) -> None:
+        """Check ``rate_hz`` against the warm-up tick (a WARN when it cannot be held with room for
+        language) and start the governor: at rate_hz, or with ``adapt`` at the rate that fits."""
+        cost = self.warm_up_cost
+        adapt = settings.overrun_policy == "adapt"
+        holdable = cost.holdable_hz() if cost is not None else float("inf")
+        feasible = holdable >= settings.rate_hz
+        self.governor.reset(settings.rate_hz, adapt, start_hz=None if feasible else holdable)
+        if not feasible:
+            then = (
+                f"overrun_policy adapt: replanning at {self.governor.effective_hz:g} Hz, back up "
+                "to rate_hz when ticks get cheaper"
+                if adapt
+                else "overrun_policy skip: ticks will overrun and skip periods"
+            )
+            self._log.warning(
+                f"rate_hz {settings.rate_hz:g} cannot be held with room for language: a tick costs "
+                f"{cost.total_s * 1e3:.1f} ms at warm-up (prefill + action + publish "
+                f"{cost.action_s * 1e3:.1f} ms, a language step {cost.language_step_s * 1e3:.1f} "
+                f"ms, margin {cost.margin_s * 1e3:.1f} ms) of a {settings.period_s * 1e3:.1f} ms "
+                f"period; about {holdable:.1f} Hz fits. {then}"
+            )
+
+    def _adapt_rate(self, engine: OxygenEngine, settings: NodeSettings, action_s: float) -> None:
+        """Feed this tick's cost to the governor; a new effective rate restarts the timer
+        (logged)."""
+        cost = TickCost(
+            action_s=action_s,
+            language_step_s=engine.timer.estimate(1) + self.publish_cost.per_delta_s,
+            margin_s=settings.decode_margin_ms * 1e-3,
+        )
+        previous = self.governor.effective_hz
+        changed = self.governor.record(cost)
+        if changed is None:
+            return
+        self.counters.add("rate_changes")
+        direction = "lowered" if changed < previous else "raised"
+        self._log.warning(
+            f"replanning rate {direction} from {previous:g} to {changed:g} Hz (rate_hz "
+            f"{settings.rate_hz:g}): recent ticks hold about {self.governor.holdable_hz:.1f} Hz "
+            "with "
+            f"room for language (this tick: action path {action_s * 1e3:.1f} ms, a language step "
+            f"{cost.language_step_s * 1e3:.1f} ms)"
+        )
+        self._restart_timer()

@@ -1,0 +1,223 @@
+"""The node's Ask action and narration marker over real DDS: a real ``oxygen_node`` process (tiny
+random-weight model, a replayed synthetic bag) and an rclpy ActionClient in the test's own node.
+
+* a goal's feedback streams in order and concatenates to the result's text; the result says why
+  the answer ended and the goal SUCCEEDED;
+* a cancelled goal ends CANCELED with finish_reason ``cancelled``, and its KV is freed: the node's
+  /diagnostics show the KV in use and the live segments back where they were before the goal;
+* goals that are empty, too long or sent while the node is inactive are rejected (and counted);
+* each finished text is also a TEXT_VIEW_FACING Marker at the frame and position of the
+  parameters (narration_marker: true), the same text as ~/narration_text.
+
+Narration is off (narration_period_s 0) so that only the test's questions use KV memory, and
+language decodes one step per tick (decode_mode fixed, k = 1) so a long answer lasts long enough
+to be cancelled in the middle.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from action_msgs.msg import GoalStatus
+from lifecycle_msgs.msg import Transition
+from node_harness import STATE_ACTIVE, NodeProcess, Probe, wait_for
+from rclpy.action import ActionClient
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_msgs.msg import String
+from visualization_msgs.msg import Marker
+
+from oxygen_ros.action import Ask
+from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+MAX_TEXT_CHARS = 60
+MARKER_FRAME = "table"
+MARKER_POSITION = [0.5, -0.25, 1.5]
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def bag(tmp_path_factory):
+    return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def node(tiny_checkpoint, tmp_path_factory):
+    process = NodeProcess(
+        {
+            "checkpoint_dir": str(tiny_checkpoint),
+            "rate_hz": 10.0,
+            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": joint_names(7),
+            "max_observation_age_s": 1.0,
+            "narration_period_s": 0.0,
+            "answer_max_tokens": 6,
+            "decode_mode": "fixed",
+            "decode_steps_per_frame": 1,
+            # random weights: sampling streams varied text instead of one blank token
+            "temperature": 1.0,
+            "max_text_chars": MAX_TEXT_CHARS,
+            "narration_marker": True,
+            "narration_marker_frame": MARKER_FRAME,
+            "narration_marker_position": MARKER_POSITION,
+        },
+        tmp_path_factory.mktemp("node"),
+    )
+    yield process
+    assert process.stop() == 0, process.log()[-3000:]
+
+
+class AskClient:
+    """An ActionClient on the probe's node, plus a raw subscription to the action's feedback topic
+    (rclpy's client drops a goal's feedback once its result is in; the topic keeps all of it)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.client = ActionClient(probe.node, Ask, "/oxygen_node/ask")
+        assert self.client.wait_for_server(timeout_sec=WAIT_S), "no Ask action server on the node"
+        self.lock = threading.Lock()
+        self.feedback = {}  # goal uuid bytes -> [(delta, token_count)]
+        self.markers = []
+        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        probe.node.create_subscription(
+            Ask.Impl.FeedbackMessage,
+            "/oxygen_node/ask/_action/feedback",
+            self._on_feedback,
+            reliable,
+        )
+        probe.node.create_subscription(
+            Marker, "/oxygen_node/narration_marker", self._on_marker, reliable
+        )
+
+    def _on_feedback(self, msg) -> None:
+        with self.lock:
+            self.feedback.setdefault(bytes(msg.goal_id.uuid), []).append(
+                (msg.feedback.delta, msg.feedback.token_count)
+            )
+
+    def _on_marker(self, msg: Marker) -> None:
+        with self.lock:
+            self.markers.append(msg)
+
+    def feedback_of(self, handle):
+        with self.lock:
+            return list(self.feedback.get(bytes(handle.goal_id.uuid), []))
+
+    def send(self, question: str, max_tokens: int = 0):
+        future = self.client.send_goal_async(Ask.Goal(question=question, max_tokens=max_tokens))
+        assert wait_for(future.done, WAIT_S), "no reply to the goal"
+        return future.result()
+
+    def result(self, handle):
+        future = handle.get_result_async()
+        assert wait_for(future.done, WAIT_S), "no result"
+        return future.result()
+
+
+@pytest.fixture(scope="module")
+def probe(node, bag):
+    probe = Probe([camera_topic("base"), camera_topic("wrist"), "/joint_states"])
+    probe.wait_active(node)
+    playback = probe.play_in_background(bag)
+    assert wait_for(lambda: len(probe.chunks) >= 3, WAIT_S), "no chunks from the node"
+    yield probe
+    playback.stop()
+    probe.close()
+
+
+@pytest.fixture(scope="module")
+def ask(probe):
+    return AskClient(probe)
+
+
+def test_feedback_streams_in_order_and_concatenates_to_the_result(probe, ask):
+    handle = ask.send("what is on the table?", max_tokens=5)
+    assert handle.accepted
+    reply = ask.result(handle)
+    result = reply.result
+    assert reply.status == GoalStatus.STATUS_SUCCEEDED, result
+    assert result.finish_reason in ("eos", "stop", "length")
+    assert wait_for(lambda: "".join(d for d, _ in ask.feedback_of(handle)) == result.text, 5), (
+        ask.feedback_of(handle),
+        result.text,
+    )
+    counts = [count for _, count in ask.feedback_of(handle)]
+    assert counts == sorted(counts) and 1 <= counts[-1] <= 5  # in order, within max_tokens
+
+
+def test_a_cancel_stops_the_answer_frees_its_kv_and_ends_cancelled(probe, ask):
+    before = probe.fresh_diagnostics()
+    baseline = (int(before["kv_bytes_in_use"]), int(before["kv_live_segments"]))
+    handle = ask.send("describe everything you see, in detail", max_tokens=200)
+    assert handle.accepted
+    assert wait_for(lambda: len(ask.feedback_of(handle)) >= 2, WAIT_S), "no feedback streamed"
+    during = probe.fresh_diagnostics()
+    assert int(during["kv_live_segments"]) > baseline[1]  # the answer holds its own KV
+    cancel = handle.cancel_goal_async()
+    assert wait_for(cancel.done, WAIT_S)
+    reply = ask.result(handle)
+    assert reply.status == GoalStatus.STATUS_CANCELED
+    assert reply.result.finish_reason == "cancelled"
+    assert wait_for(lambda: "".join(d for d, _ in ask.feedback_of(handle)) == reply.result.text, 5)
+    assert ask.feedback_of(handle)[-1][1] < 200  # stopped long before its token limit
+    after = probe.fresh_diagnostics()
+    assert (int(after["kv_bytes_in_use"]), int(after["kv_live_segments"])) == baseline
+
+
+def test_bad_goals_are_rejected_and_counted(probe, ask):
+    assert not ask.send("   ").accepted
+    assert not ask.send("x" * (MAX_TEXT_CHARS + 1)).accepted
+    assert probe.counter("ask_action_rejected_empty") == 1
+    assert probe.counter("ask_action_rejected_too_long") == 1
+
+
+def test_goals_are_rejected_while_the_node_is_inactive(probe, ask):
+    assert probe.change_state(Transition.TRANSITION_DEACTIVATE)
+    try:
+        assert not ask.send("are you there?").accepted
+        assert probe.counter("ask_action_rejected_inactive") == 1
+    finally:
+        assert probe.change_state(Transition.TRANSITION_ACTIVATE)
+    assert probe.get_state() == STATE_ACTIVE
+
+
+def test_finished_texts_are_published_as_markers_where_the_parameters_say(probe, ask):
+    with probe.lock:
+        texts_before = len(probe.texts)
+    probe.ask.publish(String(data="what colour is the cup?"))
+    assert wait_for(lambda: len(probe.texts) > texts_before, WAIT_S), "no finished text"
+    with probe.lock:
+        text = probe.texts[texts_before]
+    assert text.startswith("[answer] ")
+    assert wait_for(lambda: any(m.text == text for m in list(ask.markers)), 5), "no marker"
+    marker = next(m for m in list(ask.markers) if m.text == text)
+    assert marker.type == Marker.TEXT_VIEW_FACING and marker.action == Marker.ADD
+    assert marker.header.frame_id == MARKER_FRAME
+    position = marker.pose.position
+    assert [position.x, position.y, position.z] == MARKER_POSITION
+    assert marker.scale.z > 0 and marker.color.a == 1.0
+
+
+def test_answers_unfinished_at_cleanup_are_counted_and_their_goals_end(probe, ask):
+    """Releasing the engine (deactivate, clean up) cancels the requests still decoding: counted as
+    requests_cancelled_at_close, and an Ask goal among them ends ABORTED with finish_reason
+    cancelled (the client did not cancel it) and the text said before."""
+    handle = ask.send("tell me a long story about the table", max_tokens=200)
+    assert handle.accepted
+    assert wait_for(lambda: len(ask.feedback_of(handle)) >= 1, WAIT_S), "no feedback streamed"
+    assert probe.change_state(Transition.TRANSITION_DEACTIVATE)
+    assert probe.change_state(Transition.TRANSITION_CLEANUP)
+    try:
+        reply = ask.result(handle)
+        assert reply.status == GoalStatus.STATUS_ABORTED
+        assert reply.result.finish_reason == "cancelled"
+        assert wait_for(
+            lambda: "".join(d for d, _ in ask.feedback_of(handle)) == reply.result.text, 5
+        )
+        assert probe.counter("requests_cancelled_at_close") == 1
+    finally:
+        assert probe.change_state(Transition.TRANSITION_CONFIGURE)
+        assert probe.change_state(Transition.TRANSITION_ACTIVATE)
+    assert probe.get_state() == STATE_ACTIVE
