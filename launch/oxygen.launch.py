@@ -1,6 +1,6 @@
 """Launch oxygen_node, the managed node that serves pi0.5 actions and language over ROS 2.
 
-    ros2 launch oxygen_ros oxygen.launch.py
+    ros2 launch oxygen_ros oxygen.launch.py checkpoint_dir:=/tmp/tiny_ckpt  # oxygen-make-checkpoint
     ros2 launch oxygen_ros oxygen.launch.py robot:=droid checkpoint_dir:=/data/pi05_droid_pytorch
     ros2 launch oxygen_ros oxygen.launch.py config_file:=/path/to/my_robot.yaml \
         checkpoint_dir:=/data/pi05_droid_pytorch namespace:=robot1
