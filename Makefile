@@ -9,7 +9,10 @@ ARGS ?=
 setup:
 	OXYGEN_VENV="$(ABS_VENV)" bash scripts/setup_env.sh
 
+# The linter runs first over the whole tree (ruff.toml), then every test.
 test: setup
+	$(ABS_VENV)/bin/ruff check .
+	$(ABS_VENV)/bin/ruff format --check .
 	$(ABS_VENV)/bin/python -m pytest -q test $(ARGS)
 
 demo: setup
@@ -21,6 +24,7 @@ bench: setup
 # ruff with ruff.toml; ARGS narrows it, e.g. `make lint ARGS=oxygen_ros/tools`.
 lint: setup
 	$(ABS_VENV)/bin/ruff check $(or $(ARGS),.)
+	$(ABS_VENV)/bin/ruff format --check $(or $(ARGS),.)
 
 # Removes build outputs only; `rm -rf .venv` for a fresh environment.
 clean:

@@ -14,14 +14,12 @@ import dataclasses
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..model.policy import Pi05Policy
 from ..model.policy import load_policy as _load_policy
-from .requests import SamplingParams
-from .scheduler import Clock, EngineConfig, OxygenEngine
-from .types import Observation
+from .scheduler import EngineConfig, OxygenEngine
+from .types import Clock, Observation, WarmUpReport
 
 MAKE_CHECKPOINT_HINT = (
     "make one with `oxygen-make-checkpoint --preset tiny --out DIR` (random weights, for trying "
@@ -73,36 +71,7 @@ def build_engine(
     return OxygenEngine(policy, config, clock=clock)
 
 
-@dataclasses.dataclass(frozen=True)
-class WarmUpReport:
-    """What warm-up measured of the engine's part of a tick (milliseconds)."""
-
-    action_ms: float  # prefill + action expert, median of the frames after the first
-    language_step_ms: float  # one decode step at batch 1 (the engine's estimate)
-
-
-def warm_up(engine: OxygenEngine, observation: Observation, frames: int = 5) -> WarmUpReport:
-    """Prepare ``engine`` before its first real deadline and report what a tick costs.
-
-    ``OxygenEngine.warm_up`` is to become the one warm-up (graph capture, decode calibration and
-    the first-call frames, returning the report). Until the engine returns a report, this runs the
-    first-call frames itself: TO BE REPLACED by the engine's own once it does.
-    """
-    report = engine.warm_up(observation)
-    if hasattr(report, "action_ms") and hasattr(report, "language_step_ms"):
-        return WarmUpReport(float(report.action_ms), float(report.language_step_ms))
-    sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=engine.config.seed)
-    action_s = []
-    for frame in range(max(frames, 2)):
-        started = time.monotonic()
-        engine.act(observation)
-        action_s.append(time.monotonic() - started)
-        for _ in range(min(frame, 2) + 1):  # batches of 1, 2, 3
-            engine.submit("narration", sampling=sampling)
-        engine.decode()
-        engine.decode(max_steps=16)
-    engine.decode(max_steps=64)
-    return WarmUpReport(
-        action_ms=1e3 * float(np.median(action_s[1:])),
-        language_step_ms=1e3 * engine.timer.estimate(1),
-    )
+def warm_up(engine: OxygenEngine, observation: Observation) -> WarmUpReport:
+    """Prepare ``engine`` before its first real deadline (`EngineBase.warm_up`: bucket capture,
+    decode calibration, first-call frames) and report what its part of a tick costs."""
+    return engine.warm_up(observation)

@@ -25,9 +25,8 @@ from builtin_interfaces.msg import Time
 from ..engine.faults import FaultInjector
 from ..engine.kv_cache import KVMemoryError
 from ..engine.requests import SamplingParams
-from ..engine.runtime import WarmUpReport
 from ..engine.scheduler import OxygenEngine
-from ..engine.types import ActionChunk, Observation, TextDelta
+from ..engine.types import ActionChunk, Observation, TextDelta, WarmUpReport
 from .ask_action import AskGoal, Question
 from .commands import build_command, safety_filter
 from .diagnostics import Counters, RateMeter, RollingWindow
