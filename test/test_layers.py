@@ -1,19 +1,30 @@
-"""The model layer stands alone: oxygen_ros/model/ imports nothing from the engine, ROS or tools
-layers and no rclpy, and carries no tooling (the tiny tokenizer's trainer lives in tools/)."""
+"""The layers import downward only: model <- engine <- ros <- tools.
+
+model/ imports no other layer of the package and no rclpy, engine/ imports model/ only (no rclpy),
+ros/ never imports tools/. Tooling (the tiny tokenizer's trainer, random checkpoints) lives in
+tools/, and building an engine from plain arguments (engine/runtime.py) needs no ROS.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "oxygen_ros" / "model"
-UPPER_LAYERS = ("oxygen_ros.engine", "oxygen_ros.ros", "oxygen_ros.tools", "rclpy")
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
+
+# layer -> the modules it must not import
+FORBIDDEN = {
+    "model": ("oxygen_ros.engine", "oxygen_ros.ros", "oxygen_ros.tools", "rclpy"),
+    "engine": ("oxygen_ros.ros", "oxygen_ros.tools", "rclpy"),
+    "ros": ("oxygen_ros.tools",),
+}
 
 
-def _imported_modules(path: Path):
-    """Absolute names of every module ``path`` imports (relative imports resolved)."""
-    package = "oxygen_ros.model"
+def imported_modules(path: Path, package: str) -> Iterator[str]:
+    """Absolute names of the modules ``path`` imports (relative ones resolved in ``package``)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
@@ -25,14 +36,15 @@ def _imported_modules(path: Path):
                 yield node.module
 
 
-def test_model_imports_no_upper_layer():
-    offending = {
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_only_downward(layer):
+    offending = sorted(
         f"{path.name}: {name}"
-        for path in sorted(MODEL.glob("*.py"))
-        for name in _imported_modules(path)
-        if name == "rclpy" or name.startswith(UPPER_LAYERS)
-    }
-    assert not offending, f"model/ must not import upper layers: {sorted(offending)}"
+        for path in (PACKAGE / layer).glob("*.py")
+        for name in imported_modules(path, f"oxygen_ros.{layer}")
+        if name.startswith(FORBIDDEN[layer])
+    )
+    assert not offending, f"{layer}/ must not import {FORBIDDEN[layer]}: {offending}"
 
 
 def test_relative_imports_resolve_like_python(tmp_path):
@@ -41,7 +53,7 @@ def test_relative_imports_resolve_like_python(tmp_path):
     source.write_text(
         "from ..engine import x\nfrom .config import y\nfrom . import z\nimport rclpy\n"
     )
-    assert list(_imported_modules(source)) == [
+    assert list(imported_modules(source, "oxygen_ros.model")) == [
         "oxygen_ros.engine",
         "oxygen_ros.model.config",
         "oxygen_ros.model",
@@ -56,3 +68,10 @@ def test_tiny_tokenizer_training_is_tooling():
     assert not hasattr(model_tokenizer, "train_tiny_tokenizer")
     assert not hasattr(model_tokenizer, "tiny_tokenizer_corpus")
     assert callable(tooling.train_tiny_tokenizer)
+
+
+def test_an_empty_checkpoint_dir_says_how_to_make_one():
+    from oxygen_ros.engine.runtime import ModelSpec, load_policy
+
+    with pytest.raises(ValueError, match="oxygen-make-checkpoint --preset tiny --out DIR"):
+        load_policy(ModelSpec(checkpoint_dir=""))
