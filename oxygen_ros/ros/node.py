@@ -36,13 +36,11 @@ warms it up (a failure is logged with its reason and leaves the node unconfigure
 release the engine. With ``autostart`` (default) the node configures and activates itself.
 
 Threads: :func:`main` spins a SingleThreadedExecutor. Sensor callbacks only store the newest
-message,
-so they need not run during a tick: messages that arrive while the model runs are taken in the gap
-before the next tick (the language budget ends ``decode_margin_ms`` early to leave that gap). On the
-2-core reference machine a MultiThreadedExecutor made the model itself 2-15x slower (rclpy's
-executor
-loop busy-waits and holds the GIL while the tick's callback group is busy), see ``main``. The
-callback groups and the engine lock keep the node correct under a multi-threaded executor too
+message, so they need not run during a tick: messages that arrive while the model runs are taken
+in the gap before the next tick (the language budget ends ``decode_margin_ms`` early to leave that
+gap). A MultiThreadedExecutor slows the model down on few cores (rclpy's executor loop busy-waits
+and holds the GIL while the tick's callback group is busy). The callback groups and the engine
+lock keep the node correct under a multi-threaded executor too
 (e.g. in a composed process): ticks never overlap and transitions wait for a running tick.
 
 Topics (``~`` = the node's name):
@@ -692,9 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oxygen_node: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    # Single-threaded on purpose (measured on 2 cores, tiny model, 30 Hz, bag replayed at 1x):
-    # SingleThreadedExecutor: model p50 18 ms / p99 27 ms, no deadline misses; MultiThreadedExecutor
-    # with 4 threads: p50 30 ms / p99 93 ms, a third of the ticks late; with 2 threads: p50 260 ms.
+    # Single-threaded on purpose: a multi-threaded executor's busy-waiting threads compete with the
+    # model for the cores and the GIL, and the tick never needs a second thread.
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
