@@ -189,6 +189,8 @@ def test_diagnostics_report_loop_language_memory_inputs(probe):
         "rate_feasible",
         "consecutive_failures",
         "publish_ms_per_delta",
+        "captures_during_frames",
+        "static_fallbacks",
         *(
             f"input_age_s {topic}"
             for topic in ("/camera/base/image_raw", "/camera/wrist/image_raw", "joint_states")
@@ -199,6 +201,7 @@ def test_diagnostics_report_loop_language_memory_inputs(probe):
     assert float(values["frame_rate_hz"]) > 3.0
     assert int(values["kv_capacity_bytes"]) >= int(values["kv_peak_bytes"]) > 0
     assert float(values["input_age_s joint_states"]) < 1.0
+    assert int(values["captures_during_frames"]) == 0  # warm-up captured every bucket a tick uses
 
 
 def test_instruction_sets_the_task(probe):

@@ -185,6 +185,12 @@ class DiagnosticsReport:
             state, last_error, frame_rate, loop, new.get("deadline_misses", 0)
         )
         memory = {key: value for key, value in engine.items() if key.startswith("kv_")}
+        internals = {
+            key.removeprefix("engine_"): value
+            for key, value in engine.items()
+            if key.startswith("engine_")
+        }
+        captures = internals.get("captures_during_frames", 0)
         assembler = loop.assembler
         array = DiagnosticArray()
         array.header.stamp = stamp
@@ -209,6 +215,15 @@ class DiagnosticsReport:
                 DiagnosticStatus.OK,
                 f"{memory.get('kv_bytes_in_use', 0)} bytes in use",
                 memory,
+            ),
+            status(
+                f"{name}: engine",
+                "oxygen_ros",
+                DiagnosticStatus.WARN if captures else DiagnosticStatus.OK,
+                f"{captures} graph capture(s) inside frames"
+                if captures
+                else "no capture inside frames",
+                internals,
             ),
             status(
                 f"{name}: inputs",

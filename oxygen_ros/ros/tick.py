@@ -235,6 +235,11 @@ class TickLoop:
             "tokens_generated": engine.tokens_generated,
             "decode_steps": engine.decode_steps,
             **{f"kv_{key}": value for key, value in memory.items()},
+            # the static path's health: captures inside a frame must stay 0
+            "engine_captures_during_frames": engine.captures_during_frames,
+            "engine_static_fallbacks": engine.static_fallbacks,
+            "engine_fixed_steps_skipped": engine.fixed_steps_skipped,
+            **{f"engine_faults {stage}": n for stage, n in engine.faults_by_stage.items()},
         }
 
     # -- language ---------------------------------------------------------------------------------
