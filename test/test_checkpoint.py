@@ -252,9 +252,8 @@ def test_bf16_policy_on_pi05_follows_openpi():
         for s in ("weight", "bias")
     }
     assert fp32 == kept
-    assert (
-        sum("layernorm" in n and "vision" not in n for n in fp32) == 2 * 18 + 4 * 18
-    )  # backbone w + expert dense w/b
+    # backbone w + expert dense w/b
+    assert sum("layernorm" in n and "vision" not in n for n in fp32) == 2 * 18 + 4 * 18
     assert EMBED in bf16 and not any("vision_model.encoder" in n for n in fp32)
 
 

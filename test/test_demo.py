@@ -16,9 +16,8 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 def test_demo_runs_and_summarises(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["ROS_DOMAIN_ID"] = str(
-        int(env.get("ROS_DOMAIN_ID", "0")) % 100 + 101
-    )  # not the other tests' graph
+    # not the other tests' graph
+    env["ROS_DOMAIN_ID"] = str(int(env.get("ROS_DOMAIN_ID", "0")) % 100 + 101)
     result = subprocess.run(
         [
             sys.executable,

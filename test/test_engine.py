@@ -214,9 +214,8 @@ def test_deadline_mode_steps_the_oldest_requests_that_fit_when_all_do_not(policy
     assert engine.timer.estimate(2) == pytest.approx(0.003) and engine.timer.estimate(
         4
     ) == pytest.approx(0.005)
-    assert (
-        engine.memory()["bytes_in_use"] == 0 and engine.memory()["peak_bytes"] == 0
-    )  # warm-up leaves no trace
+    # warm-up leaves no trace
+    assert engine.memory()["bytes_in_use"] == 0 and engine.memory()["peak_bytes"] == 0
     ids = [engine.submit("narration", sampling=SamplingParams(max_tokens=50)) for _ in range(4)]
     engine.step(observation(1))  # no deadline: all four admitted
     assert engine.active_requests == 4

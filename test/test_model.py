@@ -98,9 +98,8 @@ def test_masked_camera_and_prompt_padding_are_invisible(model):
     base = model.sample_actions(model.prefill(images, image_masks, tokens, token_masks), noise)
     images2, tokens2 = images.clone(), tokens.clone()
     images2[0, 2] = -images2[0, 2]  # row 0 masks camera 2
-    tokens2[1, -4:] = (
-        tokens2[1, -4:] + 7
-    ) % model.config.vocab_size  # row 1 pads its last 4 tokens
+    # row 1 pads its last 4 tokens
+    tokens2[1, -4:] = (tokens2[1, -4:] + 7) % model.config.vocab_size
     changed = model.sample_actions(model.prefill(images2, image_masks, tokens2, token_masks), noise)
     torch.testing.assert_close(changed, base, atol=1e-6, rtol=0)
 

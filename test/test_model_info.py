@@ -75,9 +75,8 @@ def test_openpi_config_json_decides_the_horizon_the_loader_uses(broken):
     (broken / "oxygen_config.json").unlink()
     (broken / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 15}))
     detail = _by_name(check_checkpoint(broken))["config"].detail
-    assert (
-        "preset 'tiny' with action_horizon 15, max_token_len 96" in detail
-    )  # the preset's 10 replaced
+    # the preset's 10 replaced
+    assert "preset 'tiny' with action_horizon 15, max_token_len 96" in detail
     assert "action_horizon 15 from openpi's config.json" in detail
 
 

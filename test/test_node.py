@@ -94,9 +94,8 @@ def test_joint_trajectory_matches_the_chunk(probe):
     since = time.monotonic()
     assert wait_for(lambda: len(probe.trajectories_since(since)) >= 5, 20)
     trajectories = probe.trajectories_since(since)
-    time.sleep(
-        0.3
-    )  # each trajectory is published just before its chunk: let the last chunks arrive
+    # each trajectory is published just before its chunk: let the last chunks arrive
+    time.sleep(0.3)
     chunk_stamps = {stamp_ns(c.header.stamp) for c in probe.chunks_since(since - 1.0)}
     for trajectory in trajectories:
         assert list(trajectory.joint_names) == ACTION_JOINTS

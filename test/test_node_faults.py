@@ -120,9 +120,8 @@ def _between(t: float, start: float, end: float) -> bool:
 def write_fault_bag(path: Path) -> Path:
     """6 s: base camera always good; the wrist camera sends an unsupported encoding, truncated data,
     a too-small step and zero-size images, then good images, then stops at 4 s; the compressed
-    camera sends corrupt
-    jpeg for 0.5 s; joint states carry NaN, missing joints and short position arrays in 0.2 s
-    windows (shorter than max_observation_age_s, so actions keep flowing)."""
+    camera sends corrupt jpeg for 0.5 s; joint states carry NaN, missing joints and short position
+    arrays in 0.2 s windows (shorter than max_observation_age_s, so actions keep flowing)."""
     b = _BagBuilder()
     events = []
     for i in range(int(FAULT_BAG_S * 20)):  # cameras at 20 Hz

@@ -102,13 +102,11 @@ def test_publish_cost_is_cost_per_delta_times_deltas_per_tick():
     cost.record(4, 0.002)  # 0.5 ms per delta (first sample); deltas per tick 0 + 0.2 * 4 = 0.8
     assert cost.per_delta_s == pytest.approx(0.0005)
     assert cost.expected_s() == pytest.approx(0.0005 * 0.8)
-    cost.record(
-        0, 0.0
-    )  # a tick without text: 0.8 + 0.2 * (0 - 0.8) = 0.64 deltas, cost per delta kept
+    # a tick without text: 0.8 + 0.2 * (0 - 0.8) = 0.64 deltas, cost per delta kept
+    cost.record(0, 0.0)
     assert cost.expected_s() == pytest.approx(0.0005 * 0.64)
-    cost.record(
-        2, 0.004
-    )  # 2 ms per delta: 0.5 + 0.2 * 1.5 = 0.8 ms; 0.64 + 0.2 * 1.36 = 0.912 deltas
+    # 2 ms per delta: 0.5 + 0.2 * 1.5 = 0.8 ms; 0.64 + 0.2 * 1.36 = 0.912 deltas
+    cost.record(2, 0.004)
     assert cost.per_delta_s == pytest.approx(0.0008)
     assert cost.expected_s() == pytest.approx(0.0008 * 0.912)
     seeded = PublishCost()

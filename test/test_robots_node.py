@@ -76,10 +76,8 @@ def test_velocity_command_carries_velocities_and_integrated_positions(probe):
         published = np.array(chunk.actions, dtype=np.float64).reshape(
             chunk.horizon, chunk.action_dim
         )
-        np.testing.assert_allclose(
-            published[:, :7], velocities[:, :7], atol=1e-5
-        )  # arm: velocities
-        np.testing.assert_allclose(
-            published[:, 7], positions[:, 7], atol=1e-5
-        )  # gripper: positions
+        # arm: velocities
+        np.testing.assert_allclose(published[:, :7], velocities[:, :7], atol=1e-5)
+        # gripper: positions
+        np.testing.assert_allclose(published[:, 7], positions[:, 7], atol=1e-5)
     assert matched >= 1, "no trajectory matched an ActionChunk by stamp"

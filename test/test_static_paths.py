@@ -424,9 +424,10 @@ def test_gpu_preprocessing_matches_openpi_pil_path(record_property):
     rng = np.random.default_rng(0)
     square = rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)
     reference = to_model_range(resize_with_pad(square, 224, 224))
+    # bit-exact
     assert np.array_equal(
         resize_with_pad_torch(torch.from_numpy(square), 224, 224)[0].numpy(), reference
-    )  # bit-exact
+    )
     worst = {}
     for shape in [(240, 320), (480, 640), (720, 1280), (100, 150), (300, 200), (112, 112)]:
         y, x = np.mgrid[0 : shape[0], 0 : shape[1]]

@@ -50,9 +50,8 @@ WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buck
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     num_steps: int = 10  # flow-matching denoising steps per action chunk
-    decode_mode: str = (
-        "deadline"  # "deadline": measured step latency decides; "fixed": k steps per frame
-    )
+    # "deadline": measured step latency decides; "fixed": k steps per frame
+    decode_mode: str = "deadline"
     decode_steps_per_frame: int = 5  # k, used in fixed mode
     max_active_requests: int = 16
     max_queued_requests: int = 64
@@ -61,9 +60,8 @@ class EngineConfig:
     # in a row (every tick overran its deadline) is finished as "stalled", freeing its KV
     kv_capacity_tokens: int = 0  # 0 = room for max_active_requests frames of prefix plus their text
     kv_block_size: int = 16
-    deadline_margin_ms: float = (
-        3.0  # slack left unused before the deadline (the node: decode_margin_ms)
-    )
+    # slack left unused before the deadline (the node: decode_margin_ms)
+    deadline_margin_ms: float = 3.0
     seed: int = 0
     default_max_tokens: int = 30
     kind_prompts: Mapping[str, str] = dataclasses.field(
@@ -71,9 +69,8 @@ class EngineConfig:
     )
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
-    cuda_graphs: bool = (
-        False  # capture those steps in CUDA graphs; implies static_shapes, CUDA only
-    )
+    # capture those steps in CUDA graphs; implies static_shapes, CUDA only
+    cuda_graphs: bool = False
     gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
     context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
     # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk is denoised as an
@@ -450,9 +447,8 @@ class OxygenEngine(EngineBase):
         self.timer = StepTimer(context_step=self.config.context_bucket)
         # admission prefills: (requests, their new tokens)
         self.admission_timer = StepTimer(context_step=16)
-        self.fixed_steps_skipped = (
-            0  # fixed-mode steps left out because they did not fit before ``until``
-        )
+        # fixed-mode steps left out because they did not fit before ``until``
+        self.fixed_steps_skipped = 0
         self._frame: FramePrefix | None = None  # newest frame; the engine holds one reference
         self._active: list[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
@@ -615,9 +611,8 @@ class OxygenEngine(EngineBase):
             self.decode_steps += 1
             self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
-            if (
-                sum(self.faults_by_stage.values()) == faults_before
-            ):  # a failed step's time says nothing
+            # a failed step's time says nothing
+            if sum(self.faults_by_stage.values()) == faults_before:
                 self.timer.record(len(batch), now - last, context)
             last = now
         deltas += self._finish_stalled(progressed)

@@ -54,9 +54,8 @@ class TextDelta:
     text: str
     final: bool = False
     token_count: int = 0
-    finish_reason: str = (
-        ""  # eos | stop | length | refused | stalled | cancelled | failed when final
-    )
+    # eos | stop | length | refused | stalled | cancelled | failed when final
+    finish_reason: str = ""
     detail: str = ""  # why, for refused, stalled and failed ("<ExceptionType>: <message>") requests
     frame_id: int = 0  # the frame whose prefix the request reads (0 while still queued)
 

@@ -75,9 +75,8 @@ class PaliGemmaWithExpert(nn.Module):
 class Prefix:
     """A frame's encoded observation: the KV every task of that frame reads."""
 
-    context: (
-        KVContext  # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
-    )
+    # per-layer prefix K/V, [B, S, KVH, D]; S holds only columns valid in some row
+    context: KVContext
     num_valid: Tensor  # [B] number of valid prefix tokens = first position after the prefix
 
 

@@ -36,9 +36,8 @@ import numpy as np
 POSITION = "position"  # absolute joint positions
 DELTA_POSITION = "delta_position"  # joint positions relative to the state at the observation
 VELOCITY = "velocity"  # joint velocities (units/s)
-END_EFFECTOR = (
-    "end_effector"  # not joints (e.g. LIBERO's delta pose + gripper): never a JointTrajectory
-)
+# not joints (e.g. LIBERO's delta pose + gripper): never a JointTrajectory
+END_EFFECTOR = "end_effector"
 JOINT_ACTION_SPACES = (POSITION, DELTA_POSITION, VELOCITY)
 ACTION_SPACES = JOINT_ACTION_SPACES + (END_EFFECTOR,)
 

@@ -2,9 +2,8 @@
 
 `Pi05Tokenizer` wraps a sentencepiece model file (PaliGemma's own `paligemma_tokenizer.model` for
 real checkpoints, or a tiny one from `oxygen_ros.tools.tiny_tokenizer` for the `tiny`/`small`
-presets) and
-builds prompts exactly as openpi's `PaligemmaTokenizer.tokenize` does for pi0.5, where the robot
-state enters the network only as discrete bins inside the prompt text:
+presets) and builds prompts exactly as openpi's `PaligemmaTokenizer.tokenize` does for pi0.5,
+where the robot state enters the network only as discrete bins inside the prompt text:
 
     "Task: {task}, State: {b0 b1 ...};\\nAction: "
 

@@ -11,10 +11,9 @@ The numbers a checkpoint returns mean different things (``action_space``, see
 * ``end_effector`` — not joints (LIBERO): published on ``~/action_chunk`` only, never as a
   JointTrajectory, and no joint limits apply.
 
-The dims named by ``gripper_joint_names`` are absolute positions in every joint space. Safety limits
-act in the commanded space after the conversion: position limits on positions,
-``max_joint_velocity``
-on velocities (a position dim's speed between consecutive points).
+The dims named by ``gripper_joint_names`` are absolute positions in every joint space. Safety
+limits act in the commanded space after the conversion: position limits on positions,
+``max_joint_velocity`` on velocities (a position dim's speed between consecutive points).
 """
 
 from __future__ import annotations

@@ -73,8 +73,7 @@ class KeyedThrottle:
     """Lets one message per key through every ``period_s`` seconds, reporting how many were held.
 
     rclpy's ``throttle_duration_sec`` throttles per call site, so two topics failing at one call
-    site
-    would hide each other; this throttles per (topic, reason) key instead.
+    site would hide each other; this throttles per (topic, reason) key instead.
     """
 
     def __init__(self, period_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:

@@ -35,8 +35,7 @@ def action_chunk_msg(
     action_space: str = "position",
 ) -> ActionChunkMsg:
     """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at
-    ``stamp``;
-    ``action_space`` says what the values mean (see msg/ActionChunk.msg)."""
+    ``stamp``; ``action_space`` says what the values mean (see msg/ActionChunk.msg)."""
     chunk = np.ascontiguousarray(actions, dtype=np.float32)
     horizon, action_dim = chunk.shape
     msg = ActionChunkMsg()

@@ -153,9 +153,8 @@ class OxygenNode(LifecycleNode):
     ) -> None:
         super().__init__(node_name, **kwargs)
         declare_parameters(self)
-        self._steady_clock = Clock(
-            clock_type=ClockType.STEADY_TIME
-        )  # the loop's timers (see Clocks)
+        # the loop's timers (see Clocks)
+        self._steady_clock = Clock(clock_type=ClockType.STEADY_TIME)
         self._counters = Counters()
         self._throttle = KeyedThrottle(LOG_THROTTLE_S)
         self._engine_lock = threading.Lock()
@@ -608,8 +607,7 @@ class OxygenNode(LifecycleNode):
     # ----------------------------------------------------------------------------------------------
     def record_executor_error(self, exc: BaseException) -> None:
         """An error raised inside the executor itself (e.g. rclpy failing to take a message):
-        counted
-        and logged; the caller keeps spinning, so the action loop outlives it."""
+        counted and logged; the caller keeps spinning, so the action loop outlives it."""
         self._counters.add("executor_errors")
         self._warn(
             f"executor:{type(exc).__name__}",

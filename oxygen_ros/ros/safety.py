@@ -1,8 +1,7 @@
 """Last checks between the model and the robot: finite values, position limits, speed limits.
 
 :meth:`SafetyFilter.apply` takes an action chunk in robot units ``[horizon, joints]`` and the
-current
-positions of the same joints, and returns a copy in which
+current positions of the same joints, and returns a copy in which
 
 1. each step moves at most ``max_velocity * dt`` from the previous step (the first step from the
    current joint state), then
@@ -11,8 +10,7 @@ positions of the same joints, and returns a copy in which
 
 together with the number of values changed. :meth:`SafetyFilter.apply_velocity` limits a velocity
 command in its own space: speeds to ``max_velocity``, the positions integrated from the current
-state
-(``q + sum(v * dt)``) to ``[lower, upper]``. A chunk holding NaN or Inf is refused
+state (``q + sum(v * dt)``) to ``[lower, upper]``. A chunk holding NaN or Inf is refused
 (:class:`UnsafeChunkError`), never repaired: the node publishes nothing for that tick.
 """
 
@@ -36,13 +34,11 @@ class SafeChunk:
 
 @dataclasses.dataclass(frozen=True)
 class SafeVelocityChunk:
-    velocities: (
-        np.ndarray
-    )  # [horizon, joints] float32, each step's velocity (also of position dims)
+    # [horizon, joints] float32, each step's velocity (also of position dims)
+    velocities: np.ndarray
     positions: np.ndarray  # [horizon, joints] float32, where each step ends
-    clipped: (
-        int  # commanded values (velocities; positions of the position dims) changed by the limits
-    )
+    # commanded values (velocities; positions of the position dims) changed by the limits
+    clipped: int
 
 
 def _optional(values: Sequence[float], joints: int, name: str) -> np.ndarray | None:
@@ -109,8 +105,7 @@ class SafetyFilter:
 
         Step by step from the ``current`` positions: a velocity dim's speed is clipped to
         ``max_velocity`` and its position integrated (``previous + v * dt``); a position dim moves
-        at
-        most ``max_velocity * dt`` towards its target. Each position is then clipped to
+        at most ``max_velocity * dt`` towards its target. Each position is then clipped to
         ``[lower, upper]``; where that changes it, the step's velocity becomes the one that reaches
         the clipped position (``(position - previous) / dt``), so velocities and positions agree.
         Position dims get the velocity of their step the same way.

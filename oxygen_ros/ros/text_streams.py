@@ -8,10 +8,9 @@ right after that frame's action, so the stamp of the frame current at a request'
 the stamp of the observation the request reads.
 
 A request leaves :class:`LanguageStreams` with its final delta, whatever its finish reason
-(``failed``
-included) and whether or not that delta could be published, so a lost final never keeps a kind
-"busy". A request the engine went silent on for longer than its own limits allow is expired by
-:meth:`LanguageStreams.expire` with a ``failed`` final of the node's own.
+(``failed`` included) and whether or not that delta could be published, so a lost final never
+keeps a kind "busy". A request the engine went silent on for longer than its own limits allow is
+expired by :meth:`LanguageStreams.expire` with a ``failed`` final of the node's own.
 
 Publishing text is part of the language budget: :class:`PublishCost` learns what publishing one
 delta costs and how many deltas a tick brings, so the node ends ``decode()`` that much earlier.
@@ -74,8 +73,8 @@ class LanguageStreams:
 
     def expire(self, max_silent_ticks: int) -> list[TextDelta]:
         """Count one tick; the ``failed`` finals of requests silent for more than
-        ``max_silent_ticks``
-        (pass them through :meth:`update` and publish them like the engine's own)."""
+        ``max_silent_ticks`` (pass them through :meth:`update` and publish them like the
+        engine's own)."""
         expired = []
         for request_id, request in self._open.items():
             request.silent_ticks += 1

@@ -216,9 +216,8 @@ class TickLoop:
         )
         try:
             return engine.decode(until=until), None
-        except (
-            Exception
-        ) as exc:  # the engine answers language faults with failed finals; this is worse
+        except Exception as exc:
+            # the engine answers language faults with failed finals: this one escaped it
             self.counters.add("decode_errors")
             self._warn(
                 f"decode:{type(exc).__name__}",

@@ -658,9 +658,8 @@ def bench_soak(args: argparse.Namespace) -> dict[str, object]:
             engine.act(observations[i % len(observations)])
         except InjectedFault:
             chunkless_faulted += 1
-        except (
-            Exception
-        ) as error:  # a real fault: must not happen, counted and survived like the node
+        except Exception as error:
+            # a real fault: must not happen, counted and survived like the node
             chunkless_unfaulted += 1
             print(f"  tick {i}: act raised {type(error).__name__}: {error}", flush=True)
         count_finals(engine.decode(until=tick + period))

@@ -90,9 +90,9 @@ def continuity_metrics(
     switch_discontinuity: |new - previous chunk| per joint at the first controller step after each
     switch (chunks after the first ``skip`` + 1), p50/p99 over joints and switches, and how many
     switches came after the previous chunk's last action (latency beyond the chunk: no continuity
-    is possible there, with or without RTC). jerk_rms: RMS
-    over joints and steps of the third difference of the executed stream / dt^3, from the first
-    counted switch to the last chunk's arrival.
+    is possible there, with or without RTC). jerk_rms: RMS over joints and steps of the third
+    difference of the executed stream / dt^3, from the first counted switch to the last chunk's
+    arrival.
     """
     jumps: list[np.ndarray] = []
     past_end = 0  # switches after the previous chunk's last action: nothing left to continue

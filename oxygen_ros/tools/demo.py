@@ -340,9 +340,8 @@ def run(args: argparse.Namespace) -> int:
         code = _stop_node(process)
         print(f"oxygen-demo: node stopped (exit status {code})")
         executor.shutdown()
-        spinner.join(
-            timeout=5.0
-        )  # a spin thread still inside rcl at interpreter exit aborts the process
+        # a spin thread still inside rcl at interpreter exit aborts the process
+        spinner.join(timeout=5.0)
         node.destroy_node()
         context.try_shutdown()
         for signum, handler in previous.items():

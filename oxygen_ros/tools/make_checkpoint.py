@@ -160,9 +160,8 @@ def random_checkpoint(preset: str, root: Path | None = None) -> Path:
         try:
             os.rename(scratch / "ckpt", target)
         except OSError:
-            if not (
-                target / "model.safetensors"
-            ).is_file():  # lost a race only if the winner finished
+            # lost a race only if the winner finished
+            if not (target / "model.safetensors").is_file():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

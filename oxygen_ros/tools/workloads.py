@@ -47,9 +47,8 @@ def synthetic_observations(
 @dataclasses.dataclass
 class Workload:
     frames: int = 50
-    warmup: int = (
-        10  # unmeasured frames after `EngineBase.warm_up`: the request batch reaches steady state
-    )
+    # unmeasured frames after `EngineBase.warm_up`: the request batch reaches steady state
+    warmup: int = 10
     requests_per_frame: float = 1.0
     max_tokens: int = 30
     kind: str = "narration"
