@@ -27,9 +27,8 @@ from .messages import action_chunk_msg, narration_msg
 from .params import NodeSettings
 from .safety import SafetyFilter
 
-RECORD_QOS = QoSProfile(
-    depth=10, reliability=ReliabilityPolicy.RELIABLE
-)  # chunks, texts, commands in
+# record topics (chunks, full texts, markers, diagnostics) and text inputs (~/ask, ~/instruction)
+RECORD_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 TEXT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)  # never drop a text delta
 # Commands to a controller (~/joint_trajectory): ros2_control's JointTrajectoryController subscribes
 # with the system-default QoS (reliable, volatile in every RMW); a reliable, volatile publisher
@@ -99,20 +98,7 @@ class Outputs:
         if command.trajectory is not None:
             self.trajectory.publish(command.trajectory)
         self.chunk.publish(
-            action_chunk_msg(
-                stamp=stamp,
-                frame_id=chunk.frame_id,
-                joint_names=settings.action_joint_names,
-                actions=command.actions,
-                dt=settings.action_dt,
-                observation_age=observation_age,
-                prefill_ms=chunk.prefill_ms,
-                action_ms=chunk.action_ms,
-                frame_ms=frame_ms,
-                deadline_met=deadline_met,
-                clipped_values=command.clipped,
-                action_space=command.action_space,
-            )
+            chunk_record(settings, chunk, stamp, command, frame_ms, deadline_met, observation_age)
         )
 
     def publish_delta(self, delta: TextDelta, stamp: Time) -> None:
@@ -130,6 +116,32 @@ class Outputs:
         self._all = []
 
 
+def chunk_record(
+    settings: NodeSettings,
+    chunk: ActionChunk,
+    stamp: Time,
+    command: Command,
+    frame_ms: float,
+    deadline_met: bool,
+    observation_age: float,
+) -> ActionChunkMsg:
+    """The ~/action_chunk message of ``command``, the limited command of ``chunk``."""
+    return action_chunk_msg(
+        stamp=stamp,
+        frame_id=chunk.frame_id,
+        joint_names=settings.action_joint_names,
+        actions=command.actions,
+        dt=settings.action_dt,
+        observation_age=observation_age,
+        prefill_ms=chunk.prefill_ms,
+        action_ms=chunk.action_ms,
+        frame_ms=frame_ms,
+        deadline_met=deadline_met,
+        clipped_values=command.clipped,
+        action_space=command.action_space,
+    )
+
+
 def publish_cost(
     settings: NodeSettings, horizon: int, safety: SafetyFilter, repeats: int = 20
 ) -> tuple[float, float]:
@@ -137,6 +149,7 @@ def publish_cost(
     medians over ``repeats``: what publishing adds to the engine's part of a tick."""
     actions = np.zeros((horizon, len(settings.action_joint_names)), dtype=np.float32)
     state = np.zeros(len(settings.joint_names), dtype=np.float64)
+    chunk = ActionChunk(0, 0.0, actions, 0.0, 0.0)
     delta = TextDelta(0, "narration", "word")
     chunk_s, delta_s = [], []
     for _ in range(repeats):
@@ -144,21 +157,7 @@ def publish_cost(
         command = build_command(settings, actions, state, Time(), safety)
         if command.trajectory is not None:
             serialize_message(command.trajectory)
-        serialize_message(
-            action_chunk_msg(
-                stamp=Time(),
-                frame_id=0,
-                joint_names=settings.action_joint_names,
-                actions=actions,
-                dt=settings.action_dt,
-                observation_age=0.0,
-                prefill_ms=0.0,
-                action_ms=0.0,
-                frame_ms=0.0,
-                deadline_met=True,
-                clipped_values=0,
-            )
-        )
+        serialize_message(chunk_record(settings, chunk, Time(), command, 0.0, True, 0.0))
         middle = time.monotonic()
         serialize_message(narration_msg(delta, Time()))
         chunk_s.append(middle - started)
