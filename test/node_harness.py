@@ -62,13 +62,19 @@ def stamp_ns(stamp) -> int:
 
 class NodeProcess:
     """``oxygen_node`` in a subprocess of this venv's Python, with ``parameters`` as its params
-    file."""
+    file, named ``name`` in ``namespace`` (default: the root)."""
 
-    def __init__(self, parameters: dict[str, Any], work: Path, name: str = NODE) -> None:
+    def __init__(
+        self, parameters: dict[str, Any], work: Path, name: str = NODE, namespace: str = ""
+    ) -> None:
         work.mkdir(parents=True, exist_ok=True)
-        self.params_file = work / f"{name}_params.yaml"
+        stem = f"{namespace.strip('/').replace('/', '_')}_{name}" if namespace else name
+        self.params_file = work / f"{stem}_params.yaml"
         self.params_file.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
-        self.log_path = work / f"{name}.log"
+        self.log_path = work / f"{stem}.log"
+        remaps = ["-r", f"__node:={name}"]
+        if namespace:
+            remaps += ["-r", f"__ns:=/{namespace.strip('/')}"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
@@ -79,8 +85,7 @@ class NodeProcess:
                     "--ros-args",
                     "--params-file",
                     str(self.params_file),
-                    "-r",
-                    f"__node:={name}",
+                    *remaps,
                 ],
                 env=env,
                 stdout=log,
@@ -110,13 +115,14 @@ class NodeProcess:
 
 
 class Probe:
-    """The test's ROS node (own context, spun in a background thread), watching node ``target``."""
+    """The test's ROS node (own context, spun in a background thread), watching node ``target``
+    (its name, with its namespace when it has one: ``r1/oxygen_node``)."""
 
     def __init__(self, input_topics: Sequence[str] = (), target: str = NODE) -> None:
         self.target = target
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
-        self.node = rclpy.create_node(f"probe_of_{target}", context=self.context)
+        self.node = rclpy.create_node(f"probe_of_{target.replace('/', '_')}", context=self.context)
         self.lock = threading.Lock()
         self.chunks: list[tuple[float, ActionChunk]] = []
         self.trajectories: list[tuple[float, JointTrajectory]] = []
