@@ -43,7 +43,12 @@ and holds the GIL while the tick's callback group is busy). The callback groups 
 lock keep the node correct under a multi-threaded executor too
 (e.g. in a composed process): ticks never overlap and transitions wait for a running tick.
 
-Topics (``~`` = the node's name):
+Stopping: SIGINT/SIGTERM only request a stop; :func:`main` then releases the node while the ROS
+context is valid (open Ask goals end ABORTED ``cancelled`` and their clients get the result) and
+only then takes the node and the context down, exiting 0 (:mod:`.shutdown`). What differs between
+rclpy releases is handled in :mod:`.rclpy_compat`.
+
+Topics (``~`` = the node's name; relative input names follow the node's namespace):
   in   <camera_topics>        sensor_msgs/Image | CompressedImage  (sensor-data QoS)
        joint_states           sensor_msgs/JointState               (sensor-data QoS)
        ~/instruction          std_msgs/String   sets the ``task`` parameter
