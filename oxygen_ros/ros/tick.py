@@ -96,6 +96,7 @@ class TickLoop:
         self._submitted = 0
         self._frame_stamp = Time()
         self._safety: tuple[NodeSettings, SafetyFilter] | None = None
+        self._shortened: tuple[Any, int] = (None, 0)  # (tokenizer, its tasks_shortened reported)
 
     # -- the tick ---------------------------------------------------------------------------------
     def run(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> str | None:
@@ -118,6 +119,7 @@ class TickLoop:
                     self._adapt_rate(engine, settings, action_s)
             except EngineFault as exc:
                 fault = str(exc)
+            self._report_shortened_task(engine)
         deltas = self._cancelled(engine)
         decoded, decode_fault = self._decode(engine, started)
         self.publish_text(deltas + decoded, settings)
@@ -179,6 +181,26 @@ class TickLoop:
             return True
         self._publish_chunk(settings, chunk, stamp, command, started)
         return True
+
+    def _report_shortened_task(self, engine: OxygenEngine) -> None:
+        """Count (``prompt_task_shortened``) and log, throttled, prompts whose task the tokenizer
+        shortened to keep the robot state within ``max_token_len`` (a task refused at set time
+        never gets here; one set before a stricter check, or a state needing more tokens than
+        the set-time measure, can)."""
+        tokenizer = engine.policy.tokenizer
+        reported = self._shortened[1] if self._shortened[0] is tokenizer else 0
+        new = tokenizer.tasks_shortened - reported
+        if new <= 0:
+            return
+        self._shortened = (tokenizer, tokenizer.tasks_shortened)
+        self.counters.add("prompt_task_shortened", new)
+        last = tokenizer.last_shortened
+        self._warn(
+            "prompt:task_shortened",
+            f"the task's prompt takes {last.prompt_tokens} tokens, more than the model's "
+            f"max_token_len {last.max_len}: the model sees only the first {last.kept} of its "
+            f"{last.task_tokens} task tokens (the robot state is kept whole); set a shorter task",
+        )
 
     def _publish_chunk(
         self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Any, started: float
