@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -229,6 +230,10 @@ class NaiveParallelEngine(EngineBase):
             )
             self._deliver(out, 1)
         self.language_pool.release(frames[0].segment)
+
+    def _forget(self, requests: Sequence[LanguageRequest]) -> None:
+        """Nothing to drop: the worker's requests left the queue when the job was handed over (and
+        the queue belongs to the calling thread, which may be changing it right now)."""
 
     def _deliver(self, deltas: list[TextDelta], finished: int) -> None:
         """Hand the worker's deltas to the next `step`; ``finished`` requests are done."""

@@ -13,9 +13,11 @@ continuous batching of every active language request in the slack before the nex
 Step latency is estimated per batch size and context length (``metrics.StepTimer``), admission
 prefills by their own token count. KV ownership is transactional: a fault in the action path
 returns the frame's blocks and propagates; a fault in a language stage ends the requests it hit
-with a ``failed`` final delta (see ``language``). Faults are counted per stage in
-``faults_by_stage``; ``check_memory`` verifies that every live KV segment belongs to a live frame
-or request.
+with a ``failed`` final delta (see ``language``), and ``EngineBase._serve`` holds that promise for
+an exception that leaves a stage as a whole (the engine's language boundary: ``decode`` never
+raises for a language fault). Faults are counted per stage in ``faults_by_stage`` (the injector's
+stages, plus ``scheduler`` for the batch choice and stall checks around the steps); ``check_memory``
+verifies that every live KV segment belongs to a live frame or request.
 
 ``EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
 counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven

@@ -106,11 +106,22 @@ class Pi05Policy:
             ValueError: a state of the wrong width or with non-finite values; PromptTooLong (a
                 ValueError): a state that alone does not fit ``max_token_len``.
         """
+        return self.tokenizer.encode_prompt(
+            prompt, self.prompt_state(state), self.config.max_token_len
+        )
+
+    def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
+        """The state vector the prompt's bins are made of: the robot's state transform, then
+        quantile normalisation; None for robots trained without the state in the prompt (the state
+        is still checked).
+
+        Raises:
+            ValueError: a state of the wrong width or with non-finite values.
+        """
         pi_state = self.robot.state_to_pi(state)
         if not self.robot.discrete_state_input:
-            return self.tokenizer.encode_prompt(prompt, None, self.config.max_token_len)
-        normalized = self.state_stats.normalize_quantile(pi_state)
-        return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+            return None
+        return self.state_stats.normalize_quantile(pi_state)
 
     def check_task(self, task: str, state_dim: int) -> None:
         """Refuse a task whose prompt would not fit ``max_token_len`` with a ``state_dim``-value
@@ -119,7 +130,8 @@ class Pi05Policy:
         Raises:
             PromptTooLong: naming the prompt's tokens and the model's limit.
         """
-        width = state_dim if self.robot.discrete_state_input else None
+        in_prompt = self.prompt_state(np.zeros(state_dim))  # the width the prompt really gets
+        width = None if in_prompt is None else len(in_prompt)
         self.tokenizer.check_task(task, width, self.config.max_token_len)
 
     def encode(
