@@ -80,6 +80,8 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
         policy.check_task(settings.task, len(settings.joint_names))
     except PromptTooLong as exc:
         raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
+    except ValueError as exc:  # a state width the robot's transform cannot take
+        raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
 
 
 def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
