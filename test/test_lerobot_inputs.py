@@ -413,3 +413,68 @@ def test_version_parameter_overrides_the_folder(v04):
     assert "lerobot_version parameter" in main.reason
     with pytest.raises(ValueError, match="lerobot_version must be one of"):
         lerobot_conventions("0.3", [], 32)
+
+
+# -- the node's parameters against a LeRobot folder ---------------------------------------------
+
+
+def shipped_settings(**overrides):
+    import yaml
+
+    from oxygen_ros.ros.params import PARAMETERS, NodeSettings
+
+    text = (Path(__file__).resolve().parents[1] / "config" / "lerobot_pi05.yaml").read_text()
+    values = yaml.safe_load(text)["/**"]["ros__parameters"]
+    defaults = {spec.name: spec.default for spec in PARAMETERS}
+    return NodeSettings.from_values({**defaults, **values, **overrides})
+
+
+def test_shipped_params_fit_the_random_lerobot_folder(tmp_path):
+    from oxygen_ros.ros.engine_setup import check_fits_model
+    from oxygen_ros.tools.make_checkpoint import LEROBOT_CAMERAS, main
+
+    assert main(["--preset", "tiny", "--format", "lerobot", "--out", str(tmp_path / "f")]) == 0
+    settings = shipped_settings(checkpoint_dir=str(tmp_path / "f"), device="cpu")
+    assert [c.slot for c in settings.cameras] == list(LEROBOT_CAMERAS)
+    assert (settings.robot, settings.action_horizon, settings.command_space) == (
+        "generic",
+        0,
+        "position",
+    )
+    policy = load_policy(tmp_path / "f")
+    check_fits_model(settings, policy)  # nothing to refuse
+    assert policy.published_horizon == TINY.action_horizon
+
+
+def test_configure_says_what_a_relative_checkpoint_needs(tmp_path, tokenizer_file):
+    from oxygen_ros.ros.engine_setup import check_fits_model
+    from oxygen_ros.ros.params import SettingsError
+
+    names = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
+    folder = lerobot_folder(
+        tmp_path / "f",
+        tokenizer_file,
+        cameras=("observation.images.front", "observation.images.wrist"),
+        state_dim=6,
+        action_dim=6,
+        version="main",
+        relative_actions=True,
+        action_names=names,
+    )
+    policy = load_policy(folder)
+    with pytest.raises(
+        SettingsError, match=r"delta_position and gripper_joint_names: \['gripper'\]"
+    ):
+        check_fits_model(shipped_settings(), policy)
+    check_fits_model(
+        shipped_settings(action_space="delta_position", gripper_joint_names=["gripper"]), policy
+    )
+    with pytest.raises(SettingsError, match="do not name this LeRobot checkpoint's cameras"):
+        check_fits_model(
+            shipped_settings(
+                camera_slots=["observation.images.top", "observation.images.wrist"],
+                action_space="delta_position",
+                gripper_joint_names=["gripper"],
+            ),
+            policy,
+        )
