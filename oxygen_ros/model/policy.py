@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .config import IMAGE_SLOTS
-from .device import resolve_device
 from .conventions import OPENPI_CONVENTIONS, RESAMPLE_PIL, InputConventions
+from .device import resolve_device
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
 from .preprocess_torch import lerobot_resize_with_pad, resize_with_pad_torch
