@@ -82,6 +82,12 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
         )
     if policy.lerobot is not None:
         check_fits_lerobot(settings, policy)
+    try:  # the task parameter, also when ~/instruction sets it
+        policy.check_task(settings.task, len(settings.joint_names))
+    except PromptTooLong as exc:
+        raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
+    except ValueError as exc:  # a state width the robot's transform cannot take
+        raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
 
 
 def check_fits_lerobot(settings: NodeSettings, policy: Pi05Policy) -> None:
@@ -119,12 +125,6 @@ def check_fits_lerobot(settings: NodeSettings, policy: Pi05Policy) -> None:
             "this LeRobot checkpoint predicts absolute actions (no use_relative_actions); "
             "action_space delta_position would add the state to them"
         )
-    try:  # the task parameter, also when ~/instruction sets it
-        policy.check_task(settings.task, len(settings.joint_names))
-    except PromptTooLong as exc:
-        raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
-    except ValueError as exc:  # a state width the robot's transform cannot take
-        raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
 
 
 def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:

@@ -75,7 +75,8 @@ def make_lerobot_checkpoint(out_dir: Path, preset: str, seed: int = 0) -> Path:
 
     if preset not in RANDOM_WEIGHT_PRESETS:
         raise ValueError(f"--format lerobot writes presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}")
-    config = get_preset(preset)
+    # LeRobot's default tokenizer_max_length: its 0.4.x prompts carry 32 zero-padded state bins
+    config = dataclasses.replace(get_preset(preset), max_token_len=200)
     model = build_model(config, "cpu", torch.float32)
     init_random_weights(model, seed)
     dim = min(LEROBOT_STATE_DIM, config.action_dim)
