@@ -146,10 +146,24 @@ def test_min_max_and_quantile10_round_trips():
         assert norm.unnormalize(norm.normalize(x)).tolist() == [1.0, 1.0]
 
 
-def test_a_state_of_the_wrong_width_is_refused():
+def test_a_state_of_the_wrong_width_is_refused(v04):
     norm = FeatureNorm("observation.state", "QUANTILES", 1e-8, unit_stats_f32(3), 3)
-    with pytest.raises(ValueError, match="expected width 3"):
+    with pytest.raises(ValueError, match="expected at most width 3"):
         norm.normalize(np.zeros(4, F32))
+    # the policy wants exactly the checkpoint's state width, as LeRobot does
+    with pytest.raises(ValueError, match="the checkpoint's state has 4 dims, got 3"):
+        load_policy(v04).prompt_tokens(np.zeros(3), "go")
+
+
+def test_a_robot_may_drive_the_first_action_dims_only(v04):
+    full, first = load_policy(v04), load_policy(v04, action_dim=5)
+    y = np.random.default_rng(4).uniform(-1, 1, (TINY.action_horizon, TINY.action_dim))
+    y = y.astype(F32)
+    assert np.array_equal(
+        first.robot_actions(y, np.zeros(4)), full.robot_actions(y, np.zeros(4))[:, :5]
+    )
+    with pytest.raises(ValueError, match="has 7 action dims, asked for 8"):
+        load_policy(v04, action_dim=8)
 
 
 def unit_stats_f32(dim):
