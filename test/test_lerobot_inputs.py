@@ -492,3 +492,22 @@ def test_configure_says_what_a_relative_checkpoint_needs(tmp_path, tokenizer_fil
             ),
             policy,
         )
+
+
+def test_bfloat16_keeps_lerobot_mains_vision_path_in_float32(v04, main_folder):
+    vision = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0"
+    projector = "paligemma_with_expert.paligemma.model.multi_modal_projector.linear.weight"
+    gemma = "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp.up_proj.weight"
+    for folder, kept in ((v04, torch.bfloat16), (main_folder, torch.float32)):
+        policy = load_policy(folder, dtype="bfloat16")
+        params = dict(policy.model.named_parameters())
+        assert params[f"{vision}.self_attn.q_proj.weight"].dtype == kept
+        assert params[projector].dtype == kept
+        assert params[gemma].dtype == torch.bfloat16
+        image = np.zeros((240, 320, 3), np.uint8)
+        inputs = policy.encode({BASE: image}, np.zeros(4), "go")
+        prefix = policy.model.prefill(
+            inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+        )
+        noise = torch.zeros(1, TINY.action_horizon, TINY.action_dim)
+        assert torch.isfinite(policy.model.sample_actions(prefix, noise, 2)).all()

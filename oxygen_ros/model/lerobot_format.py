@@ -698,7 +698,7 @@ def load_lerobot_checkpoint(
             f"{weights} (LeRobot names mapped onto openpi's) does not fit the {config.name!r} "
             "model:\n" + "\n".join(problems)
         )
-    model = build_model(config, device, dtype)
+    model = build_model(config, device, dtype, spec.conventions.keep_float32)
     stream_weights(weights, model, plan)
     model.eval().requires_grad_(False)
     for note in spec.notes:
