@@ -196,11 +196,21 @@ class Pi05Policy:
         return lerobot_resize_with_pad(images, size, size, self.conventions.border, out=out)
 
     def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        """The robot's state transform, normalisation and the pi0.5 prompt: int64 tokens and bool
-        mask, both [max_token_len], right-padded. Robots trained without the state in the prompt
-        (``discrete_state_input`` false) get the task text alone; the state is still checked.
-        LeRobot 0.4.x checkpoints list the state zero-padded to max_state_dim
-        (``conventions.prompt_state_dim``).
+        """The pi0.5 prompt of a raw state and task text: int64 tokens and bool mask, both
+        [max_token_len], right-padded, with the bins of `prompt_state` (the task alone without).
+
+        Raises:
+            ValueError: a state of the wrong width or with non-finite values.
+        """
+        return self.tokenizer.encode_prompt(
+            prompt, self.prompt_state(state), self.config.max_token_len
+        )
+
+    def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
+        """The state vector the prompt's bins are made of: the robot's state transform, then the
+        checkpoint's normalisation (openpi's quantiles, or LeRobot's normaliser in float32), then,
+        for LeRobot 0.4.x, zero-padding to max_state_dim (``conventions.prompt_state_dim``); None
+        for robots trained without the state in the prompt (the state is still checked).
 
         Raises:
             ValueError: a state of the wrong width or with non-finite values.
@@ -210,11 +220,11 @@ class Pi05Policy:
         if expected is not None and pi_state.shape[0] != expected:
             raise ValueError(f"the checkpoint's state has {expected} dims, got {pi_state.shape[0]}")
         if not self.robot.discrete_state_input:
-            return self.tokenizer.encode_prompt(prompt, None, self.config.max_token_len)
+            return None
         normalized = self.state_stats.normalize(pi_state)
         if self.conventions.prompt_state_dim:
             normalized = pad_to_dim(normalized, self.conventions.prompt_state_dim)
-        return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+        return normalized
 
     def encode(
         self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str
