@@ -105,6 +105,13 @@ def test_format_is_detected_from_the_files(folders):
     assert detect_format(folders["bare"]).name == "lerobot"
 
 
+def test_openpis_converter_config_json_has_no_type_and_stays_openpi(folders, tmp_path):
+    folder = Path(shutil.copytree(folders["openpi"], tmp_path / "openpi"))
+    (folder / "config.json").write_text(json.dumps({"action_horizon": 15, "max_token_len": 180}))
+    assert detect_format(folder).name == "openpi"
+    assert load_checkpoint(folder).format == "openpi"
+
+
 @pytest.mark.parametrize("policy_type", ["pi0", "smolvla"])
 def test_other_policy_types_are_refused_by_name(folder, policy_type):
     edit_json(folder / "config.json", lambda c: c.update(type=policy_type))
