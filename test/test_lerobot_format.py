@@ -238,6 +238,17 @@ def test_stats_are_read_from_the_steps_state_file_not_a_fixed_index(folder):
     )
 
 
+def test_a_state_the_normalizer_step_does_not_list_passes_through(folder):
+    def drop(c):
+        step = next(s for s in c["steps"] if s["registry_name"] == "normalizer_processor")
+        step["config"]["normalize_observation_keys"] = ["observation.images.base_0_rgb"]
+
+    edit_json(folder / "policy_preprocessor.json", drop)
+    loaded = load_checkpoint(folder)
+    assert loaded.norm_stats["state"].passthrough
+    assert loaded.norm_stats["actions"].mode == "QUANTILES"
+
+
 def test_a_missing_stats_file_is_a_clear_error(folder):
     (folder / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
     with pytest.raises(CheckpointError, match="policy_postprocessor.json.*statistics file.*not in"):

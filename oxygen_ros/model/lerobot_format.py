@@ -423,6 +423,13 @@ def _feature_norm(
     cfg = (step or {}).get("config") or {}
     norm_map = cfg.get("norm_map") or fallback_map
     mode = norm_map.get(kind, IDENTITY)
+    if kind != ACTION and step is not None:
+        # LeRobot normalises an observation only if the step lists it among its features (and in
+        # normalize_observation_keys when that is set); the action always
+        listed = key in (cfg.get("features") or {})
+        keys = cfg.get("normalize_observation_keys")
+        if not listed or (keys is not None and key not in keys):
+            return FeatureNorm(key, IDENTITY, float(cfg.get("eps", DEFAULT_EPS)), {}, dim)
     if mode not in NORM_MODES:
         raise LeRobotFormatError(f"{source}: unknown normalization mode {mode!r} for {kind}")
     eps = float(cfg.get("eps", DEFAULT_EPS))
