@@ -215,7 +215,8 @@ def test_image_borders_04_end_at_minus_three_main_at_minus_one(v04, main_folder)
         out = load_policy(folder).model_image(image)
         assert out.shape == (3, 224, 224) and out.dtype == F32
         assert (out[:, :56] == border).all() and (out[:, 168:] == border).all()
-        assert (out[:, 56:168] == 1.0).all()
+        # bilinear weights of a constant sum to 1 up to float32 rounding (thread-count dependent)
+        np.testing.assert_allclose(out[:, 56:168], 1.0, rtol=0, atol=1e-6)
 
 
 def test_resampling_is_float_bilinear_without_antialiasing(v04):

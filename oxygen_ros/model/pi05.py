@@ -36,7 +36,9 @@ from .mot import (
     Stream,
     attention_tables,
     condition_rows,
+    condition_tokens,
     joint_forward,
+    override_tokens,
 )
 from .rtc import RTCGuidance
 from .siglip import MultiModalProjector, SiglipVisionTower
@@ -258,6 +260,32 @@ class Pi05Model(nn.Module):
         """Flow times [N] -> the action expert's adaRMS modulations, N rows."""
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
+    def step_conditionings(self, times: Tensor, horizon: int) -> list[Conditioning]:
+        """The adaRMS conditioning of every Euler step of ``times``.
+
+        ``times`` [steps]: one time per step, each step's modulations broadcast over the action
+        tokens (one dense call per norm for all steps, as openpi's per-step condition).
+        ``times`` [steps, horizon]: a time per action token (training-time RTC conditions its frozen
+        prefix on time 0). Each step's last token is the step's reference time, conditioned exactly
+        as a [steps] schedule is (same rows, same matmul shapes); every token whose time equals its
+        step's reference takes those modulations by selection, the others their own. A uniform
+        per-token schedule is thus bit-identical to the per-step one (row-wise BLAS results depend
+        on the number of rows, so conditioning every token in one call would not be).
+        """
+        if times.dim() == 1:
+            return condition_rows(self.action_conditioning(times))
+        steps = times.shape[0]
+        if times.dim() != 2 or times.shape[1] != horizon:
+            raise ValueError(
+                f"times must be [steps] or [steps, {horizon}] (a time per action token), got "
+                f"{tuple(times.shape)}"
+            )
+        reference = times[:, -1]
+        per_step = self.action_conditioning(reference)
+        per_token = condition_tokens(self.action_conditioning(times.reshape(-1)), steps, horizon)
+        own = times != reference[:, None]
+        return condition_rows(override_tokens(per_step, own, per_token))
+
     def _velocity(
         self,
         context: KVContext,
@@ -315,11 +343,15 @@ class Pi05Model(nn.Module):
         dense_mask: bool | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
-        valid tokens: one step per entry of ``times`` (float32 [N], see `flow_schedule`), each
-        adding ``dt`` times the velocity. dense_mask: see `attention_bias`."""
+        valid tokens: one step per row of ``times``, each adding ``dt`` times the velocity.
+
+        times: float32 [steps] (see `flow_schedule`), or [steps, horizon], a time per action token
+            (see `step_conditionings`; a uniform one gives bit-identical actions).
+        dense_mask: see `attention_bias`.
+        """
         b, horizon = noise.shape[:2]
         # one per step, batch-broadcast
-        conditionings = condition_rows(self.action_conditioning(times))
+        conditionings = self.step_conditionings(times, horizon)
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
         tables = attention_tables(
             self.expert.cfg,
@@ -330,6 +362,8 @@ class Pi05Model(nn.Module):
             dense_mask,
         )
         x_t = noise.float()
+        if guidance is not None and times.dim() != 1:
+            raise ValueError("RTC guidance needs one time per step (times [steps])")
         if guidance is not None and guidance.active:
             for t, conditioning in zip(times.tolist(), conditionings, strict=True):
 

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .config import IMAGE_SLOTS
 from .conventions import OPENPI_CONVENTIONS, RESAMPLE_PIL, InputConventions
+from .device import resolve_device
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
 from .preprocess_torch import lerobot_resize_with_pad, resize_with_pad_torch
@@ -198,9 +199,12 @@ class Pi05Policy:
     def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
         """The pi0.5 prompt of a raw state and task text: int64 tokens and bool mask, both
         [max_token_len], right-padded, with the bins of `prompt_state` (the task alone without).
+        A prompt over ``max_token_len`` has its task shortened, never its state
+        (`Pi05Tokenizer.encode_prompt`).
 
         Raises:
-            ValueError: a state of the wrong width or with non-finite values.
+            ValueError: a state of the wrong width or with non-finite values; PromptTooLong (a
+                ValueError): a state that alone does not fit ``max_token_len``.
         """
         return self.tokenizer.encode_prompt(
             prompt, self.prompt_state(state), self.config.max_token_len
@@ -225,6 +229,17 @@ class Pi05Policy:
         if self.conventions.prompt_state_dim:
             normalized = pad_to_dim(normalized, self.conventions.prompt_state_dim)
         return normalized
+
+    def check_task(self, task: str, state_dim: int) -> None:
+        """Refuse a task whose prompt would not fit ``max_token_len`` with a ``state_dim``-value
+        state (the worst case: `Pi05Tokenizer.check_task`), before it is ever used.
+
+        Raises:
+            PromptTooLong: naming the prompt's tokens and the model's limit.
+        """
+        in_prompt = self.prompt_state(np.zeros(state_dim))  # the width the prompt really gets
+        width = None if in_prompt is None else len(in_prompt)
+        self.tokenizer.check_task(task, width, self.config.max_token_len)
 
     def encode(
         self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str
@@ -307,9 +322,14 @@ def load_policy(
     ``tokenizer.model`` (tiny/small presets ship one); real pi0.5 weights need PaliGemma's given
     explicitly. The robot's trained horizon decides the model's when no config file does
     (`checkpoint.resolve_config`); its openpi asset id picks the norm stats among several.
+
+    Raises:
+        DeviceUnavailable (a ValueError): ``device`` is one this torch cannot use (the message
+            names torch's version, whether CUDA is available, and the fix).
     """
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
 
+    resolve_device(device)  # a clear error before torch's bare one from deep inside the load
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
     loaded = load_checkpoint(
         checkpoint_dir,

@@ -19,6 +19,7 @@ from ..engine.scheduler import EngineConfig, OxygenEngine
 from ..engine.types import Observation
 from ..model.policy import Pi05Policy
 from ..model.robots import DELTA_POSITION
+from ..model.tokenizer import PromptTooLong
 from .params import NodeSettings, SettingsError
 
 Log = Callable[[str], None]
@@ -60,7 +61,8 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
 
 
 def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
-    """Raise :class:`SettingsError` when the parameters ask for more than the model has."""
+    """Raise :class:`SettingsError` when the parameters ask for more than the model has (a task
+    whose prompt cannot fit ``max_token_len`` included)."""
     config = policy.config
     if settings.action_horizon > config.action_horizon:
         raise SettingsError(
@@ -80,6 +82,12 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
         )
     if policy.lerobot is not None:
         check_fits_lerobot(settings, policy)
+    try:  # the task parameter, also when ~/instruction sets it
+        policy.check_task(settings.task, len(settings.joint_names))
+    except PromptTooLong as exc:
+        raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
+    except ValueError as exc:  # a state width the robot's transform cannot take
+        raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
 
 
 def check_fits_lerobot(settings: NodeSettings, policy: Pi05Policy) -> None:

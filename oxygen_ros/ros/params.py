@@ -230,8 +230,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "camera_topics",
         _T.PARAMETER_STRING_ARRAY,
-        ["/camera/base/image_raw", "/camera/wrist/image_raw"],
-        "camera topics, one per image slot",
+        ["camera/base/image_raw", "camera/wrist/image_raw"],
+        "camera topics, one per image slot; relative names (no leading /) follow the node's "
+        "namespace, as joint_states does",
         CONFIGURE,
     ),
     ParamSpec(
