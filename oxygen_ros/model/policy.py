@@ -44,6 +44,9 @@ class Pi05Policy:
             ``action_dim`` the model or the robot cannot serve.
     """
 
+    # the checkpoint's training-time RTC maximum delay (`load_policy` reads it; 0: none)
+    rtc_training_max_delay: int = 0
+
     def __init__(
         self,
         model: Pi05Model,
@@ -187,6 +190,7 @@ def load_policy(
     trained horizon decides the model's when no config file does (`checkpoint.resolve_config`).
     """
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
+    from .rtc_checkpoint import declared_rtc_training_max_delay
 
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
     loaded = load_checkpoint(
@@ -198,4 +202,8 @@ def load_policy(
             f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma "
             "sentencepiece model path"
         )
-    return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim, robot)
+    policy = Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim, robot)
+    policy.rtc_training_max_delay = declared_rtc_training_max_delay(
+        checkpoint_dir, loaded.config.action_horizon
+    )
+    return policy

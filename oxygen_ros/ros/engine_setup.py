@@ -53,6 +53,7 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         rtc_execution_horizon=settings.rtc_execution_horizon,
         rtc_max_guidance_weight=settings.rtc_max_guidance_weight,
         rtc_schedule=settings.rtc_schedule,
+        rtc_guidance=settings.rtc_guidance,
     )
 
 
@@ -94,7 +95,19 @@ def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
         f"{len(settings.action_joint_names)} action joints, device {settings.device}, "
         f"{settings.dtype})"
     )
-    return build_engine(policy, engine_config(settings))
+    engine = build_engine(policy, engine_config(settings))
+    if engine.continuity is not None:
+        cfg = engine.config
+        info(
+            f"chunk_continuity rtc: {cfg.continuity_mode} RTC"
+            + (
+                f" (the checkpoint declares rtc_training_max_delay {cfg.rtc_training_max_delay};"
+                f" a longer delay falls back to {cfg.rtc_guidance} guidance)"
+                if cfg.continuity_mode == "trained"
+                else ""
+            )
+        )
+    return engine
 
 
 def warm_up_observation(settings: NodeSettings, size: int = 224) -> Observation:
