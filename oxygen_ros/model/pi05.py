@@ -104,6 +104,19 @@ def flow_schedule(num_steps: int) -> list[Tensor]:
     return times
 
 
+def lerobot_flow_schedule(num_steps: int) -> list[Tensor]:
+    """The times LeRobot's Euler loop visits: ``float32(1 + step * dt)`` with ``dt = -1/num_steps``
+    in Python floats, step 0 .. num_steps-1 (openpi accumulates instead: up to ~1.2e-7 apart)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    dt = -1.0 / num_steps
+    return [torch.tensor(1.0 + step * dt, dtype=torch.float32) for step in range(num_steps)]
+
+
+# The time schedule of each framework (`InputConventions.flow_times`).
+FLOW_SCHEDULES = {"openpi": flow_schedule, "lerobot": lerobot_flow_schedule}
+
+
 def _causal(t: int, device: torch.device) -> Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()
 
@@ -118,6 +131,13 @@ class Pi05Model(nn.Module):
         self.action_out_proj = nn.Linear(width, config.action_dim)
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
+        # which framework's flow-matching times `sample_actions` visits (a key of FLOW_SCHEDULES);
+        # set by the policy from the checkpoint's input conventions
+        self.flow_times = "openpi"
+
+    def time_schedule(self, num_steps: int) -> list[Tensor]:
+        """The float32 flow times of ``num_steps`` Euler steps in this model's framework."""
+        return FLOW_SCHEDULES[self.flow_times](num_steps)
 
     # -- parts ---------------------------------------------------------------------------------
     @property
@@ -318,8 +338,7 @@ class Pi05Model(nn.Module):
         guidance: real-time chunking (``model.rtc``), see `denoise`. None, or a guidance with
         nothing to guide, runs the plain sampler unchanged.
         """
-        schedule = flow_schedule(num_steps)
-        times = torch.stack(schedule).to(noise.device)
+        times = torch.stack(self.time_schedule(num_steps)).to(noise.device)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         return self.denoise(prefix.context, prefix.num_valid, noise, times, dt, guidance)
 
@@ -452,7 +471,7 @@ class Pi05Model(nn.Module):
         allowed, positions = self._openpi_masks(pad, ar)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         x_t = noise.float()
-        for t in flow_schedule(num_steps):
+        for t in self.time_schedule(num_steps):
             streams = [
                 Stream(self.backbone, prefix_embs),
                 Stream(

@@ -7,21 +7,25 @@ where the robot state enters the network only as discrete bins inside the prompt
 
     "Task: {task}, State: {b0 b1 ...};\\nAction: "
 
+A prompt longer than the model's ``max_token_len`` is never cut at its end (that would drop the
+state bins and the ``Action:`` cue): :func:`fit_task` shortens the task text, token by token, and
+keeps everything after it; a prompt whose fixed part alone does not fit raises
+:class:`PromptTooLong`. :meth:`Pi05Tokenizer.check_task` is the set-time side of that rule: it
+refuses a task that would need shortening with any state of a given width.
+
 `StreamDecoder` turns a growing list of generated token ids into text deltas for streaming.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Union
 
 import numpy as np
 import sentencepiece
-
-logger = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -33,6 +37,62 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 class TokenizerError(ValueError):
     """A sentencepiece model that cannot be used (corrupt file, missing special ids)."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit the model's ``max_token_len`` without losing more than task text."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskShortened:
+    """One prompt whose task was shortened to fit: task tokens kept of how many, prompt tokens
+    before and after, and the limit."""
+
+    kept: int
+    task_tokens: int
+    prompt_tokens: int
+    fitted_tokens: int
+    max_len: int
+
+
+def fit_task(
+    task_ids: Sequence[int], render: Callable[[Sequence[int]], list[int]], max_len: int
+) -> tuple[list[int], int]:
+    """The long-prompt rule: shorten the task, never what follows it (the robot state, the
+    format's fixed text).
+
+    ``render(ids)`` builds the whole prompt's token ids around a task given by its ids (a prefix of
+    ``task_ids``). Returns the prompt of the longest task prefix that fits ``max_len`` tokens
+    (``render(task_ids)`` itself when it fits) and how many task tokens were dropped.
+
+    Raises:
+        PromptTooLong: even the empty task does not fit (naming the tokens and the limit).
+    """
+    whole = render(task_ids)
+    if len(whole) <= max_len:
+        return whole, 0
+    bare = render(task_ids[:0])
+    if len(bare) > max_len:
+        raise PromptTooLong(
+            f"the prompt needs {len(bare)} tokens without any task text (robot state and format), "
+            f"more than the model's max_token_len {max_len}"
+        )
+    # the longest prefix that fits (prompt length grows with the task; bisect on it)
+    kept, prompt, low, high = 0, bare, 1, len(task_ids) - 1
+    while low <= high:
+        mid = (low + high) // 2
+        candidate = render(task_ids[:mid])
+        if len(candidate) <= max_len:
+            kept, prompt, low = mid, candidate, mid + 1
+        else:
+            high = mid - 1
+    return prompt, len(task_ids) - kept
+
+
+def state_for_bin(bin_index: int, dim: int) -> np.ndarray:
+    """A normalised ``dim``-value state whose every value lands in ``bin_index`` (-1 to 255)."""
+    value = -2.0 if bin_index < 0 else float(STATE_BINS[bin_index])
+    return np.full(dim, value)
 
 
 def clean_task(task: str) -> str:
@@ -71,11 +131,36 @@ def format_prompt(task: str, state: np.ndarray) -> str:
     return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
 
 
+HF_TOKENIZER_MODEL = "tokenizer.model"  # the sentencepiece model in a Hugging Face tokenizer
+
+
+def tokenizer_model_path(path: PathLike) -> Path:
+    """``path`` itself, or the sentencepiece ``tokenizer.model`` inside a Hugging Face tokenizer
+    folder (LeRobot tokenizes with ``google/paligemma-3b-pt-224``'s, which holds PaliGemma's
+    sentencepiece model: the same ids as openpi's ``paligemma_tokenizer.model``).
+
+    Raises:
+        FileNotFoundError: a folder without ``tokenizer.model``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    model = path / HF_TOKENIZER_MODEL
+    if not model.is_file():
+        present = sorted(p.name for p in path.iterdir())[:10]
+        raise FileNotFoundError(
+            f"tokenizer folder {path} has no {HF_TOKENIZER_MODEL} (found {present}); give a "
+            "sentencepiece model or a Hugging Face tokenizer folder that holds one"
+        )
+    return model
+
+
 class Pi05Tokenizer:
     """A PaliGemma-compatible sentencepiece tokenizer.
 
     Args:
-        path: a sentencepiece ``.model`` file.
+        path: a sentencepiece ``.model`` file, or a Hugging Face tokenizer folder holding one
+            (`tokenizer_model_path`).
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -83,7 +168,7 @@ class Pi05Tokenizer:
     """
 
     def __init__(self, path: PathLike) -> None:
-        self.path = Path(path)
+        self.path = tokenizer_model_path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"tokenizer model not found: {self.path}")
         proto = self.path.read_bytes()
@@ -106,6 +191,9 @@ class Pi05Tokenizer:
                     f"{self.path} defines no {name} token; pi0.5 prompts need bos, eos and pad ids"
                 )
         self._sp = processor
+        self.tasks_shortened = 0  # prompts whose task `encode_prompt` shortened to fit
+        self.last_shortened: TaskShortened | None = None
+        self._worst_bins: dict[int, int] = {}  # state width -> the bin of the longest state text
 
     # -- vocabulary ------------------------------------------------------------------------------
     @property
@@ -143,36 +231,91 @@ class Pi05Tokenizer:
         (bos + cleaned task, then a separately encoded "\\n"): openpi's ``TokenizePrompt`` passes no
         state for pi0.5 checkpoints trained with ``discrete_state_input=False`` (pi05_libero) too.
 
-        Longer prompts are truncated to ``max_len`` with a logged warning; shorter ones are padded
-        with id 0 (openpi pads with ``False``; PaliGemma's pad id is 0 too) and a False mask.
+        A prompt longer than ``max_len`` keeps its state and its end: the task text is shortened
+        (`fit_task`; openpi would cut the end, state bins included). Each such prompt is counted in
+        ``tasks_shortened`` and described by ``last_shortened``; nothing is logged here (callers
+        report it, throttled). Shorter prompts are padded with id 0 (openpi pads with ``False``;
+        PaliGemma's pad id is 0 too) and a False mask.
 
         Returns:
             tokens int64 [max_len] and mask bool [max_len] (True for real tokens).
+
+        Raises:
+            PromptTooLong: the state and the format alone exceed ``max_len``.
+            ValueError: ``max_len`` below 1, or a state `discretize_state` refuses.
         """
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
-        if state is not None:
-            tokens = [
-                int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)
-            ]
-        else:
-            tokens = [
-                int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)
-            ] + self.encode_text("\n")
+        tokens = self._prompt_ids(task, state)
         if len(tokens) > max_len:
-            logger.warning(
-                "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
-                "`max_token_len` in your model config if this happens frequently.",
+            task_ids = self.encode_text(clean_task(task))
+            tokens, dropped = fit_task(
+                task_ids, lambda ids: self._prompt_ids_for(ids, state), max_len
+            )
+            self.tasks_shortened += 1
+            self.last_shortened = TaskShortened(
+                len(task_ids) - dropped,
+                len(task_ids),
+                len(self._prompt_ids(task, state)),
                 len(tokens),
                 max_len,
             )
-            tokens = tokens[:max_len]
         n = len(tokens)
         ids = np.zeros(max_len, dtype=np.int64)
         ids[:n] = tokens
         mask = np.zeros(max_len, dtype=bool)
         mask[:n] = True
         return ids, mask
+
+    def _prompt_ids(self, task: str, state: np.ndarray | None) -> list[int]:
+        """openpi's prompt ids (bos first) of a task text, with or without a state."""
+        if state is not None:
+            return [int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)]
+        return [int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)] + (
+            self.encode_text("\n")
+        )
+
+    def _prompt_ids_for(self, task_ids: Sequence[int], state: np.ndarray | None) -> list[int]:
+        """The prompt around a task given by its ids (a prefix of an encoded task)."""
+        if state is None:  # the pi0 format is piecewise already: keep the ids as they are
+            return [self.bos_id, *task_ids, *self.encode_text("\n")]
+        return self._prompt_ids(self.decode(task_ids), state)
+
+    def check_task(self, task: str, state_dim: int | None, max_len: int) -> None:
+        """Refuse (at set time) a task whose prompt would need shortening: measured with the
+        longest state text a ``state_dim``-value state can have (every value in the bin whose text
+        takes the most tokens; with tokenizers that split digits, as PaliGemma's does, no state
+        takes more), or with no state (``None``: robots without the state in the prompt).
+
+        Raises:
+            PromptTooLong: naming the prompt's tokens, the state's share and ``max_len``.
+        """
+        state = None if state_dim is None else self.worst_state(state_dim)
+        need = len(self._prompt_ids(task, state))
+        if need <= max_len:
+            return
+        fixed = len(self._prompt_ids_for([], state))
+        what = f"a {state_dim}-value robot state" if state_dim is not None else "no state"
+        if fixed > max_len:
+            raise PromptTooLong(
+                f"the prompt with {what} needs {fixed} tokens before any task text, more than the "
+                f"model's max_token_len {max_len}"
+            )
+        raise PromptTooLong(
+            f"the task makes a {need}-token prompt with {what} (worst case), over the model's "
+            f"max_token_len {max_len}: shorten it by at least {need - max_len} tokens (about "
+            f"{max_len - fixed} tokens are left for the task)"
+        )
+
+    def worst_state(self, state_dim: int) -> np.ndarray:
+        """The normalised ``state_dim``-value state whose prompt text takes the most tokens (one bin
+        for every value; measured once per width)."""
+        if state_dim not in self._worst_bins:
+            self._worst_bins[state_dim] = max(
+                range(-1, len(STATE_BINS)),
+                key=lambda b: len(self._prompt_ids("", state_for_bin(b, state_dim))),
+            )
+        return state_for_bin(self._worst_bins[state_dim], state_dim)
 
     # -- decoding --------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -59,6 +60,40 @@ def synthetic_norm_stats(dim: int, seed: int) -> dict[str, NormStats]:
         std = half_range / 2.33  # a normal's 1%/99% quantiles lie 2.33 std from its mean
         stats[key] = NormStats(mean=mean, std=std, q01=q01, q99=q99)
     return stats
+
+
+# The LeRobot folder `--format lerobot` writes: names matching config/lerobot_pi05.yaml (an SO-101).
+LEROBOT_CAMERAS = ("observation.images.front", "observation.images.wrist")
+LEROBOT_STATE_DIM = 6
+
+
+def make_lerobot_checkpoint(out_dir: Path, preset: str, seed: int = 0) -> Path:
+    """A random-weight ``preset`` written as a LeRobot 0.4 pi05 folder (tiny/small only) with a
+    tiny tokenizer: what ``config/lerobot_pi05.yaml`` expects (two cameras, a 6-dim state and
+    action), for trying ``robot:=lerobot`` without a trained checkpoint."""
+    from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
+
+    if preset not in RANDOM_WEIGHT_PRESETS:
+        raise ValueError(f"--format lerobot writes presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}")
+    # LeRobot's default tokenizer_max_length: its 0.4.x prompts carry 32 zero-padded state bins
+    config = dataclasses.replace(get_preset(preset), max_token_len=200)
+    model = build_model(config, "cpu", torch.float32)
+    init_random_weights(model, seed)
+    dim = min(LEROBOT_STATE_DIM, config.action_dim)
+    stats = synthetic_norm_stats(dim, seed)
+    write_lerobot_folder(
+        out_dir,
+        model,
+        {
+            "observation.state": lerobot_stats(stats["state"]),
+            "action": lerobot_stats(stats["actions"]),
+        },
+        cameras=LEROBOT_CAMERAS,
+        state_dim=dim,
+        action_dim=dim,
+    )
+    train_tiny_tokenizer(Path(out_dir) / TOKENIZER_FILENAME, config.vocab_size)
+    return Path(out_dir)
 
 
 def checkpoint_bytes(config: Pi05Config, dtype: torch.dtype = torch.float32) -> int:
@@ -197,6 +232,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--force", action="store_true", help="allow checkpoints over 2 GiB (the pi05 preset)"
     )
+    parser.add_argument(
+        "--format",
+        choices=("openpi", "lerobot"),
+        default="openpi",
+        help="openpi's layout (default) or a LeRobot pi05 folder (tiny/small; the names of "
+        "config/lerobot_pi05.yaml)",
+    )
     return parser.parse_args(argv)
 
 
@@ -204,15 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        out = make_checkpoint(
-            args.out,
-            args.preset,
-            args.seed,
-            dtype=as_dtype(args.dtype),
-            tokenizer_out=args.tokenizer_out,
-            asset_id=args.asset_id,
-            force=args.force,
-        )
+        if args.format == "lerobot":
+            out = make_lerobot_checkpoint(args.out, args.preset, args.seed)
+        else:
+            out = make_checkpoint(
+                args.out,
+                args.preset,
+                args.seed,
+                dtype=as_dtype(args.dtype),
+                tokenizer_out=args.tokenizer_out,
+                asset_id=args.asset_id,
+                force=args.force,
+            )
     except ValueError as exc:
         print(f"oxygen-make-checkpoint: error: {exc}", file=sys.stderr)
         return 2
@@ -236,6 +281,7 @@ def random_policy(
     action_dim: int | None = None,
     tokenizer_dir: Path | None = None,
     init: str = "cpu",
+    robot: str = "generic",
 ):
     """A random-weight policy of any preset built in memory (benchmarks; nothing written but a
     tiny tokenizer, cached in ``tokenizer_dir``).
@@ -245,13 +291,32 @@ def random_policy(
 
     init: "cpu" draws the weights on the CPU (identical on every device; minutes for ``pi05``);
     "device" draws them where the model lives (seconds on a GPU; other values than "cpu").
+    robot: the robot adapter (`oxygen_ros.model.robots`) whose transforms wrap the model, as
+    `load_policy` does for a checkpoint: its trained horizon replaces the preset's (as for an
+    openpi checkpoint without a config file), its action width is the policy's, and the synthetic
+    norm stats cover its state and action widths.
+
+    Raises:
+        ValueError: an unknown preset, robot or init, or a robot the preset cannot serve (e.g.
+            ALOHA's 14 action dims on the tiny preset's 8); DeviceUnavailable: ``device``.
     """
+    from oxygen_ros.model.device import resolve_device
     from oxygen_ros.model.policy import Pi05Policy
+    from oxygen_ros.model.robots import robot_adapter
     from oxygen_ros.model.tokenizer import Pi05Tokenizer
 
     if init not in ("cpu", "device"):
         raise ValueError(f"init must be 'cpu' or 'device', got {init!r}")
+    resolve_device(device)
+    adapter = robot_adapter(robot)
     config = get_preset(preset)
+    if adapter.action_horizon is not None:
+        config = dataclasses.replace(config, action_horizon=adapter.action_horizon)
+    if adapter.action_dim is not None and adapter.action_dim > config.action_dim:
+        raise ValueError(
+            f"robot {adapter.name} has {adapter.action_dim} action dims but preset {preset!r} "
+            f"only {config.action_dim}; use a larger preset (small, pi05)"
+        )
     model = build_model(config, device, as_dtype(dtype))
     init_random_weights(model, seed, on_device=init == "device")
     vocab = min(config.vocab_size, 512)
@@ -260,5 +325,8 @@ def random_policy(
     if not path.is_file():
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         train_tiny_tokenizer(path, vocab)
-    stats = synthetic_norm_stats(action_dim or config.action_dim, seed)
-    return Pi05Policy(model.eval().requires_grad_(False), Pi05Tokenizer(path), stats, action_dim)
+    widths = (action_dim or adapter.action_dim or config.action_dim, adapter.state_dim or 0)
+    stats = synthetic_norm_stats(max(widths), seed)
+    return Pi05Policy(
+        model.eval().requires_grad_(False), Pi05Tokenizer(path), stats, action_dim, adapter
+    )
