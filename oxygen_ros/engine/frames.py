@@ -9,10 +9,10 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
-from ..model.rtc import RTCGuidance
+from ..model.rtc import RTCGuidance, TrainedPrefix
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
-from .static_paths import StaticRunner
+from .static_paths import StaticRunner, chunk_kind
 from .types import ActionChunk, Clock, Observation
 
 
@@ -87,15 +87,16 @@ def act_on_frame(
     noise: Tensor,
     num_steps: int,
     runner: StaticRunner | None = None,
-    guidance: RTCGuidance | None = None,
+    guidance: RTCGuidance | TrainedPrefix | None = None,
 ) -> Tensor:
     """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it).
 
-    A ``guidance`` (real-time chunking) always runs the eager guided sampler, static paths or not;
-    a frozen static runner without a bucket for this prefix also falls back to the eager path.
+    ``guidance`` (real-time chunking): identity guidance and training-time RTC run on the static
+    path like the plain chunk; vjp guidance always runs the eager guided sampler. A frozen static
+    runner without a bucket for this prefix (and kind) also falls back to the eager path.
     """
-    if runner is not None and guidance is None:
-        actions = runner.act(frame.segment, noise, num_steps)
+    if runner is not None and chunk_kind(guidance) is not None:
+        actions = runner.act(frame.segment, noise, num_steps, guidance)
         if actions is not None:
             return actions
     context = pool.view(frame.segment)
@@ -113,7 +114,7 @@ def timed_action(
     clock: Clock,
     runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
-    guidance: RTCGuidance | None = None,
+    guidance: RTCGuidance | TrainedPrefix | None = None,
 ) -> tuple[FramePrefix, ActionChunk]:
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
     ``guidance``: see `act_on_frame`.
