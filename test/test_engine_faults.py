@@ -15,6 +15,7 @@ from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (aut
 
 from oxygen_ros.engine import EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.faults import NO_FAULTS, FaultInjector, InjectedFault
+from oxygen_ros.engine.kv_cache import KVInvariantError
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.static_paths import StaticRunner
@@ -435,3 +436,33 @@ def test_a_baseline_step_survives_a_request_that_raises_as_a_whole(
         assert finals[ids[1]].detail.startswith("StageBroke: LanguageDecoder.run_to_completion")
     assert broke["raised"] == 1 and engine.faults_by_stage == {"decode_step": 1}
     assert engine.memory()["bytes_in_use"] == 0
+
+
+def test_a_release_that_fails_while_failing_a_stage_loses_no_final(policy, monkeypatch):
+    """A fault while recovering from one (the KV release itself raising) still delivers every
+    final; the second fault is counted (kv_release) and check_memory reports the leak instead of
+    hiding it."""
+    engine = OxygenEngine(policy, FIXED)
+    ids = [engine.submit("narration", sampling=SamplingParams(max_tokens=20)) for _ in range(2)]
+    engine.act(observation())
+    engine.decode(max_steps=1)
+    break_stage(monkeypatch, LanguageDecoder, "step", {1})
+    real_release = LanguageDecoder.release
+    leaked = []
+
+    def release_once_broken(self, request):
+        if not leaked:
+            leaked.append(request)
+            raise StageBroke("release broke")
+        real_release(self, request)
+
+    monkeypatch.setattr(LanguageDecoder, "release", release_once_broken)
+    deltas = engine.decode(max_steps=1)
+    assert [(d.request_id, d.final, d.finish_reason) for d in deltas] == [
+        (r, True, "failed") for r in ids
+    ]
+    assert engine.faults_by_stage == {"decode_step": 1, "kv_release": 1}
+    with pytest.raises(KVInvariantError):
+        engine.check_memory()
+    real_release(engine.decoder, leaked[0])  # what a later recovery would do; the pool is whole
+    engine.check_memory()
