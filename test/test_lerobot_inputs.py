@@ -485,6 +485,15 @@ def test_configure_says_what_a_relative_checkpoint_needs(tmp_path, tokenizer_fil
     check_fits_model(
         shipped_settings(action_space="delta_position", gripper_joint_names=["gripper"]), policy
     )
+    with pytest.raises(SettingsError, match="relative to each frame's own state"):
+        check_fits_model(
+            shipped_settings(
+                action_space="delta_position",
+                gripper_joint_names=["gripper"],
+                chunk_continuity="rtc",
+            ),
+            policy,
+        )
     with pytest.raises(SettingsError, match="do not name this LeRobot checkpoint's cameras"):
         check_fits_model(
             shipped_settings(

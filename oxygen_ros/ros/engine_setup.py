@@ -121,6 +121,12 @@ def check_fits_lerobot(settings: NodeSettings, policy: Pi05Policy) -> None:
                 "(use_relative_actions): set action_space: delta_position and "
                 f"gripper_joint_names: {absolute} (the dims it keeps absolute)"
             )
+        if settings.chunk_continuity != "none":
+            raise SettingsError(
+                "chunk_continuity rtc guides a chunk towards the previous one in robot units, but "
+                "this LeRobot checkpoint's actions are relative to each frame's own state "
+                "(use_relative_actions); set chunk_continuity: none"
+            )
     elif settings.command_space == DELTA_POSITION:
         raise SettingsError(
             "this LeRobot checkpoint predicts absolute actions (no use_relative_actions); "
