@@ -371,7 +371,10 @@ def test_bench_continuity_writes_every_mode(tmp_path):
     path = tmp_path / "continuity.json"
     threads = torch.get_num_threads()
     try:
+        # a 1 s chunk (10 x 0.1 s): even a loaded CPU's latency stays inside it, so every mode
+        # has an overlap to continue
         args = ["continuity", "--preset", "tiny", "--frames", "12", "--warmup", "2"]
+        args += ["--action-dt", "0.1"]
         assert main([*args, "--rounds", "2", "--json", str(path)]) == 0
     finally:
         torch.set_num_threads(threads)  # the bench runs single-threaded, as the node does
