@@ -200,9 +200,8 @@ class Pi05Policy:
         return lerobot_resize_with_pad(images, size, size, self.conventions.border, out=out)
 
     def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        """The robot's state transform, normalisation and the pi0.5 prompt: int64 tokens and bool
-        mask, both [max_token_len], right-padded. Robots trained without the state in the prompt
-        (``discrete_state_input`` false) get the task text alone; the state is still checked.
+        """The pi0.5 prompt of a raw state and task text: int64 tokens and bool mask, both
+        [max_token_len], right-padded, with the bins of `prompt_state` (the task alone without).
         A prompt over ``max_token_len`` has its task shortened, never its state
         (`Pi05Tokenizer.encode_prompt`).
 
@@ -216,9 +215,9 @@ class Pi05Policy:
 
     def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
         """The state vector the prompt's bins are made of: the robot's state transform, then the
-        checkpoint's normalisation (LeRobot 0.4.x checkpoints list it zero-padded to max_state_dim:
-        ``conventions.prompt_state_dim``); None for robots trained without the state in the prompt
-        (the state is still checked).
+        checkpoint's normalisation (openpi's quantiles, or LeRobot's normaliser in float32), then,
+        for LeRobot 0.4.x, zero-padding to max_state_dim (``conventions.prompt_state_dim``); None
+        for robots trained without the state in the prompt (the state is still checked).
 
         Raises:
             ValueError: a state of the wrong width or with non-finite values.
