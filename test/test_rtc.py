@@ -533,3 +533,32 @@ def test_checkpoint_declared_max_delay_selects_trained_rtc(tiny_checkpoint, tmp_
         config_json.write_text(json.dumps(written | {"rtc_training_max_delay": bad}))
         with pytest.raises(CheckpointError, match="rtc_training_max_delay"):
             load_policy(ModelSpec(str(declared)))
+
+
+def test_a_lerobot_folder_declares_its_max_delay_in_its_config_json(tmp_path):
+    """LeRobot main writes ``rtc_training_max_delay`` into the policy's config.json (0: not
+    trained for it); that is the field the loader reads."""
+    from oxygen_ros.model.checkpoint import build_model, init_random_weights
+    from oxygen_ros.model.config import get_preset
+    from oxygen_ros.model.rtc_checkpoint import declared_rtc_training_max_delay
+    from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
+    from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
+
+    model = init_random_weights(build_model(get_preset("tiny")), 5)
+    stats = synthetic_norm_stats(8, 1)
+    folder_stats = {
+        "observation.state": lerobot_stats(stats["state"]),
+        "action": {k: v[:ROBOT_DIM] for k, v in lerobot_stats(stats["actions"]).items()},
+    }
+    horizon = model.config.action_horizon
+    for declared in (0, 4):
+        folder = write_lerobot_folder(
+            tmp_path / f"delay{declared}",
+            model,
+            folder_stats,
+            action_dim=ROBOT_DIM,
+            version="main",
+            config_overrides={"rtc_training_max_delay": declared},
+        )
+        assert json.loads((folder / "config.json").read_text())["type"] == "pi05"
+        assert declared_rtc_training_max_delay(folder, horizon) == declared
