@@ -143,16 +143,26 @@ def test_static_action_path_equals_dynamic(policy, slots, prompt):
     torch.testing.assert_close(actions_s, actions_d, atol=5e-5, rtol=1e-5)
 
 
-def test_static_action_path_is_bit_exact_without_padding(policy):
-    """With no padding (prompt exactly a bucket, context bucket 1) nothing is reordered: the fixed
-    shapes, explicit masks and static slot list compute exactly what the dynamic path does."""
+def unpadded_frames(policy):
+    """A pool, a runner whose buckets fit the frame exactly (prompt bucket = its prompt, context
+    bucket 1), and the same observation prefilled eagerly and on the static path."""
     pool = make_pool(policy, STATIC)
     runner = StaticRunner(policy, pool, context_bucket=1)
     obs = observation(2, (BASE, RIGHT))
     n_tokens = int(policy.prompt_tokens(obs.state, obs.prompt)[1].sum())
     runner.prompt_buckets = (n_tokens,) + runner.prompt_buckets
-    dynamic = prefill_frame(policy, pool, obs, 1)
-    static = prefill_frame(policy, pool, obs, 2, runner)
+    return (
+        pool,
+        runner,
+        prefill_frame(policy, pool, obs, 1),
+        prefill_frame(policy, pool, obs, 2, runner),
+    )
+
+
+def test_static_action_path_is_bit_exact_without_padding(policy):
+    """With no padding (prompt exactly a bucket, context bucket 1) nothing is reordered: the fixed
+    shapes, explicit masks and static slot list compute exactly what the dynamic path does."""
+    pool, runner, dynamic, static = unpadded_frames(policy)
     assert torch.equal(
         pool.keys[:, pool_slots(pool, static.segment)],
         pool.keys[:, pool_slots(pool, dynamic.segment)],
@@ -655,13 +665,7 @@ def test_static_rtc_chunks_are_bit_exact_and_the_delay_is_data(policy):
     """Identity-guided and trained chunks on the fixed-shape path equal the eager sampler bit for
     bit without padding; one bucket per kind serves every delay (buffers, not shapes); vjp stays
     eager."""
-    pool = make_pool(policy, STATIC)
-    runner = StaticRunner(policy, pool, context_bucket=1)
-    obs = observation(2, (BASE, RIGHT))
-    n_tokens = int(policy.prompt_tokens(obs.state, obs.prompt)[1].sum())
-    runner.prompt_buckets = (n_tokens,) + runner.prompt_buckets
-    dynamic = prefill_frame(policy, pool, obs, 1)
-    static = prefill_frame(policy, pool, obs, 2, runner)
+    pool, runner, dynamic, static = unpadded_frames(policy)
     previous = act_on_frame(policy, pool, dynamic, frame_noise(policy.config, 0, 9, "cpu"), 10)
     noise = frame_noise(policy.config, 0, 2, policy.device)
     plain = act_on_frame(policy, pool, dynamic, noise, 10)

@@ -956,7 +956,7 @@ def bench_continuity(args: argparse.Namespace) -> dict[str, object]:
     ]
     _print_table([{"mode": mode, **row} for mode, row in results.items()], columns)
     print(
-        "action_cost_vs_none: wall-clock p50 ratio; action_cpu_vs_none: the same in the thread's "
+        "action_cost_vs_none: wall-clock p50 ratio; action_cpu_vs_none: the same in the process's "
         "CPU time (the cost without the waits of a CPU shared with other work)"
     )
     if "trained" in results:

@@ -70,8 +70,8 @@ class Replanner:
     reports its publishing delay (`OxygenEngine.chunk_published`). `run` continues where the last
     call stopped, so a bench can interleave engines block by block (a machine whose speed drifts
     then slows every engine alike); ``chunks``, ``action_ms`` (the action-path times) and
-    ``action_cpu_ms`` (the calling thread's CPU time in them: the cost without the waits of a
-    shared CPU, exact with torch single-threaded) grow."""
+    ``action_cpu_ms`` (the process's CPU time in them, every thread: the cost without the waits
+    of a CPU shared with other work) grow."""
 
     def __init__(
         self, engine: OxygenEngine, rate_hz: float, cameras: int, state_dim: int, action_dt: float
@@ -88,11 +88,11 @@ class Replanner:
         for _ in range(frames):
             stamp = max(len(self.chunks) * self.period, self._busy_until)
             observation = moving_scene(stamp, self.cameras, self.state_dim)
-            started, cpu = time.perf_counter(), time.thread_time()
+            started, cpu = time.perf_counter(), time.process_time()
             chunk = self.engine.act(observation)
             latency = time.perf_counter() - started
             self.action_ms.append(latency * 1e3)
-            self.action_cpu_ms.append((time.thread_time() - cpu) * 1e3)
+            self.action_cpu_ms.append((time.process_time() - cpu) * 1e3)
             self._busy_until = stamp + latency
             delay = takeover_time(stamp + latency, self.action_dt) - stamp
             self.engine.chunk_published(chunk.frame_id, chunk.actions, delay)
