@@ -33,15 +33,17 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..model.policy import Pi05Policy
+from ..model.prompts import KindFormat, PromptFormat, check_conditioning, preset
 from ..model.rtc import CONTINUITY_MODES, SCHEDULES
 from .continuity import ChunkContinuity
 from .faults import NO_FAULTS, FaultInjector, stage_of
 from .frames import FramePrefix, max_prefix_tokens, timed_action
 from .kv_cache import KVInvariantError, KVPool
-from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
+from .language import LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
 from .static_paths import StaticRunner
+from .subtasks import SubtaskLoop
 from .types import ActionChunk, Clock, FrameResult, FrameStats, Observation, TextDelta, WarmUpReport
 
 WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buckets and timings
@@ -64,9 +66,14 @@ class EngineConfig:
     deadline_margin_ms: float = 3.0
     seed: int = 0
     default_max_tokens: int = 30
-    kind_prompts: Mapping[str, str] = dataclasses.field(
-        default_factory=lambda: dict(DEFAULT_KIND_PROMPTS)
-    )
+    # The checkpoint's prompt format (model/prompts.py): a preset name or a PromptFormat.
+    prompt_format: str | PromptFormat = "openpi"
+    # Kind texts overriding the format's ("{text}" is the request's text); None: the format's.
+    kind_prompts: Mapping[str, str] | None = None
+    # pi0.5's hierarchy (engine/subtasks.py): "none" | "prompt" | "same_frame"
+    subtask_conditioning: str = "none"
+    subtask_period_s: float = 1.0  # a new subtask is decoded this often (and when the task changes)
+    subtask_max_tokens: int = 0  # 0: the format's limit for its subtask kind
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
     # capture those steps in CUDA graphs; implies static_shapes, CUDA only
@@ -126,15 +133,85 @@ class EngineConfig:
                 f"{self.rtc_execution_horizon}) "
                 f"and rtc_max_guidance_weight finite and >= 0 (got {self.rtc_max_guidance_weight})"
             )
-        if not self.kind_prompts:
-            raise ValueError("kind_prompts must name at least one language kind")
-        empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
-        if empty:
-            raise ValueError(f"kind prompts must not be empty: {empty}")
+        if self.kind_prompts is not None:
+            if not self.kind_prompts:
+                raise ValueError("kind_prompts must name at least one language kind")
+            empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
+            if empty:
+                raise ValueError(f"kind prompts must not be empty: {empty}")
+        # an unknown preset or a mode the format cannot serve: PromptFormatError (a ValueError)
+        check_conditioning(self.format, self.subtask_conditioning)
+        if not (self.subtask_period_s >= 0 and self.subtask_max_tokens >= 0):
+            raise ValueError(
+                f"subtask_period_s (got {self.subtask_period_s}) and subtask_max_tokens (got "
+                f"{self.subtask_max_tokens}) must be >= 0"
+            )
 
     @property
     def uses_static_paths(self) -> bool:
         return self.static_shapes or self.cuda_graphs
+
+    @property
+    def format(self) -> PromptFormat:
+        """The prompt format (`prompt_format` resolved)."""
+        fmt = self.prompt_format
+        return fmt if isinstance(fmt, PromptFormat) else preset(fmt)
+
+    @property
+    def hierarchy(self) -> bool:
+        """Whether the subtask loop runs (subtask_conditioning prompt or same_frame)."""
+        return self.subtask_conditioning != "none"
+
+    @property
+    def kinds(self) -> dict[str, KindFormat]:
+        """Every language kind a request may have, with its prompt: the format's, with
+        ``kind_prompts`` in their place when given (the subtask kind only in the subtask loop)."""
+        kinds = dict(self.format.kinds)
+        if self.kind_prompts is not None:
+            kinds = {k: KindFormat((v,), ours=True) for k, v in self.kind_prompts.items()} | {
+                k: v for k, v in kinds.items() if k == "subtask"
+            }
+        if not self.hierarchy:
+            kinds.pop("subtask", None)
+        return kinds
+
+
+def new_request(
+    policy: Pi05Policy,
+    config: EngineConfig,
+    request_id: int,
+    kind: str,
+    text: str = "",
+    sampling: SamplingParams | None = None,
+    **fields: str,
+) -> LanguageRequest:
+    """A language request of ``kind`` in the engine's prompt format: its own text with ``text``
+    (a question) and ``fields`` (task, memory, previous), the format's token limit and suppressed
+    ids.
+
+    Raises:
+        ValueError: a kind the configuration does not have.
+    """
+    kinds = config.kinds
+    if kind not in kinds:
+        raise ValueError(f"unknown language kind {kind!r}; configured kinds: {sorted(kinds)}")
+    spec = kinds[kind]
+    sampling = sampling or SamplingParams(max_tokens=config.default_max_tokens)
+    if spec.max_tokens and sampling.max_tokens > spec.max_tokens:
+        sampling = dataclasses.replace(sampling, max_tokens=spec.max_tokens)
+    if config.kind_prompts is not None and kind in config.kind_prompts:
+        prompt = policy.tokenizer.encode_text(config.kind_prompts[kind].format(text=text))
+    else:
+        prompt = config.format.kind_ids(policy.tokenizer, kind, text=text, **fields)
+    return LanguageRequest(
+        request_id,
+        kind,
+        prompt,
+        sampling,
+        policy.tokenizer,
+        reads_shared=spec.reads == "shared",
+        suppress=spec.suppress,
+    )
 
 
 def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
@@ -239,9 +316,9 @@ class EngineBase:
     def _prepare_buckets(self, observation: Observation) -> int:
         """Step 1 of `warm_up`: create the buckets and freeze; returns how many were created."""
         cfg = self.config
-        tokenizer = self.policy.tokenizer
         kind_tokens = [
-            len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()
+            len(request.prompt) + int(request.reads_shared)
+            for request in (new_request(self.policy, cfg, 0, kind) for kind in cfg.kinds)
         ]
         created = 0
         for runner, acts, batch in self._runners:
@@ -262,7 +339,7 @@ class EngineBase:
         """Step 3 of `warm_up`: frames with one or two short greedy requests each; returns the
         median prefill + action ms of the frames after the first (which pays the first calls)."""
         cfg = self.config
-        kind = next(iter(cfg.kind_prompts))
+        kind = _warm_up_kind(cfg)
         sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=cfg.seed)
         action_ms = []
         for frame in range(frames):
@@ -312,29 +389,41 @@ class EngineBase:
             pool.check()
 
     # -- intake --------------------------------------------------------------------------------
-    def submit(self, kind: str, text: str = "", sampling: SamplingParams | None = None) -> int:
-        """Queue a language request; it reads the prefix of the frame at which it is admitted.
+    def submit(
+        self,
+        kind: str,
+        text: str = "",
+        sampling: SamplingParams | None = None,
+        **fields: str,
+    ) -> int:
+        """Queue a language request in the engine's prompt format; it reads the prefix of the
+        frame at which it is admitted. ``text``: a question; ``fields``: task, memory, previous.
 
         Returns the request id. A full queue refuses at once (a final delta with the reason).
         """
-        if kind not in self.config.kind_prompts:
-            raise ValueError(
-                f"unknown language kind {kind!r}; configured kinds: "
-                f"{sorted(self.config.kind_prompts)}"
-            )
-        sampling = sampling or SamplingParams(max_tokens=self.config.default_max_tokens)
-        prompt = self.policy.tokenizer.encode_text(self.config.kind_prompts[kind].format(text=text))
-        request = LanguageRequest(
-            self._next_request_id, kind, prompt, sampling, self.policy.tokenizer
+        return self._enqueue(kind, text, sampling, **fields).request_id
+
+    def _enqueue(
+        self,
+        kind: str,
+        text: str = "",
+        sampling: SamplingParams | None = None,
+        front: bool = False,
+        **fields: str,
+    ) -> LanguageRequest:
+        request = new_request(
+            self.policy, self.config, self._next_request_id, kind, text, sampling, **fields
         )
         self._next_request_id += 1
         if len(self._queue) >= self.config.max_queued_requests:
             self._outbox.append(
                 self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)")
             )
+        elif front:
+            self._queue.appendleft(request)
         else:
             self._queue.append(request)
-        return request.request_id
+        return request
 
     def _refuse(self, request: LanguageRequest, why: str) -> TextDelta:
         delta = request.finish("refused")
@@ -413,6 +502,12 @@ class EngineBase:
         return deltas
 
 
+def _warm_up_kind(config: EngineConfig) -> str:
+    """The kind warm-up requests use: narration when there is one (the usual load)."""
+    kinds = config.kinds
+    return "narration" if "narration" in kinds else next(iter(kinds))
+
+
 def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | None:
     if config.chunk_continuity != "rtc":
         return None
@@ -453,6 +548,12 @@ class OxygenEngine(EngineBase):
         self._active: list[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
         self.continuity = _continuity(policy, self.config)
+        fmt = self.config.format
+        if not policy.robot.discrete_state_input:
+            fmt.template(self.config.hierarchy, has_state=False)  # raises when it needs state bins
+        self.subtasks = (
+            SubtaskLoop(fmt, self.config.subtask_period_s) if self.config.hierarchy else None
+        )
         if self.pool.num_blocks < 2 * self._prefix_blocks:
             raise ValueError(
                 f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two "
@@ -488,13 +589,12 @@ class OxygenEngine(EngineBase):
             self.clock,
             self.runner,
         )
-        kind = next(iter(cfg.kind_prompts))
-        prompt = self.policy.tokenizer.encode_text(cfg.kind_prompts[kind].format(text=""))
+        kind = _warm_up_kind(cfg)
         sampling = SamplingParams(max_tokens=cfg.default_max_tokens)
         try:
             for size in sizes:
                 requests = [
-                    LanguageRequest(-1 - i, kind, prompt, sampling, self.policy.tokenizer)
+                    new_request(self.policy, cfg, -1 - i, kind, sampling=sampling)
                     for i in range(size)
                 ]
                 if (
@@ -522,6 +622,8 @@ class OxygenEngine(EngineBase):
 
     def _end_warm_up_requests(self) -> None:
         self.close()  # cancels what is still queued or active and lets the last frame go
+        if self.subtasks:
+            self.subtasks.reset()
         self.fixed_steps_skipped = 0
         if self.continuity:
             self.continuity.reset()  # the first real chunk is not guided by a warm-up chunk
@@ -547,7 +649,9 @@ class OxygenEngine(EngineBase):
             self._frame = None
         cfg = self.config
         guidance = self.continuity.guidance(observation) if self.continuity else None
+        started = self.clock()
         try:
+            prompt = self._frame_prompt(observation)
             self._frame, chunk = timed_action(
                 self.policy,
                 self.pool,
@@ -559,13 +663,32 @@ class OxygenEngine(EngineBase):
                 self.runner,
                 self.faults,
                 guidance,
+                prompt,
+                cfg.subtask_conditioning == "same_frame",
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))
             raise
         if self.continuity:
             self.continuity.record(observation, chunk)
+        if self.subtasks:
+            self.subtasks.chunk_made(chunk, started)
         return chunk
+
+    def _frame_prompt(self, observation: Observation):
+        """The frame's prompt in the engine's format; in the subtask loop, carrying the newest
+        subtask that finished before this frame (a changed task first restarts the loop)."""
+        cfg = self.config
+        if self.subtasks is None:
+            return self.policy.frame_prompt(observation.state, observation.prompt, cfg.format)
+        for request in self.subtasks.observe_task(observation.prompt):
+            delta = self.cancel(request.request_id)
+            if delta is not None:
+                delta.detail = "the task changed"
+                self._outbox.append(delta)
+        return self.policy.frame_prompt(
+            observation.state, observation.prompt, cfg.format, True, self.subtasks.conditioning()
+        )
 
     # -- the language path -----------------------------------------------------------------------
     def decode(self, until: float | None = None, max_steps: int | None = None) -> list[TextDelta]:
@@ -584,6 +707,7 @@ class OxygenEngine(EngineBase):
         deadline = until is not None and self.config.decode_mode == "deadline"
         if max_steps is None:
             max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
+        self._submit_subtask()
         deltas, self._outbox = self._outbox, []
         deltas += self._admit(until)
         progressed: set[int] = set()
@@ -616,17 +740,33 @@ class OxygenEngine(EngineBase):
                 self.timer.record(len(batch), now - last, context)
             last = now
         deltas += self._finish_stalled(progressed)
+        if self.subtasks:
+            memory = self.subtasks.finished(deltas, self.clock())
+            if memory is not None:
+                self.subtasks.memory_submitted(self._enqueue("memory", **memory))
         return deltas
+
+    def _submit_subtask(self) -> None:
+        """In the subtask loop, queue a subtask request (first in line) when one is due: greedy,
+        to eos or the format's limit, reading the newest frame."""
+        loop = self.subtasks
+        if loop is None or self._frame is None or not loop.due(self.clock()):
+            return
+        cfg = self.config
+        limit = cfg.subtask_max_tokens or cfg.kinds["subtask"].max_tokens or 64
+        sampling = SamplingParams(max_tokens=limit, temperature=0.0, seed=cfg.seed)
+        request = self._enqueue("subtask", sampling=sampling, front=True, task=loop.task or "")
+        loop.submitted(request, self.clock())
 
     @staticmethod
     def _context(requests: list[LanguageRequest]) -> int:
         """Tokens the longest row of a decode step over ``requests`` reads (prefix + its own)."""
-        return max(r.prefix.length + r.own.length for r in requests)
+        return max(r.read_len + r.own.length for r in requests)
 
     def _batch_that_fits(self, until: float, now: float) -> int:
         """How many of the active requests (oldest first) one step can take before ``until``."""
         contexts = list(
-            itertools.accumulate((r.prefix.length + r.own.length for r in self._active), max)
+            itertools.accumulate((r.read_len + r.own.length for r in self._active), max)
         )
         size = len(self._active)
         while size > 0 and not self._fits(

@@ -2,9 +2,10 @@
 
 This is openpi's inference transform chain for pi0.5, in order: resize_with_pad to 224 and scale
 to [-1, 1]; the robot's state transform (:mod:`.robots`); quantile-normalise the state; tokenize
-``Task: ..., State: <bins>;\\nAction: `` (or the task alone for robots trained without the state in
-the prompt); and on the way out take the robot's action dimensions, quantile-unnormalise them and
-apply the robot's output transform (delta -> absolute, flips, gripper encoding).
+the prompt in the checkpoint's prompt format (:mod:`.prompts`; openpi's by default, with the state
+bins or, for robots trained without the state in the prompt, the task alone); and on the way out
+take the robot's action dimensions, quantile-unnormalise them and apply the robot's output
+transform (delta -> absolute, flips, gripper encoding).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 from .config import IMAGE_SLOTS
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
+from .prompts import FramePrompt, PromptFormat, SubtaskText
 from .robots import RobotAdapter, robot_adapter
 from .tokenizer import Pi05Tokenizer
 
@@ -31,6 +33,7 @@ class PrefixInputs:
     image_masks: Tensor  # [1, slots] bool
     tokens: Tensor  # [1, T] int64
     token_masks: Tensor  # [1, T] bool
+    token_causal: Tensor | None = None  # [1, T] bool: causal prompt tokens (None: bidirectional)
 
 
 class Pi05Policy:
@@ -94,25 +97,66 @@ class Pi05Policy:
             raise ValueError("observation has no camera image: at least one image slot is required")
         return present
 
-    def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        """The robot's state transform, quantile normalisation and the pi0.5 prompt: int64 tokens
-        and bool mask, both [max_token_len], right-padded. Robots trained without the state in the
-        prompt (``discrete_state_input`` false) get the task text alone; the state is still checked.
+    def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
+        """The state as the prompt carries it: the robot's state transform and quantile
+        normalisation; None for robots trained without the state in the prompt
+        (``discrete_state_input`` false), whose state is still checked.
 
         Raises:
             ValueError: a state of the wrong width or with non-finite values.
         """
         pi_state = self.robot.state_to_pi(state)
         if not self.robot.discrete_state_input:
-            return self.tokenizer.encode_prompt(prompt, None, self.config.max_token_len)
-        normalized = self.state_stats.normalize_quantile(pi_state)
-        return self.tokenizer.encode_prompt(prompt, normalized, self.config.max_token_len)
+            return None
+        return self.state_stats.normalize_quantile(pi_state)
+
+    def frame_prompt(
+        self,
+        state: np.ndarray,
+        prompt: str,
+        prompt_format: PromptFormat | None = None,
+        conditioned: bool = False,
+        subtask: SubtaskText | None = None,
+    ) -> FramePrompt:
+        """A frame's prompt ids for a raw robot state and task text in ``prompt_format`` (None:
+        openpi's), conditioned on ``subtask`` when ``conditioned`` (`Pi05Tokenizer.frame_prompt`).
+
+        Raises:
+            ValueError: a bad state, or a format that needs state bins this robot does not have.
+        """
+        return self.tokenizer.frame_prompt(
+            prompt,
+            self.prompt_state(state),
+            self.config.max_token_len,
+            prompt_format,
+            conditioned,
+            subtask,
+        )
+
+    def prompt_tokens(
+        self, state: np.ndarray, prompt: str, prompt_format: PromptFormat | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The robot's state transform, quantile normalisation and the action prompt: int64 tokens
+        and bool mask, both [max_token_len], right-padded. Robots trained without the state in the
+        prompt (``discrete_state_input`` false) get the format's state-free prompt (openpi's: the
+        task text alone); the state is still checked.
+
+        Raises:
+            ValueError: a state of the wrong width or with non-finite values.
+        """
+        return self.tokenizer.encode_prompt(
+            prompt, self.prompt_state(state), self.config.max_token_len, prompt_format
+        )
 
     def encode(
-        self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str
+        self,
+        images: Mapping[str, np.ndarray],
+        state: np.ndarray,
+        prompt: str,
+        frame_prompt: FramePrompt | None = None,
     ) -> PrefixInputs:
         """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task
-        text."""
+        text; ``frame_prompt``: the prompt ids to use instead of openpi's action prompt."""
         present_idx = self.present_slots(images)
         size = self.config.vision.image_size
         pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
@@ -120,15 +164,19 @@ class Pi05Policy:
         for i in present_idx:
             pixels[i] = to_model_range(resize_with_pad(images[IMAGE_SLOTS[i]], size, size))
             present[i] = True
-        tokens, token_mask = self.prompt_tokens(state, prompt)
-        # prompts are right-padded: keep only real tokens for a batch of one
-        n = int(token_mask.sum())
+        if frame_prompt is None:
+            frame_prompt = self.frame_prompt(state, prompt)
         device = self.device
+        tokens = torch.tensor(frame_prompt.ids, dtype=torch.int64)[None].to(device)
+        causal = None
+        if frame_prompt.causal_from is not None:
+            causal = torch.from_numpy(frame_prompt.causal_mask())[None].to(device)
         return PrefixInputs(
             images=torch.from_numpy(pixels)[None].to(device),
             image_masks=torch.from_numpy(present)[None].to(device),
-            tokens=torch.from_numpy(tokens[:n])[None].to(device),
-            token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
+            tokens=tokens,
+            token_masks=torch.ones_like(tokens, dtype=torch.bool),
+            token_causal=causal,
         )
 
     def robot_actions(self, model_actions: Tensor | np.ndarray, state: np.ndarray) -> np.ndarray:

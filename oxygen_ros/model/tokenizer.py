@@ -1,11 +1,11 @@
-"""PaliGemma-style sentencepiece tokenizer with pi0.5's prompt format.
+"""PaliGemma-style sentencepiece tokenizer and the encoding of pi0.5 prompts.
 
 `Pi05Tokenizer` wraps a sentencepiece model file (PaliGemma's own `paligemma_tokenizer.model` for
 real checkpoints, or a tiny one from `oxygen_ros.tools.tiny_tokenizer` for the `tiny`/`small`
-presets) and builds prompts exactly as openpi's `PaligemmaTokenizer.tokenize` does for pi0.5,
-where the robot state enters the network only as discrete bins inside the prompt text:
-
-    "Task: {task}, State: {b0 b1 ...};\\nAction: "
+presets) and encodes a frame's prompt in a prompt format (`oxygen_ros.model.prompts`; the default
+``openpi`` is exactly openpi's `PaligemmaTokenizer.tokenize` for pi0.5, where the robot state enters
+the network only as discrete bins inside the prompt text). The format strings live in ``prompts``;
+this module owns the state bins, openpi's task cleaning and the length rule.
 
 `StreamDecoder` turns a growing list of generated token ids into text deltas for streaming.
 """
@@ -67,8 +67,9 @@ def discretize_state(state: np.ndarray) -> np.ndarray:
 
 def format_prompt(task: str, state: np.ndarray) -> str:
     """The pi0.5 prompt text for a task and a normalised state (openpi's exact format)."""
-    state_str = " ".join(map(str, discretize_state(state).tolist()))
-    return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
+    from .prompts import preset  # prompts imports this module's cleaning
+
+    return preset("openpi").action_text(task, discretize_state(state).tolist())
 
 
 class Pi05Tokenizer:
@@ -133,46 +134,69 @@ class Pi05Tokenizer:
         return [int(i) for i in self._sp.EncodeAsIds(text)]
 
     def encode_prompt(
-        self, task: str, state: np.ndarray | None, max_len: int
+        self, task: str, state: np.ndarray | None, max_len: int, prompt_format=None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Tokenize a task (and state) exactly like openpi's ``PaligemmaTokenizer.tokenize``.
+        """Tokenize a task (and state) into a frame's action prompt, right-padded to ``max_len``.
 
-        With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "``, encoded
-        with a leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes
-        before ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
-        (bos + cleaned task, then a separately encoded "\\n"): openpi's ``TokenizePrompt`` passes no
-        state for pi0.5 checkpoints trained with ``discrete_state_input=False`` (pi05_libero) too.
-
-        Longer prompts are truncated to ``max_len`` with a logged warning; shorter ones are padded
-        with id 0 (openpi pads with ``False``; PaliGemma's pad id is 0 too) and a False mask.
+        In the default ``openpi`` format this is exactly openpi's ``PaligemmaTokenizer.tokenize``:
+        with a state (pi0.5) ``"Task: {task}, State: {bins};\\nAction: "`` after a bos; with
+        ``state=None`` the pi0 format (bos + cleaned task, then a separately encoded "\\n"), which
+        openpi's ``TokenizePrompt`` uses for pi0.5 checkpoints trained with
+        ``discrete_state_input=False`` (pi05_libero) too. Pass the quantile-normalised, *unpadded*
+        robot state: openpi tokenizes before ``PadStatesAndActions``. Padding is id 0 (openpi pads
+        with ``False``; PaliGemma's pad id is 0 too) with a False mask. See `frame_prompt`.
 
         Returns:
             tokens int64 [max_len] and mask bool [max_len] (True for real tokens).
         """
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        if state is not None:
-            tokens = [
-                int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)
-            ]
-        else:
-            tokens = [
-                int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)
-            ] + self.encode_text("\n")
-        if len(tokens) > max_len:
-            logger.warning(
-                "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
-                "`max_token_len` in your model config if this happens frequently.",
-                len(tokens),
-                max_len,
-            )
-            tokens = tokens[:max_len]
-        n = len(tokens)
+        prompt = self.frame_prompt(task, state, max_len, prompt_format)
+        n = len(prompt.ids)
         ids = np.zeros(max_len, dtype=np.int64)
-        ids[:n] = tokens
+        ids[:n] = prompt.ids
         mask = np.zeros(max_len, dtype=bool)
         mask[:n] = True
         return ids, mask
+
+    def frame_prompt(
+        self,
+        task: str,
+        state: np.ndarray | None,
+        max_len: int,
+        prompt_format=None,
+        conditioned: bool = False,
+        subtask=None,
+    ):
+        """A frame's prompt ids and attention layout (`prompts.FramePrompt`) in ``prompt_format``
+        (a `prompts.PromptFormat`; None: openpi's), conditioned on ``subtask`` when
+        ``conditioned``. ``state``: the normalised state, or None for robots trained without it.
+
+        Longer prompts are truncated to ``max_len`` with a logged warning.
+
+        Raises:
+            ValueError: ``max_len`` < 1, a bad state, or a format that needs state bins without one.
+        """
+        from .prompts import DEFAULT_FORMAT, FramePrompt, preset
+
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        fmt = prompt_format or preset(DEFAULT_FORMAT)
+        bins = discretize_state(state).tolist() if state is not None else None
+        prompt = fmt.frame_prompt(self, task, bins, conditioned, subtask)
+        if len(prompt.ids) > max_len:
+            logger.warning(
+                "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
+                "`max_token_len` in your model config if this happens frequently.",
+                len(prompt.ids),
+                max_len,
+            )
+            causal = prompt.causal_from
+            prompt = FramePrompt(
+                prompt.ids[:max_len],
+                min(prompt.shared, max_len),
+                None if causal is None or causal >= max_len else causal,
+                prompt.subtask_id,
+            )
+        return prompt
 
     # -- decoding --------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
