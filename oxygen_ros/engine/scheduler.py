@@ -176,6 +176,14 @@ class EngineConfig:
         return kinds
 
 
+def subtask_token_limit(policy: Pi05Policy, config: EngineConfig, prompt_tokens: int) -> int:
+    """A subtask's token limit: ``subtask_max_tokens`` (0: the format's, else 64), and no more than
+    the conditioned prompt (``prompt_tokens`` without a subtask) leaves of ``max_token_len``, so
+    that the next frames' prompt carries all of it."""
+    limit = config.subtask_max_tokens or config.kinds["subtask"].max_tokens or 64
+    return max(1, min(limit, policy.config.max_token_len - prompt_tokens))
+
+
 def new_request(
     policy: Pi05Policy,
     config: EngineConfig,
@@ -675,6 +683,12 @@ class OxygenEngine(EngineBase):
             self.subtasks.chunk_made(chunk, started)
         return chunk
 
+    def restart_subtask(self) -> None:
+        """Decode a new subtask from the next frame on, dropping the current one (no-op without
+        the subtask loop)."""
+        if self.subtasks:
+            self.subtasks.restart()
+
     def _frame_prompt(self, observation: Observation):
         """The frame's prompt in the engine's format; in the subtask loop, carrying the newest
         subtask that finished before this frame (a changed task first restarts the loop)."""
@@ -752,8 +766,11 @@ class OxygenEngine(EngineBase):
         loop = self.subtasks
         if loop is None or self._frame is None or not loop.due(self.clock()):
             return
-        cfg = self.config
-        limit = cfg.subtask_max_tokens or cfg.kinds["subtask"].max_tokens or 64
+        cfg, frame, current = self.config, self._frame, loop.current
+        carried = (
+            len(current.text.ids) if current and frame.subtask_id == current.text.subtask_id else 0
+        )
+        limit = subtask_token_limit(self.policy, cfg, len(frame.prompt_ids) - carried)
         sampling = SamplingParams(max_tokens=limit, temperature=0.0, seed=cfg.seed)
         request = self._enqueue("subtask", sampling=sampling, front=True, task=loop.task or "")
         loop.submitted(request, self.clock())

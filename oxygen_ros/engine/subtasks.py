@@ -62,6 +62,26 @@ class SubtaskLoop:
         self._memory: LanguageRequest | None = None
         self._frame_start: collections.OrderedDict[int, float] = collections.OrderedDict()
 
+    def restart(self) -> None:
+        """Start a new subtask at the next frame, as if the task had changed (~/instruction)."""
+        self.task = None
+
+    def stats(self, now_s: float) -> dict[str, object]:
+        """What diagnostics show: the current subtask, its age, refreshes, decode time, chunks."""
+        current = self.current
+        recent = sorted(self.chunks_by_subtask.items())[-5:]
+        return {
+            "subtask": current.text.text if current else "",
+            "subtask_id": current.text.subtask_id if current else 0,
+            "subtask_age_s": now_s - current.born_s if current else 0.0,
+            "subtask_decode_ms": current.decode_ms if current else 0.0,
+            "subtask_refreshes": self.refreshes,
+            "subtask_in_flight": self._request is not None,
+            "chunks_unconditioned": self.unconditioned_chunks,
+            "chunks_per_subtask": " ".join(f"{i}:{n}" for i, n in recent),
+            "memory_note": self.memory_note,
+        }
+
     # -- frames ----------------------------------------------------------------------------------
     def observe_task(self, task: str) -> list[LanguageRequest]:
         """The task of the next frame; on a change, the subtask (and memory) is restarted and the

@@ -53,6 +53,10 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         rtc_execution_horizon=settings.rtc_execution_horizon,
         rtc_max_guidance_weight=settings.rtc_max_guidance_weight,
         rtc_schedule=settings.rtc_schedule,
+        prompt_format=settings.format,
+        subtask_conditioning=settings.subtask_conditioning,
+        subtask_period_s=settings.subtask_period_s,
+        subtask_max_tokens=settings.subtask_max_tokens,
     )
 
 
