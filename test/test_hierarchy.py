@@ -295,3 +295,15 @@ def test_pi052_memory_note_when_the_subtask_changes_chained_with_the_previous(po
     fields = finish(finished_request(policy, 5, "close the drawer"), 4.0)
     assert fields == {"task": "tidy up", "memory": "drawer open", "previous": "put the cup in"}
     assert loop.refreshes == 4 and loop.current.text.subtask_id == 3
+
+
+def test_a_subtask_is_capped_to_what_the_prompt_leaves_of_max_token_len(policy):
+    engine = hierarchy_engine(policy, subtask_max_tokens=4096)
+    try:
+        obs = observation(0)
+        engine.step(obs)
+        request = engine.subtasks.in_flight
+        empty = policy.frame_prompt(obs.state, obs.prompt, preset("openpi_subtask"), True)
+        assert request.sampling.max_tokens == policy.config.max_token_len - len(empty.ids) > 0
+    finally:
+        engine.close()

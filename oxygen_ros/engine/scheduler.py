@@ -562,6 +562,7 @@ class OxygenEngine(EngineBase):
         self.subtasks = (
             SubtaskLoop(fmt, self.config.subtask_period_s) if self.config.hierarchy else None
         )
+        self._last_prompt: tuple[np.ndarray, str] = (np.zeros(0), "")  # the newest frame's
         if self.pool.num_blocks < 2 * self._prefix_blocks:
             raise ValueError(
                 f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two "
@@ -695,6 +696,7 @@ class OxygenEngine(EngineBase):
         cfg = self.config
         if self.subtasks is None:
             return self.policy.frame_prompt(observation.state, observation.prompt, cfg.format)
+        self._last_prompt = (observation.state, observation.prompt)
         for request in self.subtasks.observe_task(observation.prompt):
             delta = self.cancel(request.request_id)
             if delta is not None:
@@ -766,11 +768,10 @@ class OxygenEngine(EngineBase):
         loop = self.subtasks
         if loop is None or self._frame is None or not loop.due(self.clock()):
             return
-        cfg, frame, current = self.config, self._frame, loop.current
-        carried = (
-            len(current.text.ids) if current and frame.subtask_id == current.text.subtask_id else 0
-        )
-        limit = subtask_token_limit(self.policy, cfg, len(frame.prompt_ids) - carried)
+        cfg = self.config
+        state, task = self._last_prompt
+        empty = self.policy.frame_prompt(state, task, cfg.format, True)  # its room in max_token_len
+        limit = subtask_token_limit(self.policy, cfg, len(empty.ids))
         sampling = SamplingParams(max_tokens=limit, temperature=0.0, seed=cfg.seed)
         request = self._enqueue("subtask", sampling=sampling, front=True, task=loop.task or "")
         loop.submitted(request, self.clock())
