@@ -204,6 +204,7 @@ def run_hierarchy(
         modes["oxygen"].engine.warm_up(observations[0])
         for i in range(warmup):
             modes["oxygen"].frame(observations[i % len(observations)], ModeSamples())
+        modes["oxygen"].clock.pause()  # its subtask ages count its own rounds only
         samples = {name: ModeSamples() for name in MODES}
         per_round = max(1, frames // rounds)
         index = 0
