@@ -10,6 +10,10 @@ continuous batching of every active language request in the slack before the nex
         (or k steps over all of them in fixed mode, the paper's setting; with a deadline given,
         a step that does not fit before it is skipped and counted)
 
+In the subtask loop (``subtask_conditioning`` prompt | same_frame, `subtasks.SubtaskLoop`) the
+frame's prompt carries the newest subtask that finished before it, and a due subtask request is
+queued first in line, decoded like any other request: the action path never waits for it.
+
 Step latency is estimated per batch size and context length (``metrics.StepTimer``), admission
 prefills by their own token count. KV ownership is transactional: a fault in the action path
 returns the frame's blocks and propagates; a fault in a language stage ends the requests it hit
