@@ -40,7 +40,7 @@ from ..model.policy import Pi05Policy
 from ..model.prompts import KindFormat, PromptFormat, check_conditioning, preset
 from ..model.rtc import CONTINUITY_MODES, SCHEDULES
 from .continuity import ChunkContinuity
-from .faults import NO_FAULTS, FaultInjector, stage_of
+from .faults import NO_FAULTS, FaultInjector, stage_of, tag_stage
 from .frames import FramePrefix, max_prefix_tokens, timed_action
 from .kv_cache import KVInvariantError, KVPool
 from .language import LanguageDecoder
@@ -664,7 +664,11 @@ class OxygenEngine(EngineBase):
         guidance = self.continuity.guidance(observation) if self.continuity else None
         started = self.clock()
         try:
-            prompt = self._frame_prompt(observation)
+            try:
+                prompt = self._frame_prompt(observation)
+            except Exception as error:
+                tag_stage(error, "prefill")  # the prompt is the prefill's input (a bad state)
+                raise
             self._frame, chunk = timed_action(
                 self.policy,
                 self.pool,
