@@ -307,3 +307,14 @@ def test_a_subtask_is_capped_to_what_the_prompt_leaves_of_max_token_len(policy):
         assert request.sampling.max_tokens == policy.config.max_token_len - len(empty.ids) > 0
     finally:
         engine.close()
+
+
+def test_questions_use_the_formats_question_turn(policy):
+    engine = OxygenEngine(policy, EngineConfig(prompt_format="pi052"))
+    try:
+        engine.submit("answer", "where is the cup?")
+        (request,) = list(engine._queue)
+        assert request.prompt == policy.tokenizer.encode_text("User: where is the cup?\nAssistant:")
+        assert request.sampling.max_tokens <= 128 and not request.reads_shared
+    finally:
+        engine.close()
