@@ -9,6 +9,7 @@ boundary, or an engine method that raises); inputs and outputs travel over DDS t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -81,7 +82,10 @@ def running(tiny_checkpoint, tmp_path_factory):
                 feeder.loop_status.append(
                     (status.level, status.message, {kv.key: kv.value for kv in status.values})
                 )
+            elif status.name.startswith("oxygen_loop_test: counters"):
+                feeder.counters_status.append({kv.key: kv.value for kv in status.values})
 
+    feeder.counters_status = []  # values of the node's "counters" status
     feeder.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     feeder.ask = feeder.create_publisher(String, "/oxygen_loop_test/ask", 10)
 
@@ -308,6 +312,40 @@ def test_a_lost_final_delta_never_leaves_narration_busy(running):
         node.faults = FaultInjector()
         assert node.set_parameters([Parameter("narration_period_s", value=0.0)])[0].successful
     assert node.state_label == "active"
+
+
+def test_a_task_shortened_to_fit_is_counted_and_logged_throttled(running):
+    """A task too long for the prompt that reaches the tokenizer anyway (set here behind the
+    set-time check's back) loses task text, never the state: each shortened prompt is counted on
+    /diagnostics and reported through the node's throttled logger under one key."""
+    node, chunks, _, feeder = running
+    warned = []
+    real_warn = node._loop._warn
+
+    def recording_warn(key, message):
+        warned.append((key, message))
+        real_warn(key, message)
+
+    settings = node._settings
+    node._loop._warn = recording_warn
+    try:
+        with node._engine_lock:
+            node._settings = dataclasses.replace(
+                settings, task="pick up the red cup and place it on the tray " * 12
+            )
+        assert wait_for(lambda: node._counters.get("prompt_task_shortened") >= 3, 20)
+        assert _chunks_keep_flowing(chunks)
+    finally:
+        with node._engine_lock:
+            node._settings = settings
+        node._loop._warn = real_warn
+    shortened = [message for key, message in warned if key == "prompt:task_shortened"]
+    assert shortened  # throttled per key: at most one line per 5 s, however many ticks
+    assert "max_token_len 96" in shortened[0] and "the robot state is kept whole" in shortened[0]
+    assert wait_for(
+        lambda: any(int(c.get("prompt_task_shortened", 0)) >= 3 for c in feeder.counters_status),
+        5,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -216,3 +216,27 @@ def test_resolve_refuses_unknown_names_and_mismatched_custom_formats():
         resolve_format("other", CUSTOM_YAML)
     with pytest.raises(PromptFormatError, match="neither JSON nor YAML"):
         custom_format("name: [unclosed")
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_long_task_is_shortened_never_the_state_or_the_subtask_in_every_preset(tok, name):
+    fmt = preset(name)
+    state = np.array([-0.9, 0.57, 0.0])  # bins 12 200 128
+    long_task = "pick up the red cup and put it on the tray " * 6
+    ids = tuple(tok.encode_text("grasp the cup"))
+    for conditioned in (False, True) if fmt.has_subtask else (False,):
+        subtask = SubtaskText(ids, "grasp the cup", 1) if conditioned else None
+        full = fmt.frame_prompt(tok, long_task, BINS, conditioned, subtask)
+        bare = fmt.frame_prompt(tok, "", BINS, conditioned, subtask)
+        if full == bare:
+            continue  # this prompt carries no task (pi052's blend layout carries the subtask)
+        max_len = len(bare.ids) + 6
+        fitted = tok.frame_prompt(long_task, state, max_len, fmt, conditioned, subtask)
+        assert len(fitted.ids) <= max_len < len(full.ids)
+        text = tok.decode(fitted.ids)
+        if "{state}" in "".join(fmt.template(conditioned, True)):
+            assert "12 200 128" in text, text
+        assert text.endswith(tok.decode(bare.ids[bare.shared :]) if conditioned else "")
+        if conditioned and fitted.causal_from is not None:
+            tail = full.ids[full.shared :]  # subtask ids, eos, action cue: all kept
+            assert fitted.ids[-len(tail) :] == tail and fitted.shared == len(fitted.ids) - len(tail)

@@ -9,10 +9,13 @@ import pytest
 
 from oxygen_ros.model.tokenizer import (
     Pi05Tokenizer,
+    PromptTooLong,
     StreamDecoder,
     TokenizerError,
     discretize_state,
+    fit_task,
     format_prompt,
+    state_for_bin,
 )
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
@@ -94,13 +97,111 @@ def test_encode_prompt_is_bos_plus_encoded_text_then_padding(tok):
     assert tok.decode(tokens[:n]) == "Task: open the drawer, State: 140 89 243;\nAction: "
 
 
-def test_encode_prompt_truncates_with_warning(tok, caplog):
-    state = np.linspace(-1, 1, 20)
-    full, _ = tok.encode_prompt("stack every block on the tray", state, max_len=200)
-    with caplog.at_level(logging.WARNING):
-        tokens, mask = tok.encode_prompt("stack every block on the tray", state, max_len=10)
-    assert tokens.tolist() == full[:10].tolist() and mask.all()
-    assert "exceeds max length (10), truncating" in caplog.text
+# -- the long-prompt rule (issue 18): shorten the task, never the state -------------------------
+
+TASK_IDS = list(range(100, 140))  # hand-made ids: 40 task tokens
+STATE_IDS = [900, 901, 902, 903]  # the state bins
+END_IDS = [12, *STATE_IDS, 13, 14]  # ", State: <bins>;\nAction: "
+
+
+def render(task_ids):
+    """A prompt around a task, by ids: bos, "Task: " (2 ids), the task, then the state part."""
+    return [2, 10, 11, *task_ids, *END_IDS]
+
+
+def test_fit_task_leaves_a_prompt_that_fits_as_it_is():
+    assert fit_task(TASK_IDS, render, 50) == (render(TASK_IDS), 0)
+
+
+@pytest.mark.parametrize("max_len", [10, 11, 30, 48])
+def test_fit_task_shortens_the_task_and_keeps_every_state_id(max_len):
+    prompt, dropped = fit_task(TASK_IDS, render, max_len)
+    kept = max_len - len(render([]))
+    assert len(prompt) == max_len and prompt[-len(END_IDS) :] == END_IDS
+    assert prompt == render(TASK_IDS[:kept]) and dropped == len(TASK_IDS) - kept
+
+
+def test_fit_task_keeps_the_longest_task_prefix_when_tokens_merge():
+    """A render whose length is not one id per task id (here every id divisible by 3 becomes two,
+    as re-encoded text can): the result is still the longest prefix that fits."""
+
+    def uneven(task_ids):
+        return render([x for i in task_ids for x in ([i, i] if i % 3 == 0 else [i])])
+
+    for max_len in range(len(uneven([])), len(uneven(TASK_IDS))):
+        prompt, dropped = fit_task(TASK_IDS, uneven, max_len)
+        longest = max(k for k in range(len(TASK_IDS) + 1) if len(uneven(TASK_IDS[:k])) <= max_len)
+        assert prompt == uneven(TASK_IDS[:longest]) and dropped == len(TASK_IDS) - longest
+        assert prompt[-len(END_IDS) :] == END_IDS
+
+
+def test_fit_task_refuses_a_state_that_alone_does_not_fit():
+    with pytest.raises(
+        PromptTooLong, match="needs 10 tokens without any task text.*max_token_len 9"
+    ):
+        fit_task(TASK_IDS, render, 9)
+
+
+def test_a_long_task_keeps_every_state_bin_and_logs_nothing(tok, caplog):
+    state = np.linspace(-0.95, 0.95, 8)
+    task = "pick up the red cup and place it on the tray " * 12  # ~500 characters
+    bins = " ".join(map(str, discretize_state(state).tolist()))
+    before = tok.tasks_shortened
+    with caplog.at_level(logging.DEBUG):
+        tokens, mask = tok.encode_prompt(task, state, max_len=96)
+    text = tok.decode(tokens[mask])
+    assert text.startswith("Task: pick up the red cup and place it")
+    assert text.endswith(f", State: {bins};\nAction: ")  # every bin, and the Action cue
+    assert mask.sum() <= 96 and tok.tasks_shortened == before + 1
+    shortened = tok.last_shortened
+    assert shortened.max_len == 96 and shortened.fitted_tokens == mask.sum()
+    assert 0 < shortened.kept < shortened.task_tokens and shortened.prompt_tokens > 96
+    assert not caplog.records  # the caller reports it, throttled; never a line per call here
+
+
+def test_a_long_task_without_state_keeps_its_newline(tok):
+    tokens, mask = tok.encode_prompt("wipe the table " * 20, None, max_len=12)
+    ids = tokens[mask].tolist()
+    assert (
+        len(ids) == 12
+        and ids[0] == tok.bos_id
+        and ids[-len(tok.encode_text("\n")) :] == (tok.encode_text("\n"))
+    )
+
+
+def test_a_state_too_wide_for_the_limit_is_an_error_not_a_cut(tok):
+    with pytest.raises(PromptTooLong, match="max_token_len 10"):
+        tok.encode_prompt("stack every block on the tray", np.linspace(-1, 1, 20), max_len=10)
+
+
+def test_check_task_refuses_a_task_that_cannot_fit_naming_the_limit(tok):
+    tok.check_task("open the drawer", 7, 96)
+    tok.check_task("open the drawer " * 40, None, 400)
+    with pytest.raises(PromptTooLong, match=r"7-value robot state .*max_token_len 96: shorten"):
+        tok.check_task("open the drawer " * 30, 7, 96)
+    with pytest.raises(PromptTooLong, match="needs .* tokens before any task text"):
+        tok.check_task("open", 60, 96)
+
+
+def test_a_task_accepted_at_set_time_is_never_shortened_later(tok):
+    """check_task measures the worst state: the longest task it accepts fits with any state."""
+    words = "pick up the red cup and put it in the bowl".split()
+    task = ""
+    for i in range(200):
+        longer = f"{task} {words[i % len(words)]}".strip()
+        try:
+            tok.check_task(longer, 7, 96)
+        except PromptTooLong:
+            break
+        task = longer
+    assert 30 < len(task) < 400
+    rng = np.random.default_rng(0)
+    before = tok.tasks_shortened
+    for _ in range(300):
+        tok.encode_prompt(task, rng.uniform(-1.3, 1.3, 7), max_len=96)
+    for b in (-1, 0, 9, 99, 100, 127, 255):  # every value in one bin
+        tok.encode_prompt(task, state_for_bin(b, 7), max_len=96)
+    assert tok.tasks_shortened == before
 
 
 def test_encode_prompt_without_state_uses_openpi_pi0_format(tok):

@@ -16,11 +16,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
 from ..model.policy import Pi05Policy
-from .frames import prefill_frame, timed_action
+from .frames import FramePrefix, prefill_frame, timed_action
 from .kv_cache import KVPool
 from .language import LanguageDecoder
 from .requests import LanguageRequest
@@ -73,21 +74,40 @@ class _SequentialEngine(EngineBase):
             self.runner,
         )
         deltas, self._outbox = self._outbox, []
-        while self._queue:
-            request = self._queue.popleft()
-            if self.share_prefix:
-                source = frame
-            else:  # isolated: the language task encodes the same observation again, into its own KV
-                source = prefill_frame(self.policy, self.pool, observation, frame_id, self.runner)
-            out, steps = self.decoder.run_to_completion(request, source)
+        try:
+            while self._queue:
+                request = self._queue.popleft()
+                self._serve(
+                    "decode_step",
+                    lambda r=request: [r],
+                    deltas,
+                    lambda r=request: self._complete(r, frame, observation, deltas),
+                )
+        finally:
+            self.pool.release(frame.segment)
+        return chunk, deltas
+
+    def _complete(
+        self,
+        request: LanguageRequest,
+        frame: FramePrefix,
+        observation: Observation,
+        out: list[TextDelta],
+    ) -> None:
+        """Decode ``request`` to completion over ``frame``'s prefix (isolated: over a prefill of
+        its own, let go afterwards whatever happens); deltas go to ``out``."""
+        if self.share_prefix:
+            source = frame
+        else:  # isolated: the language task encodes the same observation again, into its own KV
+            source = prefill_frame(self.policy, self.pool, observation, frame.frame_id, self.runner)
+        try:
+            steps = self.decoder.run_to_completion(request, source, out)
+        finally:
             if source is not frame:
                 # the isolated copy: the request released its reference
                 self.pool.release(source.segment)
-            deltas += out
-            self.decode_steps += steps
-            self.tokens_generated += steps
-        self.pool.release(frame.segment)
-        return chunk, deltas
+        self.decode_steps += steps
+        self.tokens_generated += steps
 
 
 class IsolatedSequentialEngine(_SequentialEngine):
@@ -179,18 +199,54 @@ class NaiveParallelEngine(EngineBase):
             job = self._jobs.get()
             if job is None:
                 return
-            observation, frame_id, requests = job
-            frame = prefill_frame(
-                self.policy, self.language_pool, observation, frame_id, self.language_runner
+            self._language_job(*job)
+
+    def _language_job(
+        self, observation: Observation, frame_id: int, requests: list[LanguageRequest]
+    ) -> None:
+        """The worker's prefill of one frame, then its requests decoded to completion one by one
+        (each one's deltas delivered when it is done)."""
+        frames: list[FramePrefix] = []
+        out: list[TextDelta] = []
+
+        def prefill() -> None:
+            frames.append(
+                prefill_frame(
+                    self.policy, self.language_pool, observation, frame_id, self.language_runner
+                )
             )
-            for request in requests:
-                out, steps = self.decoder.run_to_completion(request, frame)
-                with self._lock:
-                    self._done += out
-                    self._busy -= 1
-                    self.decode_steps += steps
-                    self.tokens_generated += steps
-            self.language_pool.release(frame.segment)
+
+        # the worker's own prefill is a language stage: when it fails, so do the job's requests
+        if not self._serve("prefill", lambda: requests, out, prefill):
+            self._deliver(out, len(requests))
+            return
+        for request in requests:
+            out = []
+            self._serve(
+                "decode_step",
+                lambda r=request: [r],
+                out,
+                lambda r=request, o=out: self._complete(r, frames[0], o),
+            )
+            self._deliver(out, 1)
+        self.language_pool.release(frames[0].segment)
+
+    def _forget(self, requests: Sequence[LanguageRequest]) -> None:
+        """Nothing to drop: the worker's requests left the queue when the job was handed over (and
+        the queue belongs to the calling thread, which may be changing it right now)."""
+
+    def _deliver(self, deltas: list[TextDelta], finished: int) -> None:
+        """Hand the worker's deltas to the next `step`; ``finished`` requests are done."""
+        with self._lock:
+            self._done += deltas
+            self._busy -= finished
+
+    def _complete(self, request: LanguageRequest, frame: FramePrefix, out: list[TextDelta]) -> None:
+        """Decode ``request`` to completion over the worker's prefill; deltas go to ``out``."""
+        steps = self.decoder.run_to_completion(request, frame, out)
+        with self._lock:
+            self.decode_steps += steps
+            self.tokens_generated += steps
 
     def drain(self, timeout: float = 60.0) -> list[TextDelta]:
         """Wait until the language worker has finished every job handed to it; return its deltas."""

@@ -3,7 +3,10 @@ set of active requests — from any frames, of any lengths — by one token in o
 
 A fault inside a language stage (admission, decode step, detokenising, a static replay) never
 escapes: the requests it hit end with a final ``failed`` delta carrying the error, their KV goes
-back to the pool, and the fault is counted by stage; requests it did not hit go on.
+back to the pool, and the fault is counted by stage; requests it did not hit go on. These guards sit
+at the injector's hooks; an exception that leaves a stage as a whole anyway (from code outside
+them, or a stage replaced by one that raises) is caught one level up, at the engine's boundary
+(`EngineBase._serve`).
 """
 
 from __future__ import annotations
@@ -189,17 +192,19 @@ class LanguageDecoder:
         ]
 
     def run_to_completion(
-        self, request: LanguageRequest, frame: FramePrefix
-    ) -> tuple[list[TextDelta], int]:
+        self, request: LanguageRequest, frame: FramePrefix, out: list[TextDelta]
+    ) -> int:
         """Attach one request to ``frame`` and decode it alone until it finishes, then release its
-        KV (the baselines' way). Returns its deltas and the model steps taken (= tokens sampled)."""
-        deltas = self.attach([request], frame)
+        KV (the baselines' way). Its deltas are appended to ``out`` as they are made (so an
+        exception half-way loses none of the earlier ones); returns the model steps taken (=
+        tokens sampled)."""
+        out += self.attach([request], frame)
         steps = 1
         while request.state is RequestState.ACTIVE:
-            deltas += self.step([request])
+            out += self.step([request])
             steps += 1
         self.release(request)
-        return deltas, steps
+        return steps
 
     def release(self, request: LanguageRequest) -> None:
         """Return a finished request's KV: its own segment and its reference to the frame prefix."""

@@ -47,6 +47,8 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
         ValueError: ``checkpoint_dir`` is empty (the message says how to make a checkpoint).
         CheckpointError (a ValueError), FileNotFoundError, RuntimeError: the checkpoint cannot be
             loaded; the message says why.
+        DeviceUnavailable (a ValueError): ``device`` is one this torch cannot use (e.g. cuda on a
+            CPU-only build: the message names torch's version, CUDA's availability and the fix).
     """
     if not spec.checkpoint_dir:
         raise ValueError(

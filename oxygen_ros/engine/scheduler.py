@@ -17,9 +17,11 @@ queued first in line, decoded like any other request: the action path never wait
 Step latency is estimated per batch size and context length (``metrics.StepTimer``), admission
 prefills by their own token count. KV ownership is transactional: a fault in the action path
 returns the frame's blocks and propagates; a fault in a language stage ends the requests it hit
-with a ``failed`` final delta (see ``language``). Faults are counted per stage in
-``faults_by_stage``; ``check_memory`` verifies that every live KV segment belongs to a live frame
-or request.
+with a ``failed`` final delta (see ``language``), and ``EngineBase._serve`` holds that promise for
+an exception that leaves a stage as a whole (the engine's language boundary: ``decode`` never
+raises for a language fault). Faults are counted per stage in ``faults_by_stage`` (the injector's
+stages, plus ``scheduler`` for the batch choice and stall checks around the steps); ``check_memory``
+verifies that every live KV segment belongs to a live frame or request.
 
 ``EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
 counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven
@@ -32,7 +34,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +42,7 @@ from ..model.policy import Pi05Policy
 from ..model.prompts import KindFormat, PromptFormat, check_conditioning, preset
 from ..model.rtc import CONTINUITY_MODES, SCHEDULES
 from .continuity import ChunkContinuity
-from .faults import NO_FAULTS, FaultInjector, stage_of, tag_stage
+from .faults import NO_FAULTS, FaultInjector, describe, stage_of, tag_stage
 from .frames import FramePrefix, max_prefix_tokens, timed_action
 from .kv_cache import KVInvariantError, KVPool
 from .language import LanguageDecoder
@@ -271,6 +273,7 @@ class EngineBase:
     """
 
     name = "base"
+    decoder: LanguageDecoder  # every engine's language stages (set by the subclass)
 
     def __init__(
         self,
@@ -394,6 +397,59 @@ class EngineBase:
 
     def _count_fault(self, stage_name: str) -> None:
         self.faults_by_stage[stage_name] = self.faults_by_stage.get(stage_name, 0) + 1
+
+    # -- the language boundary -------------------------------------------------------------------
+    def _serve(
+        self,
+        stage: str,
+        served: Callable[[], Sequence[LanguageRequest]],
+        out: list[TextDelta],
+        work: Callable[[], object],
+    ) -> bool:
+        """Run ``work``: one language stage (an admission, a decode step with its bookkeeping, a
+        request decoded to completion) that appends its deltas to ``out`` as it makes them.
+
+        The engine's boundary for language faults: whatever ``work`` raises (from any depth: a
+        stage's own guards cover only the injector's hooks) is caught here. Then each request of
+        ``served()`` (called after the fault: the requests the stage had taken on) whose final delta
+        is not in ``out`` gets a ``failed`` one, also a request the stage had already finished (that
+        final went down with the stage), so every request ends with exactly one final; their KV
+        goes back, they leave the engine, and the fault is counted once under its stage. Deltas
+        already in ``out`` stay there. Returns whether ``work`` completed.
+        """
+        try:
+            work()
+            return True
+        except Exception as error:
+            self._fail_served(served(), error, stage, out)
+            return False
+
+    def _fail_served(
+        self,
+        requests: Sequence[LanguageRequest],
+        error: BaseException,
+        stage: str,
+        out: list[TextDelta],
+    ) -> None:
+        """`_serve`'s recovery: count, finals into ``out`` first (nothing after can lose them),
+        then forget the requests and release their KV (a release that fails too is counted under
+        ``kv_release`` and the others still go back; `check_memory` then reports the leak)."""
+        self._count_fault(stage_of(error, stage))
+        sent = {d.request_id for d in out if d.final}
+        detail = describe(error)
+        out += [r.fail(detail) for r in requests if r.request_id not in sent]
+        self._forget(requests)
+        for request in requests:
+            try:
+                self.decoder.release(request)
+            except Exception as release_error:
+                self._count_fault(stage_of(release_error, "kv_release"))
+
+    def _forget(self, requests: Sequence[LanguageRequest]) -> None:
+        """Drop finished ``requests`` from the engine's lists (here: the queue)."""
+        for request in requests:
+            if request in self._queue:
+                self._queue.remove(request)
 
     def check_memory(self) -> None:
         """Verify the KV pools' invariants (`KVPool.check`). Raises KVInvariantError."""
@@ -725,15 +781,42 @@ class OxygenEngine(EngineBase):
         before it is skipped (counted in ``fixed_steps_skipped``). Admission also waits for slack
         when ``until`` is given.
 
-        Never raises for a fault in a language stage: the requests it hit end with a ``failed``
-        final delta, the others go on in later steps.
+        Never raises for a fault in language work, wherever it is raised: each admission, each
+        decode step and the scheduling around them runs inside `_serve`, so the requests of a
+        stage that raised end with one ``failed`` final delta each, the deltas made before it in
+        this call are returned, their KV goes back and the fault is counted under the stage
+        (``admission``, ``decode_step``, or ``scheduler`` for the batch choice and stall checks).
+        The other requests go on in later steps, and the action path (`act`) is not touched.
         """
+        # in the subtask loop a due subtask request goes first in line (queued like any other)
+        self._serve("scheduler", list, self._outbox, self._submit_subtask)
+        out, self._outbox = self._outbox, []
+        queued = list(self._queue)
+
+        def taken() -> list[LanguageRequest]:  # the requests the admission took off the queue
+            return [r for r in queued if r not in self._queue]
+
+        self._serve("admission", taken, out, lambda: self._admit(until, out))
+        self._serve("admission", taken, out, lambda: self._refuse_waited(out))
+        self._serve(
+            "scheduler", lambda: list(self._active), out, lambda: self._steps(until, max_steps, out)
+        )
+        if self.subtasks:
+            self._serve("scheduler", list, out, lambda: self._subtask_finished(out))
+        return out
+
+    def _subtask_finished(self, out: list[TextDelta]) -> None:
+        """A subtask that finished in ``out`` becomes the current one (and may ask for a memory
+        note: PI052 writes one when the subtask changes)."""
+        memory = self.subtasks.finished(out, self.clock())
+        if memory is not None:
+            self.subtasks.memory_submitted(self._enqueue("memory", **memory))
+
+    def _steps(self, until: float | None, max_steps: int | None, out: list[TextDelta]) -> None:
+        """`decode`'s batched steps, then the stall check; deltas go to ``out``."""
         deadline = until is not None and self.config.decode_mode == "deadline"
         if max_steps is None:
             max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
-        self._submit_subtask()
-        deltas, self._outbox = self._outbox, []
-        deltas += self._admit(until)
         progressed: set[int] = set()
         steps = 0
         last = self.clock()
@@ -751,24 +834,30 @@ class OxygenEngine(EngineBase):
                 break
             context = self._context(batch)
             faults_before = sum(self.faults_by_stage.values())
-            step_deltas = self.decoder.step(batch)
-            deltas += step_deltas
-            progressed.update(request.request_id for request in batch)
-            self._retire_finished()
+            self._serve(
+                "decode_step",
+                lambda b=batch: b,
+                out,
+                lambda b=batch: self._step(b, out, progressed),
+            )
             steps += 1
-            self.decode_steps += 1
-            self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
             now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
             # a failed step's time says nothing
             if sum(self.faults_by_stage.values()) == faults_before:
                 self.timer.record(len(batch), now - last, context)
             last = now
-        deltas += self._finish_stalled(progressed)
-        if self.subtasks:
-            memory = self.subtasks.finished(deltas, self.clock())
-            if memory is not None:
-                self.subtasks.memory_submitted(self._enqueue("memory", **memory))
-        return deltas
+        self._finish_stalled(progressed, out)
+
+    def _step(
+        self, batch: list[LanguageRequest], out: list[TextDelta], progressed: set[int]
+    ) -> None:
+        """One batched decode step over ``batch`` and its bookkeeping; deltas go to ``out``."""
+        step_deltas = self.decoder.step(batch)
+        out += step_deltas
+        progressed.update(request.request_id for request in batch)
+        self.decode_steps += 1
+        self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
+        self._retire_finished()
 
     def _submit_subtask(self) -> None:
         """In the subtask loop, queue a subtask request (first in line) when one is due: greedy,
@@ -801,10 +890,9 @@ class OxygenEngine(EngineBase):
             size -= 1
         return size
 
-    def _finish_stalled(self, progressed: set[int]) -> list[TextDelta]:
+    def _finish_stalled(self, progressed: set[int], out: list[TextDelta]) -> None:
         """Under sustained overload deadline mode never finds slack: rather than hold KV forever
         (or delay the action path), requests that made no progress for too long are finished."""
-        deltas: list[TextDelta] = []
         for request in self._active:
             request.stalled_frames = (
                 0 if request.request_id in progressed else request.stalled_frames + 1
@@ -814,19 +902,19 @@ class OxygenEngine(EngineBase):
                 delta.detail = (
                     f"no decode slack for {request.stalled_frames} frames (every tick overran)"
                 )
-                deltas.append(delta)
+                out.append(delta)
         self._retire_finished()
-        return deltas
 
     def _fits(self, until: float, seconds: float, now: float | None = None) -> bool:
         """Would work estimated at ``seconds`` end before ``until`` (minus the margin)?"""
         now = self.clock() if now is None else now
         return now + seconds + self.config.deadline_margin_ms * 1e-3 <= until
 
-    def _admit(self, until: float | None) -> list[TextDelta]:
-        deltas: list[TextDelta] = []
+    def _admit(self, until: float | None, out: list[TextDelta]) -> None:
+        """Attach the queued requests that fit (memory, concurrency, slack before ``until``) to the
+        newest frame, oldest first; refusals and first tokens go to ``out``."""
         if self._frame is None:
-            return deltas
+            return
         admitted: list[LanguageRequest] = []
         new_tokens = 0  # kind-prompt tokens the admission prefill feeds
         # keep: its prefix + the next frame's
@@ -837,7 +925,7 @@ class OxygenEngine(EngineBase):
                 self._queue.remove(request)
                 allows = language_blocks * self.pool.block_size
                 why = f"needs {request.kv_tokens_needed} KV tokens; the pool allows {allows}"
-                deltas.append(self._refuse(request, why))
+                out.append(self._refuse(request, why))
                 continue
             room = (
                 self.pool.free_blocks
@@ -858,27 +946,38 @@ class OxygenEngine(EngineBase):
             self._queue.remove(request)
             admitted.append(request)
             new_tokens += len(request.prompt)
+        if not admitted:
+            return
+        faults_before = sum(self.faults_by_stage.values())
+        start = self.clock()
+        attached = self.decoder.attach(admitted, self._frame)
+        if sum(self.faults_by_stage.values()) == faults_before:
+            self.admission_timer.record(len(admitted), self.clock() - start, new_tokens)
+        out += attached
+        self.decode_steps += 1
+        self.tokens_generated += sum(d.finish_reason != "failed" for d in attached)
+        self._active += admitted
+        self._retire_finished()
+
+    def _refuse_waited(self, out: list[TextDelta]) -> None:
+        """A frame passed for every request still queued; refuse those that waited too long (their
+        finals go to ``out``). Runs even when the admission before it failed, so a queue that can
+        never be admitted still drains within ``max_wait_frames``."""
+        if self._frame is None:
+            return
         for request in self._queue:
             request.waited_frames += 1
         for request in [r for r in self._queue if r.waited_frames > self.config.max_wait_frames]:
             self._queue.remove(request)
-            deltas.append(
+            out.append(
                 self._refuse(
                     request, f"waited {request.waited_frames} frames for KV memory or a decode slot"
                 )
             )
-        if admitted:
-            faults_before = sum(self.faults_by_stage.values())
-            start = self.clock()
-            attached = self.decoder.attach(admitted, self._frame)
-            if sum(self.faults_by_stage.values()) == faults_before:
-                self.admission_timer.record(len(admitted), self.clock() - start, new_tokens)
-            deltas += attached
-            self.decode_steps += 1
-            self.tokens_generated += sum(d.finish_reason != "failed" for d in attached)
-            self._active += admitted
-            self._retire_finished()
-        return deltas
+
+    def _forget(self, requests: Sequence[LanguageRequest]) -> None:
+        super()._forget(requests)
+        self._active = [r for r in self._active if all(r is not f for f in requests)]
 
     def _retire_finished(self) -> None:
         still = []

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .config import IMAGE_SLOTS
+from .device import resolve_device
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
 from .prompts import FramePrompt, PromptFormat, SubtaskText
@@ -141,11 +142,35 @@ class Pi05Policy:
         prompt (``discrete_state_input`` false) get the format's state-free prompt (openpi's: the
         task text alone); the state is still checked.
 
+        A prompt over ``max_token_len`` has its task shortened, never its state
+        (`Pi05Tokenizer.frame_prompt`).
+
         Raises:
-            ValueError: a state of the wrong width or with non-finite values.
+            ValueError: a state of the wrong width or with non-finite values; PromptTooLong (a
+                ValueError): a state that alone does not fit ``max_token_len``.
         """
         return self.tokenizer.encode_prompt(
             prompt, self.prompt_state(state), self.config.max_token_len, prompt_format
+        )
+
+    def check_task(
+        self,
+        task: str,
+        state_dim: int,
+        prompt_format: PromptFormat | None = None,
+        conditioned: bool = False,
+    ) -> None:
+        """Refuse a task whose prompt would not fit ``max_token_len`` with a ``state_dim``-value
+        state (the worst case: `Pi05Tokenizer.check_task`) in ``prompt_format`` (None: openpi's;
+        ``conditioned``: its subtask-conditioned prompt), before it is ever used.
+
+        Raises:
+            PromptTooLong: naming the prompt's tokens and the model's limit.
+        """
+        in_prompt = self.prompt_state(np.zeros(state_dim))  # the width the prompt really gets
+        width = None if in_prompt is None else len(in_prompt)
+        self.tokenizer.check_task(
+            task, width, self.config.max_token_len, prompt_format, conditioned
         )
 
     def encode(
@@ -233,9 +258,14 @@ def load_policy(
     ``tokenizer_path`` defaults to the checkpoint's own ``tokenizer.model`` (tiny/small presets ship
     one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly. The robot's
     trained horizon decides the model's when no config file does (`checkpoint.resolve_config`).
+
+    Raises:
+        DeviceUnavailable (a ValueError): ``device`` is one this torch cannot use (the message
+            names torch's version, whether CUDA is available, and the fix).
     """
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
 
+    resolve_device(device)  # a clear error before torch's bare one from deep inside the load
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
     loaded = load_checkpoint(
         checkpoint_dir, device=device, dtype=dtype, robot_horizon=robot.action_horizon

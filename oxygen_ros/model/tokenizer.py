@@ -5,23 +5,27 @@ real checkpoints, or a tiny one from `oxygen_ros.tools.tiny_tokenizer` for the `
 presets) and encodes a frame's prompt in a prompt format (`oxygen_ros.model.prompts`; the default
 ``openpi`` is exactly openpi's `PaligemmaTokenizer.tokenize` for pi0.5, where the robot state enters
 the network only as discrete bins inside the prompt text). The format strings live in ``prompts``;
-this module owns the state bins, openpi's task cleaning and the length rule.
+this module owns the state bins, openpi's task cleaning and the length rule, for every format.
+
+A prompt longer than the model's ``max_token_len`` is never cut at its end (that would drop the
+state bins and the ``Action:`` cue): :func:`fit_task` shortens the task text, token by token, and
+keeps everything after it; a prompt whose fixed part alone does not fit raises
+:class:`PromptTooLong`. :meth:`Pi05Tokenizer.check_task` is the set-time side of that rule: it
+refuses a task that would need shortening with any state of a given width.
 
 `StreamDecoder` turns a growing list of generated token ids into text deltas for streaming.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Union
 
 import numpy as np
 import sentencepiece
-
-logger = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -33,6 +37,62 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 class TokenizerError(ValueError):
     """A sentencepiece model that cannot be used (corrupt file, missing special ids)."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit the model's ``max_token_len`` without losing more than task text."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskShortened:
+    """One prompt whose task was shortened to fit: task tokens kept of how many, prompt tokens
+    before and after, and the limit."""
+
+    kept: int
+    task_tokens: int
+    prompt_tokens: int
+    fitted_tokens: int
+    max_len: int
+
+
+def fit_task(
+    task_ids: Sequence[int], render: Callable[[Sequence[int]], list[int]], max_len: int
+) -> tuple[list[int], int]:
+    """The long-prompt rule: shorten the task, never what follows it (the robot state, the
+    format's fixed text).
+
+    ``render(ids)`` builds the whole prompt's token ids around a task given by its ids (a prefix of
+    ``task_ids``). Returns the prompt of the longest task prefix that fits ``max_len`` tokens
+    (``render(task_ids)`` itself when it fits) and how many task tokens were dropped.
+
+    Raises:
+        PromptTooLong: even the empty task does not fit (naming the tokens and the limit).
+    """
+    whole = render(task_ids)
+    if len(whole) <= max_len:
+        return whole, 0
+    bare = render(task_ids[:0])
+    if len(bare) > max_len:
+        raise PromptTooLong(
+            f"the prompt needs {len(bare)} tokens without any task text (robot state and format), "
+            f"more than the model's max_token_len {max_len}"
+        )
+    # the longest prefix that fits (prompt length grows with the task; bisect on it)
+    kept, prompt, low, high = 0, bare, 1, len(task_ids) - 1
+    while low <= high:
+        mid = (low + high) // 2
+        candidate = render(task_ids[:mid])
+        if len(candidate) <= max_len:
+            kept, prompt, low = mid, candidate, mid + 1
+        else:
+            high = mid - 1
+    return prompt, len(task_ids) - kept
+
+
+def state_for_bin(bin_index: int, dim: int) -> np.ndarray:
+    """A normalised ``dim``-value state whose every value lands in ``bin_index`` (-1 to 255)."""
+    value = -2.0 if bin_index < 0 else float(STATE_BINS[bin_index])
+    return np.full(dim, value)
 
 
 def clean_task(task: str) -> str:
@@ -72,6 +132,13 @@ def format_prompt(task: str, state: np.ndarray) -> str:
     return preset("openpi").action_text(task, discretize_state(state).tolist())
 
 
+def _format(prompt_format):
+    """``prompt_format``, or openpi's when None."""
+    from .prompts import DEFAULT_FORMAT, preset  # prompts imports this module's cleaning
+
+    return prompt_format or preset(DEFAULT_FORMAT)
+
+
 class Pi05Tokenizer:
     """A PaliGemma-compatible sentencepiece tokenizer.
 
@@ -107,6 +174,9 @@ class Pi05Tokenizer:
                     f"{self.path} defines no {name} token; pi0.5 prompts need bos, eos and pad ids"
                 )
         self._sp = processor
+        self.tasks_shortened = 0  # prompts whose task `encode_prompt` shortened to fit
+        self.last_shortened: TaskShortened | None = None
+        self._worst_bins: dict[int, int] = {}  # state width -> the bin of the longest state text
 
     # -- vocabulary ------------------------------------------------------------------------------
     @property
@@ -146,8 +216,17 @@ class Pi05Tokenizer:
         robot state: openpi tokenizes before ``PadStatesAndActions``. Padding is id 0 (openpi pads
         with ``False``; PaliGemma's pad id is 0 too) with a False mask. See `frame_prompt`.
 
+        A prompt longer than ``max_len`` keeps its state and its end: the task text is shortened
+        (`fit_task`; openpi would cut the end, state bins included). Each such prompt is counted in
+        ``tasks_shortened`` and described by ``last_shortened``; nothing is logged here (callers
+        report it, throttled).
+
         Returns:
             tokens int64 [max_len] and mask bool [max_len] (True for real tokens).
+
+        Raises:
+            PromptTooLong: the state and the format alone exceed ``max_len``.
+            ValueError: ``max_len`` below 1, or a state `discretize_state` refuses.
         """
         prompt = self.frame_prompt(task, state, max_len, prompt_format)
         n = len(prompt.ids)
@@ -170,33 +249,85 @@ class Pi05Tokenizer:
         (a `prompts.PromptFormat`; None: openpi's), conditioned on ``subtask`` when
         ``conditioned``. ``state``: the normalised state, or None for robots trained without it.
 
-        Longer prompts are truncated to ``max_len`` with a logged warning.
+        A prompt longer than ``max_len`` has its task shortened (`fit_task`), never its state, its
+        subtask or the format's fixed text; counted in ``tasks_shortened``.
 
         Raises:
+            PromptTooLong: the prompt without any task text exceeds ``max_len``.
             ValueError: ``max_len`` < 1, a bad state, or a format that needs state bins without one.
         """
-        from .prompts import DEFAULT_FORMAT, FramePrompt, preset
-
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
-        fmt = prompt_format or preset(DEFAULT_FORMAT)
+        fmt = _format(prompt_format)
         bins = discretize_state(state).tolist() if state is not None else None
-        prompt = fmt.frame_prompt(self, task, bins, conditioned, subtask)
-        if len(prompt.ids) > max_len:
-            logger.warning(
-                "Token length (%d) exceeds max length (%d), truncating. Consider increasing the "
-                "`max_token_len` in your model config if this happens frequently.",
-                len(prompt.ids),
-                max_len,
+
+        def render(text: str):
+            return fmt.frame_prompt(self, text, bins, conditioned, subtask)
+
+        prompt = render(task)
+        if len(prompt.ids) <= max_len:
+            return prompt
+        task_ids = self.encode_text(fmt.clean_task(task))
+        _, dropped = fit_task(task_ids, lambda ids: list(render(self.decode(ids)).ids), max_len)
+        fitted = render(self.decode(task_ids[: len(task_ids) - dropped]))
+        self.tasks_shortened += 1
+        self.last_shortened = TaskShortened(
+            len(task_ids) - dropped, len(task_ids), len(prompt.ids), len(fitted.ids), max_len
+        )
+        return fitted
+
+    def _prompt_ids(
+        self, task: str, state: np.ndarray | None, prompt_format=None, conditioned: bool = False
+    ) -> list[int]:
+        """The action prompt's ids (bos first) of a task text, with or without a state
+        (``conditioned``: the subtask-conditioned prompt with an empty subtask)."""
+        bins = discretize_state(state).tolist() if state is not None else None
+        return list(_format(prompt_format).frame_prompt(self, task, bins, conditioned).ids)
+
+    def check_task(
+        self,
+        task: str,
+        state_dim: int | None,
+        max_len: int,
+        prompt_format=None,
+        conditioned: bool = False,
+    ) -> None:
+        """Refuse (at set time) a task whose prompt would need shortening: measured with the
+        longest state text a ``state_dim``-value state can have (every value in the bin whose text
+        takes the most tokens; with tokenizers that split digits, as PaliGemma's does, no state
+        takes more), or with no state (``None``: robots without the state in the prompt), in
+        ``prompt_format`` (None: openpi's; ``conditioned``: its subtask-conditioned prompt, which
+        leaves the subtask the room the task leaves, see `engine.scheduler.subtask_token_limit`).
+
+        Raises:
+            PromptTooLong: naming the prompt's tokens, the state's share and ``max_len``.
+        """
+        state = None if state_dim is None else self.worst_state(state_dim)
+        need = len(self._prompt_ids(task, state, prompt_format, conditioned))
+        if need <= max_len:
+            return
+        fixed = len(self._prompt_ids("", state, prompt_format, conditioned))
+        what = f"a {state_dim}-value robot state" if state_dim is not None else "no state"
+        if fixed > max_len:
+            raise PromptTooLong(
+                f"the prompt with {what} needs {fixed} tokens before any task text, more than the "
+                f"model's max_token_len {max_len}"
             )
-            causal = prompt.causal_from
-            prompt = FramePrompt(
-                prompt.ids[:max_len],
-                min(prompt.shared, max_len),
-                None if causal is None or causal >= max_len else causal,
-                prompt.subtask_id,
+        raise PromptTooLong(
+            f"the task makes a {need}-token prompt with {what} (worst case), over the model's "
+            f"max_token_len {max_len}: shorten it by at least {need - max_len} tokens (about "
+            f"{max_len - fixed} tokens are left for the task)"
+        )
+
+    def worst_state(self, state_dim: int) -> np.ndarray:
+        """The normalised ``state_dim``-value state whose prompt text takes the most tokens (one bin
+        for every value; measured once per width)."""
+        if state_dim not in self._worst_bins:
+            self._worst_bins[state_dim] = max(
+                range(-1, len(STATE_BINS)),
+                key=lambda b: len(self._prompt_ids("", state_for_bin(b, state_dim))),
             )
-        return prompt
+        return state_for_bin(self._worst_bins[state_dim], state_dim)
 
     # -- decoding --------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:

@@ -42,7 +42,7 @@ FAULT_COUNTER_PREFIXES = (
     "decode_errors",
     "text_publish_errors",
     "final_deltas_lost",
-    "streams_expired",
+    "prompt_task_shortened",
     "engine_close_errors",
     "error_transitions",
 )

@@ -17,6 +17,7 @@ from ..engine.runtime import ModelSpec, build_engine, load_policy
 from ..engine.scheduler import EngineConfig, OxygenEngine
 from ..engine.types import Observation
 from ..model.policy import Pi05Policy
+from ..model.tokenizer import PromptTooLong
 from .params import NodeSettings, SettingsError
 
 Log = Callable[[str], None]
@@ -61,7 +62,8 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
 
 
 def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
-    """Raise :class:`SettingsError` when the parameters ask for more than the model has."""
+    """Raise :class:`SettingsError` when the parameters ask for more than the model has (a task
+    whose prompt cannot fit ``max_token_len`` included)."""
     config = policy.config
     if settings.action_horizon > config.action_horizon:
         raise SettingsError(
@@ -78,6 +80,17 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
             f"{len(settings.joint_names)} joint_names but the checkpoint's state norm stats cover "
             f"{policy.state_stats.dim} dims"
         )
+    try:  # the task parameter, also when ~/instruction sets it
+        policy.check_task(
+            settings.task,
+            len(settings.joint_names),
+            settings.format,
+            settings.subtask_conditioning != "none",
+        )
+    except PromptTooLong as exc:
+        raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
+    except ValueError as exc:  # a state width the robot's transform cannot take
+        raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
 
 
 def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:

@@ -9,8 +9,10 @@ the stamp of the observation the request reads.
 
 A request leaves :class:`LanguageStreams` with its final delta, whatever its finish reason
 (``failed`` included) and whether or not that delta could be published, so a lost final never
-keeps a kind "busy". A request the engine went silent on for longer than its own limits allow is
-expired by :meth:`LanguageStreams.expire` with a ``failed`` final of the node's own.
+keeps a kind "busy". There is no node-side expiry: the engine ends every request it accepted with
+exactly one final delta (``OxygenEngine.decode`` holds that for any exception in a language stage;
+``cancel`` and ``close`` answer the rest), and an engine that is closed takes its open streams with
+it (:meth:`LanguageStreams.clear`).
 
 Publishing text is part of the language budget: :class:`PublishCost` learns what publishing one
 delta costs and how many deltas a tick brings, so the node ends ``decode()`` that much earlier.
@@ -29,7 +31,6 @@ class _OpenRequest:
     kind: str
     stamp: Any = None  # builtin_interfaces/Time
     pieces: list[str] = dataclasses.field(default_factory=list)
-    silent_ticks: int = 0  # ticks since its last delta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,6 @@ class LanguageStreams:
     def update(self, delta: TextDelta, frame_stamp: Any) -> StreamUpdate:
         """Account for ``delta``; ``frame_stamp`` is the stamp of the engine's newest frame."""
         request = self._open.setdefault(delta.request_id, _OpenRequest(delta.kind))
-        request.silent_ticks = 0
         if request.stamp is None:
             request.stamp = frame_stamp
         request.pieces.append(delta.text)
@@ -70,27 +70,6 @@ class LanguageStreams:
                 text = f"({delta.finish_reason}: {delta.detail or 'no reason given'})"
             full_text = f"[{delta.kind}] {text}"
         return StreamUpdate(delta, request.stamp, full_text)
-
-    def expire(self, max_silent_ticks: int) -> list[TextDelta]:
-        """Count one tick; the ``failed`` finals of requests silent for more than
-        ``max_silent_ticks`` (pass them through :meth:`update` and publish them like the
-        engine's own)."""
-        expired = []
-        for request_id, request in self._open.items():
-            request.silent_ticks += 1
-            if request.silent_ticks > max_silent_ticks:
-                expired.append(
-                    TextDelta(
-                        request_id,
-                        request.kind,
-                        "",
-                        final=True,
-                        finish_reason="failed",
-                        detail=f"no final delta from the engine after {request.silent_ticks} "
-                        "silent ticks",
-                    )
-                )
-        return expired
 
     def clear(self) -> None:
         """Forget every open request (the engine that held them is gone)."""

@@ -38,9 +38,6 @@ from .safety import SafetyFilter, UnsafeChunkError
 from .text_streams import LanguageStreams, PeriodicSchedule, PublishCost
 
 MAX_PENDING_QUESTIONS = 32
-# Beyond the engine's own limits (queued max_wait_frames, then stalled max_stall_frames) a request
-# without a final delta is lost: the node finishes it as failed.
-EXPIRY_SLACK_TICKS = 10
 Warn = Callable[[str, str], None]
 
 _thread_state = threading.local()
@@ -102,6 +99,7 @@ class TickLoop:
         self._submitted = 0
         self._frame_stamp = Time()
         self._safety: tuple[NodeSettings, SafetyFilter] | None = None
+        self._shortened: tuple[Any, int] = (None, 0)  # (tokenizer, its tasks_shortened reported)
 
     # -- the tick ---------------------------------------------------------------------------------
     def run(self, engine: OxygenEngine, settings: NodeSettings, started: float) -> str | None:
@@ -127,9 +125,10 @@ class TickLoop:
                     self._adapt_rate(engine, settings, action_s)
             except EngineFault as exc:
                 fault = str(exc)
+            self._report_shortened_task(engine)
         deltas = self._cancelled(engine)
         decoded, decode_fault = self._decode(engine, started)
-        self.publish_text(deltas + decoded + self._expired(engine), settings)
+        self.publish_text(deltas + decoded, settings)
         self._publish_subtask(engine)
         self._record_engine_stats(engine)
         return fault or decode_fault
@@ -189,6 +188,26 @@ class TickLoop:
             return True
         self._publish_chunk(settings, chunk, stamp, command, started)
         return True
+
+    def _report_shortened_task(self, engine: OxygenEngine) -> None:
+        """Count (``prompt_task_shortened``) and log, throttled, prompts whose task the tokenizer
+        shortened to keep the robot state within ``max_token_len`` (a task refused at set time
+        never gets here; one set before a stricter check, or a state needing more tokens than
+        the set-time measure, can)."""
+        tokenizer = engine.policy.tokenizer
+        reported = self._shortened[1] if self._shortened[0] is tokenizer else 0
+        new = tokenizer.tasks_shortened - reported
+        if new <= 0:
+            return
+        self._shortened = (tokenizer, tokenizer.tasks_shortened)
+        self.counters.add("prompt_task_shortened", new)
+        last = tokenizer.last_shortened
+        self._warn(
+            "prompt:task_shortened",
+            f"the task's prompt takes {last.prompt_tokens} tokens, more than the model's "
+            f"max_token_len {last.max_len}: the model sees only the first {last.kept} of its "
+            f"{last.task_tokens} task tokens (the robot state is kept whole); set a shorter task",
+        )
 
     def _publish_chunk(
         self, settings: NodeSettings, chunk: ActionChunk, stamp: Time, command: Any, started: float
@@ -319,34 +338,28 @@ class TickLoop:
                     deltas.append(delta)
         return deltas
 
-    def _expired(self, engine: OxygenEngine) -> list[TextDelta]:
-        """Failed finals for requests the engine went silent on beyond its own limits (counted)."""
-        limits = engine.config
-        expired = self.streams.expire(
-            limits.max_wait_frames + limits.max_stall_frames + EXPIRY_SLACK_TICKS
-        )
-        if expired:
-            self.counters.add("streams_expired", len(expired))
-        return expired
-
     def publish_text(self, deltas: Sequence[TextDelta], settings: NodeSettings) -> None:
         """Publish each delta (and a finished request's full text, and Ask feedback); the cost feeds
         the language budget.
 
-        A request's stream closes with its final delta before that is published, so a final lost to
-        a publishing failure (counted) never leaves its kind busy.
+        A request's stream closes with its final delta before anything else is done with it, and
+        whatever fails for one delta (counting, Ask feedback, publishing) loses only that delta:
+        a final lost to a publishing failure (counted) never leaves its kind busy, and the deltas
+        after it are still handled. (The engine gives every request one final delta — from
+        ``decode``, which never raises for a language fault, ``cancel`` or ``close`` — so no stream
+        needs a node-side timeout.)
         """
         started = time.monotonic()
         for delta in deltas:
-            update = self.streams.update(delta, self._frame_stamp)
-            if delta.final:
-                self._count_finish(delta)
-            goal = (
-                self.asks.pop(delta.request_id, None)
-                if delta.final
-                else self.asks.get(delta.request_id)
-            )
             try:
+                update = self.streams.update(delta, self._frame_stamp)
+                if delta.final:
+                    self._count_finish(delta)
+                goal = (
+                    self.asks.pop(delta.request_id, None)
+                    if delta.final
+                    else self.asks.get(delta.request_id)
+                )
                 if goal is not None:
                     goal.feed(delta)
                 self.faults.check("text_publish")

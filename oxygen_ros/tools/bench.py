@@ -13,6 +13,11 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench continuity --preset small         # chunk switches without and with RTC
     oxygen-bench hierarchy --preset tiny           # subtasks: none vs per call vs in the slack
 
+Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
+transforms (model/robots.py), as the node's ``robot`` parameter does: its state width and state
+transform, the state in the prompt or not, its action width and output transform, its camera
+slots and trained horizon (``aloha`` needs 14 action dims: ``--preset small`` or larger).
+
 GPU fast path: ``--static-shapes`` runs the fixed-shape steps (engine/static_paths.py),
 ``--cuda-graphs`` captures them in CUDA graphs, ``--gpu-preprocess`` resizes images on the device,
 ``--init device`` draws random weights on the device (seconds for pi05). scripts/gpu_bench.sh runs
@@ -36,6 +41,8 @@ from oxygen_ros.engine.faults import STAGES, FaultInjector, InjectedFault
 from oxygen_ros.engine.frames import max_prefix_tokens, timed_action
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.scheduler import make_pool, make_runner
+from oxygen_ros.model.config import IMAGE_SLOTS
+from oxygen_ros.model.robots import ROBOTS, robot_adapter
 from oxygen_ros.tools.cli import positive_int
 from oxygen_ros.tools.continuity_workload import continuity_metrics, replan
 from oxygen_ros.tools.hierarchy_workload import run_hierarchy
@@ -61,7 +68,15 @@ def _common(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0 = torch default)"
     )
-    parser.add_argument("--cameras", type=int, default=2)
+    parser.add_argument(
+        "--robot",
+        default="generic",
+        choices=list(ROBOTS),
+        help="robot transforms around the model (model/robots.py; default generic: none)",
+    )
+    parser.add_argument(
+        "--cameras", type=int, default=2, help="camera images per frame (at most the robot's)"
+    )
     parser.add_argument("--steps", type=int, default=10, help="flow-matching denoising steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write results as JSON here")
@@ -155,7 +170,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     _common(action, "small")
     action.add_argument("--repeats", type=int, default=30)
     action.add_argument("--warmup", type=int, default=3)
-    action.add_argument("--camera-counts", type=int, nargs="+", default=[1, 2, 3])
+    action.add_argument(
+        "--camera-counts",
+        type=int,
+        nargs="+",
+        help="camera counts to time (default: 1 up to the robot's cameras, 3 for generic)",
+    )
     action.add_argument(
         "--no-dynamic", action="store_true", help="skip the eager (dynamic-shape) reference"
     )
@@ -248,11 +268,44 @@ def _print_table(rows: list[dict[str, object]], columns: list[str]) -> None:
 
 
 def _policy(args: argparse.Namespace):
+    """The random-weight policy of ``--preset`` wrapped in ``--robot``'s transforms (generic: 7
+    action dims)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    return random_policy(
-        args.preset, args.device, args.dtype, args.seed, action_dim=7, init=args.init
-    )
+    robot = robot_adapter(args.robot)
+    try:
+        return random_policy(
+            args.preset,
+            args.device,
+            args.dtype,
+            args.seed,
+            action_dim=None if robot.action_dim else 7,
+            init=args.init,
+            robot=robot.name,
+        )
+    except ValueError as exc:  # a robot the preset cannot serve, a device torch cannot use
+        raise SystemExit(f"oxygen-bench: {exc}") from exc
+
+
+def _observations(args: argparse.Namespace, policy, cameras: int | None = None):
+    """Synthetic frames with ``cameras`` (default ``--cameras``) images and the policy's robot
+    state width (generic: 7).
+
+    Raises:
+        SystemExit: more cameras than the robot was trained with.
+    """
+    cameras = args.cameras if cameras is None else cameras
+    robot = policy.robot
+    if robot.slots and cameras > len(robot.slots):
+        raise SystemExit(
+            f"oxygen-bench: robot {robot.name} was trained with {len(robot.slots)} cameras "
+            f"({', '.join(robot.slots)}), not {cameras}"
+        )
+    return synthetic_observations(cameras, state_dim=_state_dim(policy))
+
+
+def _state_dim(policy) -> int:
+    return policy.robot.state_dim or 7
 
 
 def _fast_path(args: argparse.Namespace) -> dict[str, bool]:
@@ -277,7 +330,7 @@ def _write_json(path: Path | None, data: dict[str, object]) -> None:
 
 def bench_engines(args: argparse.Namespace) -> dict[str, object]:
     policy = _policy(args)
-    observations = synthetic_observations(args.cameras)
+    observations = _observations(args, policy)
     config = EngineConfig(
         num_steps=args.steps,
         decode_mode="fixed",
@@ -287,8 +340,8 @@ def bench_engines(args: argparse.Namespace) -> dict[str, object]:
     )
     workload = Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens)
     print(
-        f"workload: preset={args.preset} device={args.device} dtype={args.dtype} "
-        f"cameras={args.cameras} steps={args.steps} "
+        f"workload: preset={args.preset} robot={args.robot} device={args.device} "
+        f"dtype={args.dtype} cameras={args.cameras} steps={args.steps} "
         f"k={args.decode_steps} requests/frame={args.requests_per_frame} tokens={args.tokens} "
         f"frames={args.frames} "
         f"in {args.rounds} interleaved round(s), each after {args.warmup} warm-up frames; "
@@ -458,11 +511,11 @@ def bench_model(args: argparse.Namespace) -> dict[str, object]:
             for t in (inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
         ]
 
-    for cameras in (1, 2, 3):
-        obs = synthetic_observations(cameras)[0]
+    for cameras in range(1, len(policy.robot.slots or IMAGE_SLOTS) + 1):
+        obs = _observations(args, policy, cameras)[0]
         inputs = policy.encode(obs.images, obs.state, obs.prompt)
         record(f"prefill {cameras} cam", 1, lambda x=inputs: model.prefill(*batched(x, 1)))
-    obs = synthetic_observations(args.cameras)[0]
+    obs = _observations(args, policy)[0]
     inputs = policy.encode(obs.images, obs.state, obs.prompt)
     t = torch.tensor(0.5, device=policy.device)
     for batch in args.batches:
@@ -487,12 +540,12 @@ def bench_model(args: argparse.Namespace) -> dict[str, object]:
             ),
         )
     print(
-        f"preset={args.preset} device={args.device} dtype={args.dtype} "
+        f"preset={args.preset} robot={args.robot} device={args.device} dtype={args.dtype} "
         f"threads={torch.get_num_threads()}"
     )
     rows.sort(key=lambda r: (str(r["part"]).split()[0], r["batch"]))
     _print_table(rows, ["part", "batch", "p50_ms", "p99_ms"])
-    out = {"preset": args.preset, "rows": rows}
+    out = {"preset": args.preset, "robot": args.robot, "rows": rows}
     _write_json(args.json, out)
     return out
 
@@ -519,11 +572,12 @@ def bench_realtime(args: argparse.Namespace) -> dict[str, object]:
     try:
         result = run_realtime(
             engine,
-            synthetic_observations(args.cameras),
+            _observations(args, policy),
             Workload(args.frames, args.warmup, args.requests_per_frame, args.tokens),
             args.rate_hz,
         )
         result["path"] = _path_name(engine.config)
+        result["robot"] = args.robot
         result["kv_capacity_bytes"] = engine.memory()["capacity_bytes"]
     finally:
         engine.close()
@@ -546,8 +600,9 @@ def bench_action(args: argparse.Namespace) -> dict[str, object]:
         else [EngineConfig(num_steps=args.steps, seed=args.seed), fast]
     )
     rows = []
-    for cameras in args.camera_counts:
-        observations = synthetic_observations(cameras)
+    counts = args.camera_counts or range(1, len(policy.robot.slots or IMAGE_SLOTS) + 1)
+    for cameras in counts:
+        observations = _observations(args, policy, cameras)
         for config in configs:
             pool = make_pool(policy, config)
             runner = make_runner(policy, pool, config)
@@ -586,13 +641,20 @@ def bench_action(args: argparse.Namespace) -> dict[str, object]:
                 }
             )
     print(
-        f"action path: preset={args.preset} device={args.device} dtype={args.dtype} "
+        f"action path: preset={args.preset} robot={args.robot} device={args.device} "
+        f"dtype={args.dtype} "
         f"steps={args.steps} (observation -> robot actions on the host)"
     )
     _print_table(
         rows, ["cameras", "path", "p50_ms", "p99_ms", "prefill_p50_ms", "chunk_p50_ms", "repeats"]
     )
-    out = {"preset": args.preset, "device": args.device, "dtype": args.dtype, "rows": rows}
+    out = {
+        "preset": args.preset,
+        "robot": args.robot,
+        "device": args.device,
+        "dtype": args.dtype,
+        "rows": rows,
+    }
     _write_json(args.json, out)
     return out
 
@@ -600,7 +662,7 @@ def bench_action(args: argparse.Namespace) -> dict[str, object]:
 def bench_overload(args: argparse.Namespace) -> dict[str, object]:
     """Action latency with no language vs. with far more requests than KV memory can hold."""
     policy = _policy(args)
-    observations = synthetic_observations(args.cameras)
+    observations = _observations(args, policy)
     capacity = args.kv_prefixes * max_prefix_tokens(policy)
     rows = []
     for label, rate in (("action only", 0.0), ("overloaded", args.requests_per_frame)):
@@ -658,7 +720,7 @@ def bench_soak(args: argparse.Namespace) -> dict[str, object]:
     loop is the node's (act, then decode even when act failed) and every request's final delta is
     checked: one each, faulted or not."""
     policy = _policy(args)
-    observations = synthetic_observations(args.cameras)
+    observations = _observations(args, policy)
     config = _engine_config(args, decode_mode="deadline")
     injector = FaultInjector()
     engine = OxygenEngine(policy, config, faults=injector)
@@ -833,9 +895,13 @@ def bench_continuity(args: argparse.Namespace) -> dict[str, object]:
         )
         engine = OxygenEngine(policy, config)
         try:
-            engine.warm_up(synthetic_observations(args.cameras)[0])
+            engine.warm_up(_observations(args, policy)[0])
             chunks, action_ms = replan(
-                engine, args.warmup + args.frames, args.rate_hz, args.cameras, state_dim=7
+                engine,
+                args.warmup + args.frames,
+                args.rate_hz,
+                args.cameras,
+                state_dim=_state_dim(policy),
             )
         finally:
             engine.close()
@@ -846,7 +912,8 @@ def bench_continuity(args: argparse.Namespace) -> dict[str, object]:
     none, rtc = modes["none"], modes["rtc"]
     ratio = none["switch_discontinuity_p50"] / max(rtc["switch_discontinuity_p50"], 1e-12)
     print(
-        f"continuity: preset={args.preset} device={args.device} dtype={args.dtype} "
+        f"continuity: preset={args.preset} robot={args.robot} device={args.device} "
+        f"dtype={args.dtype} "
         f"path={_path_name(config)} frames={args.frames} "
         f"rate={args.rate_hz:g} Hz action_dt={args.action_dt:g} s "
         f"horizon={policy.config.action_horizon} steps={args.steps} "

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -236,6 +237,7 @@ def random_policy(
     action_dim: int | None = None,
     tokenizer_dir: Path | None = None,
     init: str = "cpu",
+    robot: str = "generic",
 ):
     """A random-weight policy of any preset built in memory (benchmarks; nothing written but a
     tiny tokenizer, cached in ``tokenizer_dir``).
@@ -245,13 +247,32 @@ def random_policy(
 
     init: "cpu" draws the weights on the CPU (identical on every device; minutes for ``pi05``);
     "device" draws them where the model lives (seconds on a GPU; other values than "cpu").
+    robot: the robot adapter (`oxygen_ros.model.robots`) whose transforms wrap the model, as
+    `load_policy` does for a checkpoint: its trained horizon replaces the preset's (as for an
+    openpi checkpoint without a config file), its action width is the policy's, and the synthetic
+    norm stats cover its state and action widths.
+
+    Raises:
+        ValueError: an unknown preset, robot or init, or a robot the preset cannot serve (e.g.
+            ALOHA's 14 action dims on the tiny preset's 8); DeviceUnavailable: ``device``.
     """
+    from oxygen_ros.model.device import resolve_device
     from oxygen_ros.model.policy import Pi05Policy
+    from oxygen_ros.model.robots import robot_adapter
     from oxygen_ros.model.tokenizer import Pi05Tokenizer
 
     if init not in ("cpu", "device"):
         raise ValueError(f"init must be 'cpu' or 'device', got {init!r}")
+    resolve_device(device)
+    adapter = robot_adapter(robot)
     config = get_preset(preset)
+    if adapter.action_horizon is not None:
+        config = dataclasses.replace(config, action_horizon=adapter.action_horizon)
+    if adapter.action_dim is not None and adapter.action_dim > config.action_dim:
+        raise ValueError(
+            f"robot {adapter.name} has {adapter.action_dim} action dims but preset {preset!r} "
+            f"only {config.action_dim}; use a larger preset (small, pi05)"
+        )
     model = build_model(config, device, as_dtype(dtype))
     init_random_weights(model, seed, on_device=init == "device")
     vocab = min(config.vocab_size, 512)
@@ -260,5 +281,8 @@ def random_policy(
     if not path.is_file():
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         train_tiny_tokenizer(path, vocab)
-    stats = synthetic_norm_stats(action_dim or config.action_dim, seed)
-    return Pi05Policy(model.eval().requires_grad_(False), Pi05Tokenizer(path), stats, action_dim)
+    widths = (action_dim or adapter.action_dim or config.action_dim, adapter.state_dim or 0)
+    stats = synthetic_norm_stats(max(widths), seed)
+    return Pi05Policy(
+        model.eval().requires_grad_(False), Pi05Tokenizer(path), stats, action_dim, adapter
+    )
