@@ -5,6 +5,8 @@ without them."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -318,3 +320,19 @@ def test_questions_use_the_formats_question_turn(policy):
         assert request.sampling.max_tokens <= 128 and not request.reads_shared
     finally:
         engine.close()
+
+
+def test_bench_hierarchy_writes_every_mode(tmp_path):
+    from oxygen_ros.tools import bench
+
+    out = tmp_path / "hierarchy.json"
+    args = ["hierarchy", "--frames", "6", "--rounds", "1", "--warmup", "1", "--steps", "2"]
+    assert bench.main([*args, "--subtask-tokens", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    modes = result["modes"]
+    assert set(modes) == {"none", "per_call", "oxygen"}
+    assert all(mode["frames_per_s"] > 0 for mode in modes.values())
+    assert modes["per_call"]["subtasks"] == 6 and modes["none"]["subtasks"] == 0
+    assert modes["per_call"]["mean_subtask_tokens"] <= 3
+    if modes["oxygen"]["subtasks"]:
+        assert modes["oxygen"]["conditioned_after_first"] == 1.0

@@ -970,7 +970,7 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
     )
     modes, period = run_hierarchy(
         policy,
-        synthetic_observations(args.cameras),
+        _observations(args, policy),
         config,
         args.frames,
         args.warmup,
@@ -981,7 +981,8 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
     vs_none = oxygen["frames_per_s"] / none["frames_per_s"]
     vs_per_call = oxygen["frames_per_s"] / per_call["frames_per_s"]
     print(
-        f"hierarchy: preset={args.preset} device={args.device} format={args.prompt_format} "
+        f"hierarchy: preset={args.preset} robot={args.robot} device={args.device} "
+        f"format={args.prompt_format} "
         f"frames={args.frames} rounds={args.rounds} threads={torch.get_num_threads()} "
         f"subtask_period={args.subtask_period_s:g} s oxygen tick period={period * 1e3:.1f} ms"
     )
@@ -1008,6 +1009,7 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
     )
     out = {
         "preset": args.preset,
+        "robot": args.robot,
         "device": args.device,
         "workload": vars(args) | {"json": str(args.json)},
         "oxygen_period_ms": period * 1e3,

@@ -108,7 +108,7 @@ class PerCallMode:
             sampling=SamplingParams(max_tokens=limit),
             task=observation.prompt,
         )
-        _, steps = self.decoder.run_to_completion(request, frame)
+        steps = self.decoder.run_to_completion(request, frame, [])
         self.pool.release(frame.segment)
         subtask = SubtaskText(tuple(request.tokens), request.text, self.frame_id)
         prompt = policy.frame_prompt(observation.state, observation.prompt, fmt, True, subtask)
