@@ -336,3 +336,23 @@ def test_bench_hierarchy_writes_every_mode(tmp_path):
     assert modes["per_call"]["mean_subtask_tokens"] <= 3
     if modes["oxygen"]["subtasks"]:
         assert modes["oxygen"]["conditioned_after_first"] == 1.0
+
+
+def test_the_static_paths_run_the_subtask_loop_as_the_eager_ones(policy):
+    runs = {}
+    for static in (False, True):
+        engine = hierarchy_engine(policy, static_shapes=static)
+        try:
+            results = run(engine, 6)
+            runs[static] = (
+                [(r.action.subtask_id, r.action.actions) for r in results],
+                engine.subtasks.current.text.ids,
+            )
+            if static:
+                assert engine.runner is not None and engine.static_fallbacks == 0
+        finally:
+            engine.close()
+    assert runs[True][1] == runs[False][1]  # the same subtask tokens
+    for (id_a, a), (id_b, b) in zip(runs[False][0], runs[True][0], strict=True):
+        assert id_a == id_b
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
