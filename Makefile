@@ -1,6 +1,11 @@
 # Entry points for people and CI. Every target first runs the (idempotent, ~0.2 s when up to
 # date) environment setup, so a fresh clone needs nothing but `make test`.
-VENV ?= .venv
+#
+# ROS_DISTRO picks the ROS 2 distribution the venv is built for and tested on: jazzy (the default,
+# in .venv) or kilted (in .venv-kilted), e.g. `make test ROS_DISTRO=kilted`. .ci/run tests both.
+ROS_DISTRO ?= jazzy
+export ROS_DISTRO
+VENV ?= $(if $(filter jazzy,$(ROS_DISTRO)),.venv,.venv-$(ROS_DISTRO))
 ABS_VENV := $(abspath $(VENV))
 ARGS ?=
 

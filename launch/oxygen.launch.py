@@ -2,13 +2,15 @@
 
     ros2 launch oxygen_ros oxygen.launch.py checkpoint_dir:=/tmp/tiny_ckpt  # oxygen-make-checkpoint
     ros2 launch oxygen_ros oxygen.launch.py robot:=droid checkpoint_dir:=/data/pi05_droid_pytorch
+    ros2 launch oxygen_ros oxygen.launch.py robot:=lerobot checkpoint_dir:=.../pretrained_model
     ros2 launch oxygen_ros oxygen.launch.py config_file:=/path/to/my_robot.yaml \
         checkpoint_dir:=/data/pi05_droid_pytorch namespace:=robot1
 
 Arguments:
     robot           picks the package's params file for an openpi robot:
                     droid -> config/pi05_droid.yaml, aloha -> config/pi05_aloha.yaml,
-                    libero -> config/pi05_libero.yaml
+                    libero -> config/pi05_libero.yaml; or for a LeRobot pi05 checkpoint
+                    (a pretrained_model/ folder): lerobot -> config/lerobot_pi05.yaml
     config_file     params file; wins over robot (default: the robot's file, else the package's
                     config/oxygen.yaml, the tiny demo)
     checkpoint_dir  overrides the file's checkpoint_dir when given
@@ -35,6 +37,7 @@ ROBOT_CONFIGS = {
     "droid": "pi05_droid.yaml",
     "aloha": "pi05_aloha.yaml",
     "libero": "pi05_libero.yaml",
+    "lerobot": "lerobot_pi05.yaml",  # a LeRobot pi05 folder (lerobot-train's pretrained_model/)
 }
 
 

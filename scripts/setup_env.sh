@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Build the project's virtual environment from nothing, or do nothing if it is up to date.
+# Build the project's virtual environment for one ROS 2 distribution from nothing, or do nothing if
+# it is up to date.
 #
-#   bash scripts/setup_env.sh            # creates/updates ./.venv
+#   bash scripts/setup_env.sh                      # Jazzy (the default) in ./.venv
+#   ROS_DISTRO=kilted bash scripts/setup_env.sh    # Kilted in ./.venv-kilted
 #   OXYGEN_VENV=/path/venv PYTHON=python3.12 bash scripts/setup_env.sh
 #
+# ROS_DISTRO picks requirements/<distro>.txt (the distribution's ROS wheels, pinned, plus the shared
+# requirements.txt); one venv per distribution. A venv built for another distribution (its
+# .oxygen_ros_distro says which; venvs from before the choice existed have none) is removed and
+# built anew rather than mixed.
+#
 # Steps (all skipped when the stamp matches):
-#   1. python3 -m venv .venv; pip==25.3
+#   1. python3 -m venv; pip==25.3
 #   2. pip install torch==2.13.0 (alone, first: an unpinned torch would pull a CUDA build)
-#   3. pip install -r requirements.txt (ROS 2 Kilted wheels, numpy, test tools, ...)
+#   3. pip install -r requirements/<distro>.txt (the ROS 2 wheels, numpy, test tools, ...)
 #   4. patch the include paths the ROS wheels baked into their *__rosidl_generator_pyExport.cmake
 #   5. cmake-build msg/ and action/ against the wheels and install them into the venv prefix
 #      (generated Python lands in site-packages/oxygen_ros/{msg,action,*typesupport*.so}; its empty
@@ -21,10 +28,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${OXYGEN_VENV:-$ROOT/.venv}"
+DISTRO="${ROS_DISTRO:-jazzy}"
+REQUIREMENTS="requirements/$DISTRO.txt"
+if [[ "$DISTRO" == jazzy ]]; then DEFAULT_VENV="$ROOT/.venv"; else DEFAULT_VENV="$ROOT/.venv-$DISTRO"; fi
+VENV="${OXYGEN_VENV:-$DEFAULT_VENV}"
 PYTHON="${PYTHON:-python3}"
-BUILD_DIR="$ROOT/build/venv-msgs"
+BUILD_DIR="$ROOT/build/venv-msgs-$DISTRO"
 STAMP="$VENV/.oxygen_setup_stamp"
+DISTRO_MARK="$VENV/.oxygen_ros_distro"
 PIP_VERSION="25.3"
 TORCH_PIN="torch==2.13.0"
 
@@ -36,32 +47,51 @@ cd "$ROOT"
 
 log() { printf 'setup_env: %s\n' "$*"; }
 
+if [[ ! -f "$REQUIREMENTS" ]]; then
+  known="$(cd requirements && ls -- *.txt | sed 's/\.txt$//' | paste -sd' ')"
+  log "ERROR: ROS_DISTRO=$DISTRO has no $REQUIREMENTS; tested here: $known (Humble is written for" \
+    "but not tested: build it in a colcon workspace against /opt/ros/humble)" >&2
+  exit 2
+fi
+
 inputs_hash() {
   {
     printf '%s\n' "$VENV"
     "$PYTHON" -c 'import sys; print(sys.version)'
-    cat requirements.txt CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
+    printf '%s\n' "$DISTRO"
+    cat requirements.txt "$REQUIREMENTS" CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
     for f in msg/*.msg action/*.action; do printf '%s\n' "$f"; cat "$f"; done
   } | sha256sum | cut -d' ' -f1
 }
 
 HASH="$(inputs_hash)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
-  log "up to date ($VENV)"
+  log "up to date ($VENV, ROS 2 $DISTRO)"
   exit 0
 fi
 
 START=$SECONDS
 rm -f "$STAMP"
 
+# 0. a venv of another distribution is rebuilt, never mixed --------------------------------------
+if [[ -e "$VENV" && "$(cat "$DISTRO_MARK" 2>/dev/null)" != "$DISTRO" ]]; then
+  if [[ ! -f "$VENV/pyvenv.cfg" ]]; then
+    log "ERROR: $VENV exists and is not a virtual environment; remove it or set OXYGEN_VENV" >&2
+    exit 1
+  fi
+  log "$VENV holds ROS 2 '$(cat "$DISTRO_MARK" 2>/dev/null || echo unknown)', not $DISTRO: rebuilding it"
+  rm -rf "$VENV"
+fi
+
 # 1. venv --------------------------------------------------------------------------------------
 if [[ ! -x "$VENV/bin/python" ]]; then
   log "creating venv at $VENV with $("$PYTHON" -V 2>&1)"
   "$PYTHON" -m venv "$VENV"
 fi
+echo "$DISTRO" >"$DISTRO_MARK"
 VPY="$VENV/bin/python"
 mkdir -p "$ROOT/build"
-PIP_LOG="$ROOT/build/setup_env-pip.log"
+PIP_LOG="$ROOT/build/setup_env-pip-$DISTRO.log"
 : >"$PIP_LOG"
 pip_install() {
   if ! "$VPY" -m pip install --disable-pip-version-check "$@" >>"$PIP_LOG" 2>&1; then
@@ -78,8 +108,8 @@ fi
 # 2.-3. packages -------------------------------------------------------------------------------
 log "installing $TORCH_PIN"
 pip_install "$TORCH_PIN"
-log "installing requirements.txt"
-pip_install -r requirements.txt
+log "installing $REQUIREMENTS (ROS 2 $DISTRO)"
+pip_install -r "$REQUIREMENTS"
 
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 PY_INC="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
@@ -161,4 +191,4 @@ for t in (ActionChunk, Narration, Ask):
 PY
 
 echo "$HASH" >"$STAMP"
-log "done in $((SECONDS - START)) s ($VENV)"
+log "done in $((SECONDS - START)) s ($VENV, ROS 2 $DISTRO)"

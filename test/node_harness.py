@@ -4,7 +4,8 @@
   and stops it with SIGINT;
 * :class:`Probe` is the test's own ROS node: it records the node's outputs (chunks, trajectories,
   narration, /diagnostics), the header stamps of the inputs the test publishes, calls the node's
-  lifecycle and parameter services, and replays bags with :class:`BagPlayer`.
+  lifecycle and parameter services, and replays bags with :class:`BagPlayer`;
+* :class:`AskClient` sends the node's Ask action goals from a probe and keeps their feedback.
 
 The ROS environment (localhost discovery, a random domain id) comes from conftest.py.
 """
@@ -29,12 +30,15 @@ from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.msg import SetParametersResult
 from rcl_interfaces.srv import GetParameters, SetParameters
+from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
+from visualization_msgs.msg import Marker
 
+from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk, Narration
 from oxygen_ros.tools.replay import BagPlayer
 
@@ -58,13 +62,19 @@ def stamp_ns(stamp) -> int:
 
 class NodeProcess:
     """``oxygen_node`` in a subprocess of this venv's Python, with ``parameters`` as its params
-    file."""
+    file, named ``name`` in ``namespace`` (default: the root)."""
 
-    def __init__(self, parameters: dict[str, Any], work: Path, name: str = NODE) -> None:
+    def __init__(
+        self, parameters: dict[str, Any], work: Path, name: str = NODE, namespace: str = ""
+    ) -> None:
         work.mkdir(parents=True, exist_ok=True)
-        self.params_file = work / f"{name}_params.yaml"
+        stem = f"{namespace.strip('/').replace('/', '_')}_{name}" if namespace else name
+        self.params_file = work / f"{stem}_params.yaml"
         self.params_file.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
-        self.log_path = work / f"{name}.log"
+        self.log_path = work / f"{stem}.log"
+        remaps = ["-r", f"__node:={name}"]
+        if namespace:
+            remaps += ["-r", f"__ns:=/{namespace.strip('/')}"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
@@ -75,8 +85,7 @@ class NodeProcess:
                     "--ros-args",
                     "--params-file",
                     str(self.params_file),
-                    "-r",
-                    f"__node:={name}",
+                    *remaps,
                 ],
                 env=env,
                 stdout=log,
@@ -106,13 +115,14 @@ class NodeProcess:
 
 
 class Probe:
-    """The test's ROS node (own context, spun in a background thread), watching node ``target``."""
+    """The test's ROS node (own context, spun in a background thread), watching node ``target``
+    (its name, with its namespace when it has one: ``r1/oxygen_node``)."""
 
     def __init__(self, input_topics: Sequence[str] = (), target: str = NODE) -> None:
         self.target = target
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
-        self.node = rclpy.create_node(f"probe_of_{target}", context=self.context)
+        self.node = rclpy.create_node(f"probe_of_{target.replace('/', '_')}", context=self.context)
         self.lock = threading.Lock()
         self.chunks: list[tuple[float, ActionChunk]] = []
         self.trajectories: list[tuple[float, JointTrajectory]] = []
@@ -304,3 +314,51 @@ class Playback:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class AskClient:
+    """An ActionClient on the probe's node, plus a raw subscription to the action's feedback topic
+    (rclpy's client drops a goal's feedback once its result is in; the topic keeps all of it)."""
+
+    def __init__(self, probe: Probe, wait_s: float = 30.0) -> None:
+        target = probe.target
+        self.wait_s = wait_s
+        self.client = ActionClient(probe.node, Ask, f"/{target}/ask")
+        assert self.client.wait_for_server(timeout_sec=wait_s), "no Ask action server on the node"
+        self.lock = threading.Lock()
+        self.feedback = {}  # goal uuid bytes -> [(delta, token_count)]
+        self.markers = []
+        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        probe.node.create_subscription(
+            Ask.Impl.FeedbackMessage,
+            f"/{target}/ask/_action/feedback",
+            self._on_feedback,
+            reliable,
+        )
+        probe.node.create_subscription(
+            Marker, f"/{target}/narration_marker", self._on_marker, reliable
+        )
+
+    def _on_feedback(self, msg) -> None:
+        with self.lock:
+            self.feedback.setdefault(bytes(msg.goal_id.uuid), []).append(
+                (msg.feedback.delta, msg.feedback.token_count)
+            )
+
+    def _on_marker(self, msg: Marker) -> None:
+        with self.lock:
+            self.markers.append(msg)
+
+    def feedback_of(self, handle):
+        with self.lock:
+            return list(self.feedback.get(bytes(handle.goal_id.uuid), []))
+
+    def send(self, question: str, max_tokens: int = 0):
+        future = self.client.send_goal_async(Ask.Goal(question=question, max_tokens=max_tokens))
+        assert wait_for(future.done, self.wait_s), "no reply to the goal"
+        return future.result()
+
+    def result(self, handle):
+        future = handle.get_result_async()
+        assert wait_for(future.done, self.wait_s), "no result"
+        return future.result()

@@ -3,6 +3,7 @@
 conftest.py sets a private ROS_DOMAIN_ID and localhost discovery before rclpy is imported.
 """
 
+import importlib.metadata
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rclpy
+from builtin_interfaces.msg import Time
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.serialization import deserialize_message, serialize_message
@@ -125,6 +127,33 @@ def test_make_bag_cli(tmp_path, capsys):
     assert (out / "metadata.yaml").exists()
     assert make_bag.main(argv) == 1  # refuses to overwrite
     assert "exists" in capsys.readouterr().err
+
+
+def test_make_bag_namespace_puts_every_topic_under_it(tmp_path, capsys):
+    out = tmp_path / "r1_bag"
+    argv = ["--out", str(out), "--duration", "0.2", "--width", "32", "--height", "24"]
+    assert make_bag.main([*argv, "--namespace", "r1", "--distro", "jazzy"]) == 0
+    assert "ROS 2 jazzy messages, topics under /r1" in capsys.readouterr().out
+    assert set(read_bag(out)) == {"/r1" + BASE, "/r1" + WRIST, "/r1" + JOINTS}
+    assert make_bag.camera_topic("base", True, "/fleet/r2/") == "/fleet/r2" + BASE + "/compressed"
+    for bad in ("1robot", "r 1", "r1//x", "~/r1"):
+        with pytest.raises(SystemExit):
+            make_bag.main([*argv[:1], str(tmp_path / "bad"), "--namespace", bad])
+
+
+def test_default_distro_is_the_one_in_use(monkeypatch):
+    monkeypatch.setenv("ROS_DISTRO", "kilted")
+    assert make_bag.default_distro() == "kilted"
+    monkeypatch.setenv("ROS_DISTRO", "rolling")  # no message store for it: the package default
+    assert make_bag.default_distro() == "jazzy"
+    monkeypatch.delenv("ROS_DISTRO")
+    from oxygen_ros.ros.rclpy_compat import DISTRO_BY_RCLPY_MAJOR
+
+    try:  # the PyPI wheels; a sourced ROS install sets ROS_DISTRO instead
+        rclpy_major = int(importlib.metadata.version("ros-rclpy").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("rclpy is not installed from the ros-rclpy wheel")
+    assert make_bag.default_distro() == DISTRO_BY_RCLPY_MAJOR[rclpy_major]
 
 
 def test_make_bag_rejects_bad_arguments(tmp_path):
@@ -274,6 +303,68 @@ def test_replay_keep_stamps_and_topic_filter(bag, ros_context, player_node):
     assert len(stamps) >= 180
     assert stamps[0] == EPOCH_NS
     assert all(later > earlier for earlier, later in zip(stamps, stamps[1:], strict=False))
+
+
+@pytest.mark.ros
+def test_replay_into_a_namespace(bag, ros_context, player_node):
+    recorder = Recorder(ros_context, topics=("/r1" + JOINTS, JOINTS))
+    try:
+        player = BagPlayer(player_node, bag, rate=20.0, topics=[JOINTS], namespace="r1")
+        assert player.topics == ["/r1" + JOINTS]
+        assert player.wait_for_subscribers(10.0)
+        assert player.play() == 200
+        recorder.wait_for("/r1" + JOINTS, 180)
+    finally:
+        recorder.close()
+    assert len(recorder.received["/r1" + JOINTS]) >= 180
+    assert recorder.received[JOINTS] == []  # nothing left on the bag's own name
+
+
+@pytest.mark.ros
+def test_replay_under_sim_time_stamps_the_time_on_clock(bag, ros_context, ros_env):
+    """use_sim_time: the player's clock follows /clock (its node is spun), it waits for the first
+    /clock message, and the stamps it writes are sim time, not 0 and not the wall clock."""
+    from rosgraph_msgs.msg import Clock
+
+    sim_s = 1234
+    clock_node = rclpy.create_node("bag_tools_clock", context=ros_context)
+    clock_pub = clock_node.create_publisher(Clock, "/clock", 10)
+    recorder = Recorder(ros_context, topics=(JOINTS,))
+    command = [
+        sys.executable,
+        "-m",
+        "oxygen_ros.tools.replay",
+        str(bag),
+        "--topics",
+        JOINTS,
+        "--rate",
+        "4",
+        "--ros-args",
+        "-p",
+        "use_sim_time:=true",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while process.poll() is None and time.monotonic() < deadline:
+            elapsed_ns = int((time.monotonic() % 1.0) * 1e9)
+            clock_pub.publish(Clock(clock=Time(sec=sim_s, nanosec=elapsed_ns)))
+            time.sleep(0.01)
+        out, err = process.communicate(timeout=10)
+        recorder.wait_for(JOINTS, 150)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        recorder.close()
+        clock_node.destroy_node()
+    assert process.returncode == 0, err
+    assert "waiting for /clock" in err and "published 200 messages" in out
+    stamps = [msg.header.stamp.sec for msg in recorder.received[JOINTS]]
+    assert len(stamps) >= 150
+    assert set(stamps) == {sim_s}, sorted(set(stamps))[:5]
 
 
 @pytest.mark.ros

@@ -37,7 +37,12 @@ def test_launch_description_declares_its_arguments():
 
 # --- which params file: plain Python, no launch imports needed -----------------------------------
 
-ROBOT_FILES = {"droid": "pi05_droid.yaml", "aloha": "pi05_aloha.yaml", "libero": "pi05_libero.yaml"}
+ROBOT_FILES = {
+    "droid": "pi05_droid.yaml",
+    "aloha": "pi05_aloha.yaml",
+    "libero": "pi05_libero.yaml",
+    "lerobot": "lerobot_pi05.yaml",
+}
 
 
 @pytest.fixture
@@ -70,7 +75,9 @@ def test_an_explicit_config_file_wins_over_robot(config_dir):
 
 def test_unknown_robot_and_missing_file_are_clear_errors(config_dir):
     module = _load_launch_module()
-    with pytest.raises(ValueError, match=r"robot:=ur5 is not known; use one of aloha, droid, lib"):
+    with pytest.raises(
+        ValueError, match=r"robot:=ur5 is not known; use one of aloha, droid, lerobot, lib"
+    ):
         module.config_path("", "ur5", str(config_dir))
     (config_dir / "pi05_aloha.yaml").unlink()
     with pytest.raises(ValueError, match=r"robot:=aloha needs .*pi05_aloha.yaml, which is not in"):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from oxygen_ros.tools import model_info
 from oxygen_ros.tools.model_info import check_checkpoint
 
-CHECK_NAMES = ["weights", "config", "tensors", "norm stats", "tokenizer"]
+CHECK_NAMES = ["format", "weights", "config", "tensors", "norm stats", "tokenizer"]
 # tiny preset (model/config.py): action_dim 8, vocabulary 512.
 TINY_ACTION_DIM = 8
 TINY_VOCAB = 512
@@ -57,8 +57,8 @@ def test_the_tiny_checkpoint_passes_every_check(tiny_checkpoint, capsys):
 
     assert model_info.main(["--checkpoint", str(tiny_checkpoint)]) == 0
     out = capsys.readouterr().out
-    assert out.count("\nOK    ") == 5 and "FAIL" not in out
-    assert "5 of 5 checks passed" in out
+    assert out.count("\nOK    ") == 6 and "FAIL" not in out
+    assert "6 of 6 checks passed" in out
 
 
 def test_without_its_config_file_the_tensor_shapes_pick_the_preset(broken):
@@ -133,15 +133,15 @@ def test_norm_stats_wider_than_the_model_fail(broken):
     )
 
 
-def test_nested_asset_directory_fails_with_a_hint(broken):
+def test_nested_asset_directory_is_found(broken):
     # openpi's LIBERO asset id is "physical-intelligence/libero": two directory levels.
     nested = broken / "assets" / "physical-intelligence" / "libero"
     nested.mkdir(parents=True)
     shutil.move(
         str(broken / "assets" / "robot" / "norm_stats.json"), str(nested / "norm_stats.json")
     )
-    detail = _by_name(check_checkpoint(broken))["norm stats"].detail
-    assert "found norm_stats.json under ['physical-intelligence/libero']" in detail
+    check = _by_name(check_checkpoint(broken))["norm stats"]
+    assert check.ok and check.detail.startswith("assets/physical-intelligence/libero: state 8")
 
 
 def test_missing_tokenizer_fails_and_an_explicit_one_is_checked(broken, tiny_checkpoint, tmp_path):
@@ -177,7 +177,7 @@ def test_cli_exits_1_and_prints_fail_with_the_reason(broken):
     )
     assert done.returncode == 1, done.stderr
     assert "FAIL  tokenizer: no tokenizer.model in" in done.stdout
-    assert "4 of 5 checks passed; failed: tokenizer" in done.stdout
+    assert "5 of 6 checks passed; failed: tokenizer" in done.stdout
 
 
 def test_cli_json_lists_every_check(tiny_checkpoint, capsys):

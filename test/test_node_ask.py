@@ -16,18 +16,13 @@ to be cancelled in the middle.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from action_msgs.msg import GoalStatus
 from lifecycle_msgs.msg import Transition
-from node_harness import STATE_ACTIVE, NodeProcess, Probe, wait_for
-from rclpy.action import ActionClient
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from node_harness import STATE_ACTIVE, AskClient, NodeProcess, Probe, wait_for
 from std_msgs.msg import String
 from visualization_msgs.msg import Marker
 
-from oxygen_ros.action import Ask
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -68,52 +63,6 @@ def node(tiny_checkpoint, tmp_path_factory):
     )
     yield process
     assert process.stop() == 0, process.log()[-3000:]
-
-
-class AskClient:
-    """An ActionClient on the probe's node, plus a raw subscription to the action's feedback topic
-    (rclpy's client drops a goal's feedback once its result is in; the topic keeps all of it)."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.client = ActionClient(probe.node, Ask, "/oxygen_node/ask")
-        assert self.client.wait_for_server(timeout_sec=WAIT_S), "no Ask action server on the node"
-        self.lock = threading.Lock()
-        self.feedback = {}  # goal uuid bytes -> [(delta, token_count)]
-        self.markers = []
-        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        probe.node.create_subscription(
-            Ask.Impl.FeedbackMessage,
-            "/oxygen_node/ask/_action/feedback",
-            self._on_feedback,
-            reliable,
-        )
-        probe.node.create_subscription(
-            Marker, "/oxygen_node/narration_marker", self._on_marker, reliable
-        )
-
-    def _on_feedback(self, msg) -> None:
-        with self.lock:
-            self.feedback.setdefault(bytes(msg.goal_id.uuid), []).append(
-                (msg.feedback.delta, msg.feedback.token_count)
-            )
-
-    def _on_marker(self, msg: Marker) -> None:
-        with self.lock:
-            self.markers.append(msg)
-
-    def feedback_of(self, handle):
-        with self.lock:
-            return list(self.feedback.get(bytes(handle.goal_id.uuid), []))
-
-    def send(self, question: str, max_tokens: int = 0):
-        future = self.client.send_goal_async(Ask.Goal(question=question, max_tokens=max_tokens))
-        assert wait_for(future.done, WAIT_S), "no reply to the goal"
-        return future.result()
-
-    def result(self, handle):
-        future = handle.get_result_async()
-        assert wait_for(future.done, WAIT_S), "no result"
-        return future.result()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,10 @@ def test_camera_display_shows_the_default_base_camera():
     params = yaml.safe_load((ROOT / "config" / "oxygen.yaml").read_text())["/**"]["ros__parameters"]
     camera = _displays()["Base camera"]
     assert camera["Class"] == "rviz_default_plugins/Image"
-    assert camera["Topic"]["Value"] == params["camera_topics"][0]
+    # the config's input topics are relative (they follow the node's namespace); rviz2 is not in
+    # one, so its display names the topic of a node in the root namespace
+    assert not params["camera_topics"][0].startswith("/")
+    assert camera["Topic"]["Value"] == "/" + params["camera_topics"][0]
     # Cameras publish with sensor-data QoS (best effort): a reliable subscription would never match.
     assert camera["Topic"]["Reliability Policy"] == "Best Effort"
 

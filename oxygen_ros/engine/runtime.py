@@ -31,8 +31,10 @@ MAKE_CHECKPOINT_HINT = (
 class ModelSpec:
     """Which model to load and where it runs."""
 
-    checkpoint_dir: str  # openpi layout: model.safetensors + assets/*/norm_stats.json
-    tokenizer_path: str = ""  # empty: the checkpoint's own tokenizer.model
+    # openpi layout (model.safetensors + assets/*/norm_stats.json) or a LeRobot pi05 folder
+    checkpoint_dir: str
+    tokenizer_path: str = ""  # sentencepiece file or HF tokenizer folder; empty: the checkpoint's
+    lerobot_version: str = "auto"  # LeRobot folders: whose input conventions (model.conventions)
     device: str = "cpu"
     dtype: str = "float32"
     robot: str = "generic"  # the robot adapter (model.robots)
@@ -52,7 +54,7 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
     """
     if not spec.checkpoint_dir:
         raise ValueError(
-            f"checkpoint_dir is empty: give an openpi-layout checkpoint directory; "
+            f"checkpoint_dir is empty: give an openpi-layout or LeRobot pi05 checkpoint directory; "
             f"{MAKE_CHECKPOINT_HINT}"
         )
     torch.set_num_threads(spec.torch_threads)
@@ -63,6 +65,7 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
         dtype=spec.dtype,
         action_dim=spec.action_dim,
         robot=spec.robot,
+        lerobot_version=spec.lerobot_version,
     )
 
 

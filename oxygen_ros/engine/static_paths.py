@@ -54,12 +54,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.config import IMAGE_SLOTS
 from ..model.mot import KVContext
-from ..model.pi05 import Pi05Model, flow_schedule
+from ..model.pi05 import Pi05Model
 from ..model.policy import Pi05Policy
-from ..model.preprocess import resize_with_pad, to_model_range
-from ..model.preprocess_torch import resize_with_pad_torch
 from .cuda_graphs import GraphedStep, HostStager, new_graph_pool
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
@@ -225,8 +222,8 @@ class StaticActionChunk(_StaticStep):
             1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device
         )
         self.actions = torch.zeros_like(self.noise)
-        # openpi's float32 accumulation
-        self._times = torch.stack(flow_schedule(num_steps)).to(device)
+        # the checkpoint framework's times (openpi's float32 accumulation, or LeRobot's)
+        self._times = torch.stack(model.time_schedule(num_steps)).to(device)
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         self._context_index = torch.arange(context, device=device)
         super().__init__(model, pool, use_graph, graph_pool)
@@ -330,8 +327,8 @@ class StaticRunner:
         policy: the model and its tokenizer/normalisation.
         pool: the engine's KV pool; needs scratch slots (``make_pool`` adds them).
         cuda_graphs: capture every bucket in a CUDA graph (policy on a CUDA device only).
-        gpu_preprocess: resize and scale images on the model's device (`resize_with_pad_torch`)
-            instead of openpi's PIL path on the host.
+        gpu_preprocess: resize and scale images on the model's device
+            (`Pi05Policy.model_image_torch`) instead of on the host (`Pi05Policy.model_image`).
         context_bucket: text and action contexts are padded to a multiple of this many tokens.
         batch_buckets: batch sizes of text steps; larger batches run in several steps.
         faults: checked ("graph_replay") before every step replayed for a frame.
@@ -510,19 +507,16 @@ class StaticRunner:
         """Preprocess and upload the observation's images into the buffer of its slot set."""
         slots = self.policy.present_slots(observation.images)
         buffer = self._image_buffer(slots)
-        size = self.policy.config.vision.image_size
+        images = observation.images
         if self.gpu_preprocess:
             for i, slot in enumerate(slots):
                 raw = self._stager.to_device(
-                    f"raw {i}", np.asarray(observation.images[IMAGE_SLOTS[slot]])
+                    f"raw {i}", np.asarray(self.policy.slot_image(images, slot))
                 )
-                resize_with_pad_torch(raw, size, size, out=buffer[i : i + 1])
-        else:  # openpi's PIL path on the host, one pinned upload
+                self.policy.model_image_torch(raw, out=buffer[i : i + 1])
+        else:  # the host path (openpi's PIL resize, or LeRobot's), one pinned upload
             pixels = np.stack(
-                [
-                    to_model_range(resize_with_pad(observation.images[IMAGE_SLOTS[s]], size, size))
-                    for s in slots
-                ]
+                [self.policy.model_image(self.policy.slot_image(images, s)) for s in slots]
             )
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots

@@ -31,6 +31,7 @@ from safetensors.torch import safe_open, save_file
 from torch import nn
 
 from .config import PRESETS, GemmaConfig, Pi05Config, SiglipConfig
+from .conventions import OPENPI_CONVENTIONS, InputConventions
 from .pi05 import Pi05Model
 from .preprocess import NormStats, NormStatsError, load_norm_stats, save_norm_stats
 
@@ -83,9 +84,9 @@ def module_to_file_key(key: str) -> str:
     return TIED_EMBEDDING_FILE_KEY if key == TIED_EMBEDDING_MODULE_KEY else key
 
 
-def file_to_module_key(key: str) -> str | None:
+def file_to_module_key(key: str | None) -> str | None:
     """Name in model.safetensors -> module state-dict name; None for a knowingly ignored tensor."""
-    if key in IGNORED_FILE_KEYS:
+    if key is None or key in IGNORED_FILE_KEYS:
         return None
     return TIED_EMBEDDING_MODULE_KEY if key == TIED_EMBEDDING_FILE_KEY else key
 
@@ -272,8 +273,19 @@ def save_checkpoint(
 
 
 def _check_asset_id(asset_id: str) -> None:
-    if not asset_id or "/" in asset_id or "\\" in asset_id or asset_id in (".", ".."):
-        raise ValueError(f"asset_id must be a plain directory name, got {asset_id!r}")
+    """A relative path below ``assets/``: one or more plain names (openpi's LIBERO asset id is
+    ``physical-intelligence/libero``)."""
+    parts = asset_id.split("/") if asset_id else []
+    if (
+        not parts
+        or "\\" in asset_id
+        or asset_id.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValueError(
+            f"asset_id must be a relative path of plain directory names (e.g. droid or "
+            f"physical-intelligence/libero), got {asset_id!r}"
+        )
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -289,6 +301,10 @@ class LoadedCheckpoint:
     asset_id: str
     ckpt_dir: Path
     config_source: str = ""  # what decided the config (see `resolve_config`)
+    format: str = "openpi"  # "openpi" | "lerobot" (`lerobot_format.detect_format`)
+    format_reason: str = ""  # the files that decided the format
+    conventions: InputConventions = OPENPI_CONVENTIONS  # how the framework built model inputs
+    lerobot: Any = None  # lerobot_format.LeRobotSpec of a LeRobot folder
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -304,14 +320,21 @@ def load_checkpoint(
     dtype: DTypeLike = torch.float32,
     asset_id: str | None = None,
     robot_horizon: int | None = None,
+    preferred_asset_id: str | None = None,
+    lerobot_version: str = "auto",
 ) -> LoadedCheckpoint:
-    """Load a checkpoint directory (openpi's PyTorch layout).
+    """Load a checkpoint directory: openpi's PyTorch layout, or a LeRobot pi05 folder.
+
+    The format is decided from the files (`lerobot_format.detect_format`); a LeRobot folder is
+    loaded by `lerobot_format.load_lerobot_checkpoint` (``lerobot_version``: "auto", "0.4" or
+    "main", see `conventions`). What follows describes the openpi layout.
 
     The config comes from `resolve_config` (``robot_horizon``: the horizon the robot's checkpoints
     were trained with, used when no config file says).
 
-    ``asset_id`` selects ``assets/<asset_id>/norm_stats.json``; if omitted, the single asset
-    directory present is used.
+    ``asset_id`` selects ``assets/<asset_id>/norm_stats.json`` (nested ids such as
+    ``physical-intelligence/libero`` too); if omitted, the single one present is used, or
+    ``preferred_asset_id`` (the robot's openpi asset id) when there are several.
 
     ``dtype`` follows openpi: bfloat16 keeps the parameters listed in `KEEP_FLOAT32_SELECTORS` and
     the action/time projections in float32.
@@ -324,11 +347,19 @@ def load_checkpoint(
     dtype = as_dtype(dtype)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
+    from .lerobot_format import detect_format, load_lerobot_checkpoint  # imports this module
+
+    detected = detect_format(ckpt_dir)
+    logger.info("%s: %s", ckpt_dir, detected.reason)
+    if detected.name == "lerobot":
+        return load_lerobot_checkpoint(
+            ckpt_dir, detected.reason, config, device, dtype, lerobot_version
+        )
     weights = ckpt_dir / MODEL_FILENAME
     header = read_safetensors_header(weights)
     resolved = resolve_config(ckpt_dir, header, config, robot_horizon)
     config = resolved.config
-    asset_id = resolve_asset_id(ckpt_dir, asset_id)
+    asset_id = resolve_asset_id(ckpt_dir, asset_id, preferred_asset_id)
     norm_stats = load_checkpoint_norm_stats(ckpt_dir, asset_id, config)
 
     with torch.device("meta"):
@@ -340,9 +371,17 @@ def load_checkpoint(
         )
 
     model = build_model(config, device, dtype)
-    _stream_weights(weights, model)
+    stream_weights(weights, model)
     model.eval().requires_grad_(False)
-    return LoadedCheckpoint(model, config, norm_stats, asset_id, ckpt_dir, resolved.source)
+    return LoadedCheckpoint(
+        model,
+        config,
+        norm_stats,
+        asset_id,
+        ckpt_dir,
+        resolved.source,
+        format_reason=detected.reason,
+    )
 
 
 def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -522,25 +561,40 @@ def infer_config(
     )
 
 
-def resolve_asset_id(ckpt_dir: Path, asset_id: str | None) -> str:
-    """``asset_id`` checked, or the single ``assets/<id>/norm_stats.json`` present when None.
+def find_asset_ids(ckpt_dir: Path) -> list[str]:
+    """Every ``<asset_id>`` with an ``assets/<asset_id>/norm_stats.json``, at any depth (openpi's
+    LIBERO id is ``physical-intelligence/libero``), sorted."""
+    assets = ckpt_dir / ASSETS_DIRNAME
+    if not assets.is_dir():
+        return []
+    return sorted(
+        p.parent.relative_to(assets).as_posix()
+        for p in assets.rglob("norm_stats.json")
+        if p.parent != assets
+    )
+
+
+def resolve_asset_id(ckpt_dir: Path, asset_id: str | None, preferred: str | None = None) -> str:
+    """``asset_id`` checked; else the single asset with norm stats; else, among several,
+    ``preferred`` (the robot's openpi asset id, e.g. ``droid``) when it is one of them.
 
     Raises:
-        CheckpointError: no norm stats, or several assets and no ``asset_id``.
+        CheckpointError: no norm stats, or several assets and none chosen.
     """
     assets = ckpt_dir / ASSETS_DIRNAME
     if asset_id is not None:
         _check_asset_id(asset_id)
         return asset_id
-    found = (
-        sorted(p.parent.name for p in assets.glob("*/norm_stats.json")) if assets.is_dir() else []
-    )
+    found = find_asset_ids(ckpt_dir)
     if len(found) == 1:
         return found[0]
     if not found:
         raise CheckpointError(
             f"no norm stats in {assets} (expected {ASSETS_DIRNAME}/<asset_id>/norm_stats.json)"
         )
+    if preferred in found:
+        logger.info("%s: several assets %s; using the robot's %r", assets, found, preferred)
+        return preferred
     raise CheckpointError(f"several assets in {assets}: {found}; pass asset_id=")
 
 
@@ -567,13 +621,18 @@ def load_checkpoint_norm_stats(
 
 
 @torch.no_grad()
-def _stream_weights(path: Path, model: nn.Module) -> None:
-    """Copy every tensor of ``path`` into ``model``, one at a time, cast to the parameter dtype."""
+def stream_weights(
+    path: Path, model: nn.Module, plan: Mapping[str, str | None] | None = None
+) -> None:
+    """Copy every tensor of ``path`` into ``model``, one at a time, cast to the parameter dtype.
+
+    ``plan``: file key -> openpi file key (None: skip), for files in another naming (LeRobot).
+    """
     targets = model.state_dict()
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for file_key in f.keys():
-                module_key = file_to_module_key(file_key)
+                module_key = file_to_module_key(plan[file_key] if plan is not None else file_key)
                 if module_key is None:
                     continue
                 target = targets[module_key]

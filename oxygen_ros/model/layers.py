@@ -42,16 +42,34 @@ class RMSNorm(nn.Module):
 @dataclasses.dataclass
 class Modulation:
     """What an `AdaRMSNorm` predicts from a condition: ``normed * scale + shift``, and the gate
-    that multiplies the sublayer's residual branch. Rows [N, 1, W] broadcast over tokens."""
+    that multiplies the sublayer's residual branch. Rows [N, 1, W] broadcast over tokens; rows
+    [N, T, W] modulate each of T tokens on its own (a time per action token)."""
 
     scale: Tensor  # 1 + predicted scale, float32
     shift: Tensor  # float32
     gate: Tensor  # hidden dtype
 
     def rows(self) -> list[Modulation]:
-        """One [1, 1, W] modulation per row (e.g. per step of a fixed denoising schedule)."""
+        """One [1, T, W] modulation per row (e.g. per step of a fixed denoising schedule)."""
         parts = zip(self.scale.split(1), self.shift.split(1), self.gate.split(1), strict=False)
         return [Modulation(scale, shift, gate) for scale, shift, gate in parts]
+
+    def tokens(self, rows: int, tokens: int) -> Modulation:
+        """Rows [rows * tokens, 1, W], token-major within a row -> [rows, tokens, W]."""
+        return Modulation(
+            *(m.reshape(rows, tokens, -1) for m in (self.scale, self.shift, self.gate))
+        )
+
+    def override(self, use: Tensor, other: Modulation) -> Modulation:
+        """Per token: ``other`` where ``use`` [N or 1, T] is True, this modulation elsewhere, as
+        [N, T, W] rows. A token that takes this modulation gets its values bit for bit (a select,
+        no arithmetic), which keeps a uniform per-token time identical to the per-step one."""
+        mask = use[..., None]
+        return Modulation(
+            torch.where(mask, other.scale, self.scale),
+            torch.where(mask, other.shift, self.shift),
+            torch.where(mask, other.gate, self.gate),
+        )
 
 
 class AdaRMSNorm(nn.Module):

@@ -92,6 +92,18 @@ def condition_rows(conditioning: Conditioning) -> list[Conditioning]:
     return [{norm: rows[i] for norm, rows in per_norm.items()} for i in range(count)]
 
 
+def condition_tokens(conditioning: Conditioning, rows: int, tokens: int) -> Conditioning:
+    """A conditioning of ``rows * tokens`` rows (token-major) as ``rows`` rows of ``tokens`` tokens
+    each (see `Modulation.tokens`)."""
+    return {norm: modulation.tokens(rows, tokens) for norm, modulation in conditioning.items()}
+
+
+def override_tokens(conditioning: Conditioning, use: Tensor, other: Conditioning) -> Conditioning:
+    """Per token, ``other``'s modulations where ``use`` [N or 1, T] is True (see
+    `Modulation.override`)."""
+    return {norm: m.override(use, other[norm]) for norm, m in conditioning.items()}
+
+
 @dataclasses.dataclass
 class Stream:
     """The tokens one expert contributes to a joint forward pass."""

@@ -36,7 +36,9 @@ from .mot import (
     Stream,
     attention_tables,
     condition_rows,
+    condition_tokens,
     joint_forward,
+    override_tokens,
 )
 from .rtc import RTCGuidance
 from .siglip import MultiModalProjector, SiglipVisionTower
@@ -100,6 +102,19 @@ def flow_schedule(num_steps: int) -> list[Tensor]:
     return times
 
 
+def lerobot_flow_schedule(num_steps: int) -> list[Tensor]:
+    """The times LeRobot's Euler loop visits: ``float32(1 + step * dt)`` with ``dt = -1/num_steps``
+    in Python floats, step 0 .. num_steps-1 (openpi accumulates instead: up to ~1.2e-7 apart)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    dt = -1.0 / num_steps
+    return [torch.tensor(1.0 + step * dt, dtype=torch.float32) for step in range(num_steps)]
+
+
+# The time schedule of each framework (`InputConventions.flow_times`).
+FLOW_SCHEDULES = {"openpi": flow_schedule, "lerobot": lerobot_flow_schedule}
+
+
 def _causal(t: int, device: torch.device) -> Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()
 
@@ -114,6 +129,13 @@ class Pi05Model(nn.Module):
         self.action_out_proj = nn.Linear(width, config.action_dim)
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
+        # which framework's flow-matching times `sample_actions` visits (a key of FLOW_SCHEDULES);
+        # set by the policy from the checkpoint's input conventions
+        self.flow_times = "openpi"
+
+    def time_schedule(self, num_steps: int) -> list[Tensor]:
+        """The float32 flow times of ``num_steps`` Euler steps in this model's framework."""
+        return FLOW_SCHEDULES[self.flow_times](num_steps)
 
     # -- parts ---------------------------------------------------------------------------------
     @property
@@ -259,6 +281,32 @@ class Pi05Model(nn.Module):
         """Flow times [N] -> the action expert's adaRMS modulations, N rows."""
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
+    def step_conditionings(self, times: Tensor, horizon: int) -> list[Conditioning]:
+        """The adaRMS conditioning of every Euler step of ``times``.
+
+        ``times`` [steps]: one time per step, each step's modulations broadcast over the action
+        tokens (one dense call per norm for all steps, as openpi's per-step condition).
+        ``times`` [steps, horizon]: a time per action token (training-time RTC conditions its frozen
+        prefix on time 0). Each step's last token is the step's reference time, conditioned exactly
+        as a [steps] schedule is (same rows, same matmul shapes); every token whose time equals its
+        step's reference takes those modulations by selection, the others their own. A uniform
+        per-token schedule is thus bit-identical to the per-step one (row-wise BLAS results depend
+        on the number of rows, so conditioning every token in one call would not be).
+        """
+        if times.dim() == 1:
+            return condition_rows(self.action_conditioning(times))
+        steps = times.shape[0]
+        if times.dim() != 2 or times.shape[1] != horizon:
+            raise ValueError(
+                f"times must be [steps] or [steps, {horizon}] (a time per action token), got "
+                f"{tuple(times.shape)}"
+            )
+        reference = times[:, -1]
+        per_step = self.action_conditioning(reference)
+        per_token = condition_tokens(self.action_conditioning(times.reshape(-1)), steps, horizon)
+        own = times != reference[:, None]
+        return condition_rows(override_tokens(per_step, own, per_token))
+
     def _velocity(
         self,
         context: KVContext,
@@ -300,8 +348,7 @@ class Pi05Model(nn.Module):
         only: the prefix KV is read, never differentiated). None, or a guidance with nothing to
         guide, runs the plain sampler unchanged.
         """
-        schedule = flow_schedule(num_steps)
-        times = torch.stack(schedule).to(noise.device)
+        times = torch.stack(self.time_schedule(num_steps)).to(noise.device)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         return self.denoise(prefix.context, prefix.num_valid, noise, times, dt, guidance)
 
@@ -317,11 +364,15 @@ class Pi05Model(nn.Module):
         dense_mask: bool | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
-        valid tokens: one step per entry of ``times`` (float32 [N], see `flow_schedule`), each
-        adding ``dt`` times the velocity. dense_mask: see `attention_bias`."""
+        valid tokens: one step per row of ``times``, each adding ``dt`` times the velocity.
+
+        times: float32 [steps] (see `flow_schedule`), or [steps, horizon], a time per action token
+            (see `step_conditionings`; a uniform one gives bit-identical actions).
+        dense_mask: see `attention_bias`.
+        """
         b, horizon = noise.shape[:2]
         # one per step, batch-broadcast
-        conditionings = condition_rows(self.action_conditioning(times))
+        conditionings = self.step_conditionings(times, horizon)
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
         tables = attention_tables(
             self.expert.cfg,
@@ -332,6 +383,8 @@ class Pi05Model(nn.Module):
             dense_mask,
         )
         x_t = noise.float()
+        if guidance is not None and times.dim() != 1:
+            raise ValueError("RTC guidance needs one time per step (times [steps])")
         if guidance is not None and guidance.active:
             for t, conditioning in zip(times.tolist(), conditionings, strict=True):
 
@@ -415,7 +468,7 @@ class Pi05Model(nn.Module):
         allowed, positions = self._openpi_masks(pad, ar)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
         x_t = noise.float()
-        for t in flow_schedule(num_steps):
+        for t in self.time_schedule(num_steps):
             streams = [
                 Stream(self.backbone, prefix_embs),
                 Stream(

@@ -6,6 +6,10 @@ the prompt in the checkpoint's prompt format (:mod:`.prompts`; openpi's by defau
 bins or, for robots trained without the state in the prompt, the task alone); and on the way out
 take the robot's action dimensions, quantile-unnormalise them and apply the robot's output
 transform (delta -> absolute, flips, gripper encoding).
+
+A LeRobot checkpoint (`lerobot_format`) runs LeRobot's chain instead, chosen by one value,
+`conventions.InputConventions`: its camera keys as image slots, its normaliser (float32, its own
+epsilons), its prompt state (padded or not), its image resampling and borders and its flow times.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ import torch
 from torch import Tensor
 
 from .config import IMAGE_SLOTS
+from .conventions import OPENPI_CONVENTIONS, RESAMPLE_PIL, InputConventions
 from .device import resolve_device
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
+from .preprocess_torch import lerobot_resize_with_pad, resize_with_pad_torch
 from .prompts import FramePrompt, PromptFormat, SubtaskText
-from .robots import RobotAdapter, robot_adapter
+from .robots import DELTA_POSITION, RobotAdapter, robot_adapter
 from .tokenizer import Pi05Tokenizer
+
+# a LeRobot camera key ("observation.images.<name>") is also accepted by its <name>
+LEROBOT_IMAGE_PREFIX = "observation.images."
 
 
 @dataclasses.dataclass
@@ -43,9 +52,17 @@ class Pi05Policy:
     ``robot`` is the adapter (or its registered name) whose input and output transforms wrap the
     model; its fixed action width, if any, is the default ``action_dim``.
 
+    ``norm_stats`` maps "state" and "actions" to normalisers (openpi's `NormStats`, or LeRobot's
+    `lerobot_format.FeatureNorm`). ``lerobot`` is the `lerobot_format.LeRobotSpec` of a LeRobot
+    folder: its cameras become the image slots, its ``n_action_steps`` / ``num_inference_steps``
+    are reported, and relative actions make the robot adapter's space ``delta_position`` (the
+    dims LeRobot keeps absolute are its gripper dims). ``conventions`` defaults to the folder's
+    (openpi's without one).
+
     Raises:
-        ValueError: a tokenizer larger than the model's vocabulary, an unknown robot, or an
-            ``action_dim`` the model or the robot cannot serve.
+        ValueError: a tokenizer larger than the model's vocabulary, an unknown robot, an openpi
+            robot transform around a LeRobot checkpoint, or an ``action_dim`` the model or the
+            robot cannot serve.
     """
 
     def __init__(
@@ -55,6 +72,8 @@ class Pi05Policy:
         norm_stats: Mapping[str, NormStats],
         action_dim: int | None = None,
         robot: RobotAdapter | str = "generic",
+        conventions: InputConventions | None = None,
+        lerobot=None,
     ) -> None:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(
@@ -65,9 +84,32 @@ class Pi05Policy:
         self.tokenizer = tokenizer
         self.state_stats = norm_stats["state"]
         self.action_stats = norm_stats["actions"]
+        self.lerobot = lerobot
+        self.format_reason = ""  # which checkpoint format, and the files that said so
+        self.conventions = conventions or (
+            lerobot.conventions if lerobot is not None else OPENPI_CONVENTIONS
+        )
+        self.model.flow_times = self.conventions.flow_times
         self.robot = robot_adapter(robot) if isinstance(robot, str) else robot
+        if lerobot is not None:
+            self.robot = self._lerobot_adapter(self.robot, lerobot)
+        self.image_slots: tuple[str, ...] = tuple(lerobot.cameras) if lerobot else IMAGE_SLOTS
+        self._slot_names = {name: i for i, name in enumerate(self.image_slots)}
+        self._slot_names.update(
+            {
+                name[len(LEROBOT_IMAGE_PREFIX) :]: i
+                for i, name in enumerate(self.image_slots)
+                if name.startswith(LEROBOT_IMAGE_PREFIX)
+            }
+        )
+        if len(self.image_slots) != model.config.num_image_slots:
+            raise ValueError(
+                f"{len(self.image_slots)} image slots {list(self.image_slots)} but the model has "
+                f"{model.config.num_image_slots}"
+            )
         fixed = self.robot.action_dim
-        if action_dim and fixed and action_dim != fixed:
+        # a LeRobot folder's width is what it has: a robot may use its first dims only
+        if action_dim and fixed and (action_dim > fixed if lerobot else action_dim != fixed):
             raise ValueError(
                 f"robot {self.robot.name} has {fixed} action dims, asked for {action_dim}"
             )
@@ -77,6 +119,42 @@ class Pi05Policy:
                 f"robot action_dim {self.action_dim} exceeds the model's {model.config.action_dim}"
             )
 
+    @staticmethod
+    def _lerobot_adapter(robot: RobotAdapter, lerobot) -> RobotAdapter:
+        """LeRobot wraps the model in no robot transform: the generic adapter, with the folder's
+        action width and, for relative actions, the node's ``delta_position`` space."""
+        if robot.name != "generic":
+            raise ValueError(
+                f"robot {robot.name!r} applies openpi's {robot.name} transforms, which a LeRobot "
+                "checkpoint was not trained with; use robot generic"
+            )
+        adapter = dataclasses.replace(robot, name="lerobot", action_dim=lerobot.action_dim)
+        if lerobot.uses_relative_actions:
+            absolute = tuple(i for i, rel in enumerate(lerobot.relative_actions) if not rel)
+            adapter = dataclasses.replace(
+                adapter, action_space=DELTA_POSITION, gripper_dims=absolute
+            )
+        return adapter
+
+    @property
+    def state_dim(self) -> int | None:
+        """The state width the checkpoint's statistics (or LeRobot's features) fix; None: any."""
+        if self.lerobot is not None and self.lerobot.state_dim is not None:
+            return self.lerobot.state_dim
+        return getattr(self.state_stats, "dim", None)
+
+    @property
+    def num_steps(self) -> int | None:
+        """The checkpoint's own number of denoising steps (LeRobot's num_inference_steps)."""
+        return self.lerobot.num_inference_steps if self.lerobot is not None else None
+
+    @property
+    def published_horizon(self) -> int:
+        """Actions of a chunk meant for execution: LeRobot's n_action_steps, else the horizon."""
+        if self.lerobot is not None:
+            return min(self.lerobot.n_action_steps, self.config.action_horizon)
+        return self.config.action_horizon
+
     @property
     def config(self):
         return self.model.config
@@ -85,31 +163,61 @@ class Pi05Policy:
     def device(self) -> torch.device:
         return self.model.device
 
-    @staticmethod
-    def present_slots(images: Mapping[str, np.ndarray]) -> tuple[int, ...]:
-        """Indices (into IMAGE_SLOTS) of the slots an observation fills; checks the slot names."""
-        unknown = set(images) - set(IMAGE_SLOTS)
+    def present_slots(self, images: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+        """Indices (into `image_slots`) of the slots an observation fills; checks the names (a
+        LeRobot camera key may be given without its ``observation.images.`` prefix)."""
+        unknown = set(images) - set(self._slot_names)
         if unknown:
             raise ValueError(
-                f"unknown image slots {sorted(unknown)}; expected some of {IMAGE_SLOTS}"
+                f"unknown image slots {sorted(unknown)}; expected some of {list(self.image_slots)}"
             )
-        present = tuple(i for i, slot in enumerate(IMAGE_SLOTS) if slot in images)
+        present = tuple(sorted({self._slot_names[name] for name in images}))
+        if len(present) != len(images):
+            raise ValueError(f"two names for one image slot in {sorted(images)}")
         if not present:
             raise ValueError("observation has no camera image: at least one image slot is required")
         return present
 
+    def slot_image(self, images: Mapping[str, np.ndarray], slot: int) -> np.ndarray:
+        """The image an observation gives for slot index ``slot`` (see `present_slots`)."""
+        return next(image for name, image in images.items() if self._slot_names[name] == slot)
+
+    def model_image(self, image: np.ndarray) -> np.ndarray:
+        """One RGB uint8 [H, W, 3] frame -> float32 [3, size, size] model input, prepared the way
+        the checkpoint's framework prepared its training images (`InputConventions`)."""
+        size = self.config.vision.image_size
+        if self.conventions.resample == RESAMPLE_PIL:
+            return to_model_range(resize_with_pad(image, size, size))
+        frame = torch.from_numpy(np.ascontiguousarray(image))
+        return lerobot_resize_with_pad(frame, size, size, self.conventions.border)[0].numpy()
+
+    def model_image_torch(self, images: Tensor, out: Tensor | None = None) -> Tensor:
+        """`model_image` on the model's device: uint8 [N, H, W, 3] -> float32 [N, 3, size, size]
+        (within one uint8 level of the host path where resampling is involved)."""
+        size = self.config.vision.image_size
+        if self.conventions.resample == RESAMPLE_PIL:
+            return resize_with_pad_torch(images, size, size, out=out)
+        return lerobot_resize_with_pad(images, size, size, self.conventions.border, out=out)
+
     def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
-        """The state as the prompt carries it: the robot's state transform and quantile
-        normalisation; None for robots trained without the state in the prompt
-        (``discrete_state_input`` false), whose state is still checked.
+        """The state vector the prompt's bins are made of: the robot's state transform, then the
+        checkpoint's normalisation (LeRobot 0.4.x checkpoints list it zero-padded to max_state_dim:
+        ``conventions.prompt_state_dim``); None for robots trained without the state in the prompt
+        (the state is still checked).
 
         Raises:
             ValueError: a state of the wrong width or with non-finite values.
         """
         pi_state = self.robot.state_to_pi(state)
+        expected = self.state_dim if self.lerobot is not None else None
+        if expected is not None and pi_state.shape[0] != expected:
+            raise ValueError(f"the checkpoint's state has {expected} dims, got {pi_state.shape[0]}")
         if not self.robot.discrete_state_input:
             return None
-        return self.state_stats.normalize_quantile(pi_state)
+        normalized = self.state_stats.normalize(pi_state)
+        if self.conventions.prompt_state_dim:
+            normalized = pad_to_dim(normalized, self.conventions.prompt_state_dim)
+        return normalized
 
     def frame_prompt(
         self,
@@ -184,10 +292,10 @@ class Pi05Policy:
         text; ``frame_prompt``: the prompt ids to use instead of openpi's action prompt."""
         present_idx = self.present_slots(images)
         size = self.config.vision.image_size
-        pixels = np.zeros((len(IMAGE_SLOTS), 3, size, size), dtype=np.float32)
-        present = np.zeros(len(IMAGE_SLOTS), dtype=bool)
+        pixels = np.zeros((len(self.image_slots), 3, size, size), dtype=np.float32)
+        present = np.zeros(len(self.image_slots), dtype=bool)
         for i in present_idx:
-            pixels[i] = to_model_range(resize_with_pad(images[IMAGE_SLOTS[i]], size, size))
+            pixels[i] = self.model_image(self.slot_image(images, i))
             present[i] = True
         if frame_prompt is None:
             frame_prompt = self.frame_prompt(state, prompt)
@@ -221,7 +329,7 @@ class Pi05Policy:
             raise ValueError(
                 f"model actions must be [horizon, {self.config.action_dim}], got {chunk.shape}"
             )
-        unnormalized = self.action_stats.unnormalize_quantile(chunk[:, : self.action_dim])
+        unnormalized = self.action_stats.unnormalize(chunk[:, : self.action_dim])
         # openpi adds Unnormalize(Normalize(input-transformed state)): that is the transformed state
         # itself.
         return self.robot.actions_from_pi(unnormalized, self.robot.state_to_pi(state)).astype(
@@ -241,7 +349,7 @@ class Pi05Policy:
                 f"robot actions must be [horizon, {self.action_dim}], got {chunk.shape}"
             )
         unnormalized = self.robot.actions_to_pi(chunk, self.robot.state_to_pi(state))
-        normalized = self.action_stats.normalize_quantile(unnormalized)
+        normalized = self.action_stats.normalize(unnormalized)
         return pad_to_dim(normalized, self.config.action_dim).astype(np.float32)
 
 
@@ -252,12 +360,16 @@ def load_policy(
     dtype: str = "float32",
     action_dim: int | None = None,
     robot: RobotAdapter | str = "generic",
+    lerobot_version: str = "auto",
 ) -> Pi05Policy:
-    """Load an openpi-layout checkpoint and its tokenizer into a ready policy for ``robot``.
+    """Load a checkpoint (openpi layout or a LeRobot pi05 folder) and its tokenizer into a ready
+    policy for ``robot``.
 
-    ``tokenizer_path`` defaults to the checkpoint's own ``tokenizer.model`` (tiny/small presets ship
-    one); real pi0.5 weights need PaliGemma's sentencepiece model given explicitly. The robot's
-    trained horizon decides the model's when no config file does (`checkpoint.resolve_config`).
+    ``tokenizer_path`` (a sentencepiece ``.model`` file, or a Hugging Face tokenizer folder holding
+    ``tokenizer.model``, such as ``google/paligemma-3b-pt-224``) defaults to the checkpoint's own
+    ``tokenizer.model`` (tiny/small presets ship one); real pi0.5 weights need PaliGemma's given
+    explicitly. The robot's trained horizon decides the model's when no config file does
+    (`checkpoint.resolve_config`); its openpi asset id picks the norm stats among several.
 
     Raises:
         DeviceUnavailable (a ValueError): ``device`` is one this torch cannot use (the message
@@ -268,12 +380,27 @@ def load_policy(
     resolve_device(device)  # a clear error before torch's bare one from deep inside the load
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
     loaded = load_checkpoint(
-        checkpoint_dir, device=device, dtype=dtype, robot_horizon=robot.action_horizon
+        checkpoint_dir,
+        device=device,
+        dtype=dtype,
+        robot_horizon=robot.action_horizon,
+        preferred_asset_id=robot.asset_id,
+        lerobot_version=lerobot_version,
     )
     path = tokenizer_path or loaded.tokenizer_path
     if path is None:
         raise FileNotFoundError(
             f"checkpoint {checkpoint_dir} ships no tokenizer.model: pass the PaliGemma "
-            "sentencepiece model path"
+            "sentencepiece model (or the Hugging Face paligemma tokenizer folder holding it)"
         )
-    return Pi05Policy(loaded.model, Pi05Tokenizer(path), loaded.norm_stats, action_dim, robot)
+    policy = Pi05Policy(
+        loaded.model,
+        Pi05Tokenizer(path),
+        loaded.norm_stats,
+        action_dim,
+        robot,
+        loaded.conventions,
+        loaded.lerobot,
+    )
+    policy.format_reason = loaded.format_reason
+    return policy

@@ -194,6 +194,14 @@ class NormStats:
         ]
         return np.concatenate([head, y[..., n:]], axis=-1)
 
+    # The normaliser interface of `policy.Pi05Policy` (LeRobot folders bring
+    # `lerobot_format.FeatureNorm`): openpi's pi0.5 normalises with the quantiles.
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        return self.normalize_quantile(x)
+
+    def unnormalize(self, y: np.ndarray) -> np.ndarray:
+        return self.unnormalize_quantile(y)
+
     def _width(self, x: np.ndarray, what: str) -> int:
         if x.ndim < 1:
             raise ValueError(f"{what} needs at least one axis")

@@ -69,3 +69,42 @@ def resize_with_pad_torch(
     if out is None:
         return result.contiguous()
     return out.copy_(result)
+
+
+def lerobot_resize_with_pad(
+    images: Tensor, height: int, width: int, border: float = -1.0, out: Tensor | None = None
+) -> Tensor:
+    """LeRobot's image path: uint8 [H, W, 3] or [N, H, W, 3] (any device) -> float32
+    [N, 3, height, width] in [-1, 1], borders at ``border``.
+
+    As LeRobot computes it: pixels become float32 ``x / 255``; a frame of another size is resized
+    with ``F.interpolate(bilinear, align_corners=False)`` on those floats (no antialiasing: on a
+    downscale that is not openpi's filter), clamped, and centred on a canvas of
+    ``(border + 1) / 2`` (LeRobot 0.4.4 pads -1 before scaling, so its borders end at -3; main
+    pads 0 -> -1); then ``x * 2 - 1``. The geometry is openpi's (`resize_geometry`).
+    """
+    if images.dtype != torch.uint8:
+        raise ValueError(f"lerobot_resize_with_pad expects uint8 images, got {images.dtype}")
+    if images.dim() == 3:
+        images = images[None]
+    if images.dim() != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected images shaped [N, H, W, 3], got {tuple(images.shape)}")
+    n, cur_height, cur_width = images.shape[:3]
+    if cur_height < 1 or cur_width < 1:
+        raise ValueError(f"cannot resize an empty image of shape {tuple(images.shape)}")
+    # LeRobot: from_numpy(HWC).float() / 255, then permute(2, 0, 1).contiguous()
+    pixels = (images.to(torch.float32) / 255).permute(0, 3, 1, 2).contiguous()
+    if (cur_height, cur_width) != (height, width):
+        new_height, new_width, top, left = resize_geometry(cur_height, cur_width, height, width)
+        resized = F.interpolate(
+            pixels, size=(new_height, new_width), mode="bilinear", align_corners=False
+        ).clamp(0.0, 1.0)
+        canvas = torch.full(
+            (n, 3, height, width), (border + 1.0) / 2.0, dtype=torch.float32, device=images.device
+        )
+        canvas[:, :, top : top + new_height, left : left + new_width] = resized
+        pixels = canvas
+    result = pixels * 2.0 - 1.0
+    if out is None:
+        return result
+    return out.copy_(result)

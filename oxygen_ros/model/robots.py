@@ -56,6 +56,8 @@ class RobotAdapter:
             with).
         action_horizon: the checkpoint's horizon; None: any.
         gripper_dims: indices of the gripper dims (published as positions in every action space).
+        asset_id: openpi's asset id of the robot's checkpoints (``assets/<asset_id>/``), which
+            picks the norm stats when a checkpoint holds several.
     """
 
     name: str = "generic"
@@ -66,6 +68,7 @@ class RobotAdapter:
     cameras: Mapping[str, str] = dataclasses.field(default_factory=dict)
     action_horizon: int | None = None
     gripper_dims: tuple[int, ...] = ()
+    asset_id: str | None = None
 
     @property
     def controls_joints(self) -> bool:
@@ -137,6 +140,7 @@ DROID = RobotAdapter(
     cameras={"exterior_image_1_left": "base_0_rgb", "wrist_image_left": "left_wrist_0_rgb"},
     action_horizon=15,
     gripper_dims=(7,),
+    asset_id="droid",
 )
 
 
@@ -205,6 +209,7 @@ class AlohaAdapter(RobotAdapter):
     action_horizon: int | None = 50
     gripper_dims: tuple[int, ...] = ALOHA_GRIPPERS
     reset_pose: tuple[float, ...] = (0.0, -1.5, 1.5, 0.0, 0.0, 0.0)  # policy_metadata, per arm
+    asset_id: str | None = "trossen"
 
     def state_to_pi(self, state: np.ndarray) -> np.ndarray:
         pi_state = ALOHA_JOINT_FLIP * self.check_state(state)
@@ -240,6 +245,7 @@ LIBERO = RobotAdapter(
     discrete_state_input=False,  # the prompt is the task text alone
     cameras={"image": "base_0_rgb", "wrist_image": "left_wrist_0_rgb"},
     action_horizon=10,
+    asset_id="physical-intelligence/libero",
 )
 
 

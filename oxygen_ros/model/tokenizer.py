@@ -139,11 +139,36 @@ def _format(prompt_format):
     return prompt_format or preset(DEFAULT_FORMAT)
 
 
+HF_TOKENIZER_MODEL = "tokenizer.model"  # the sentencepiece model in a Hugging Face tokenizer
+
+
+def tokenizer_model_path(path: PathLike) -> Path:
+    """``path`` itself, or the sentencepiece ``tokenizer.model`` inside a Hugging Face tokenizer
+    folder (LeRobot tokenizes with ``google/paligemma-3b-pt-224``'s, which holds PaliGemma's
+    sentencepiece model: the same ids as openpi's ``paligemma_tokenizer.model``).
+
+    Raises:
+        FileNotFoundError: a folder without ``tokenizer.model``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    model = path / HF_TOKENIZER_MODEL
+    if not model.is_file():
+        present = sorted(p.name for p in path.iterdir())[:10]
+        raise FileNotFoundError(
+            f"tokenizer folder {path} has no {HF_TOKENIZER_MODEL} (found {present}); give a "
+            "sentencepiece model or a Hugging Face tokenizer folder that holds one"
+        )
+    return model
+
+
 class Pi05Tokenizer:
     """A PaliGemma-compatible sentencepiece tokenizer.
 
     Args:
-        path: a sentencepiece ``.model`` file.
+        path: a sentencepiece ``.model`` file, or a Hugging Face tokenizer folder holding one
+            (`tokenizer_model_path`).
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -151,7 +176,7 @@ class Pi05Tokenizer:
     """
 
     def __init__(self, path: PathLike) -> None:
-        self.path = Path(path)
+        self.path = tokenizer_model_path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"tokenizer model not found: {self.path}")
         proto = self.path.read_bytes()

@@ -109,6 +109,7 @@ class AskGoal:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.stream = AnswerStream()
+        self.concluded = False  # the result went to rclpy, which sends it to the client at once
 
     @property
     def cancel_requested(self) -> bool:
@@ -137,7 +138,9 @@ class AskGoal:
             handle.succeed()
         else:  # refused, failed, stalled, or cancelled by the node itself
             handle.abort()
-        return self.stream.result()
+        result = self.stream.result()
+        self.concluded = True
+        return result
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ No rclpy here: the node passes an ``info`` callable for its logger.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from ..engine.runtime import ModelSpec, build_engine, load_policy
 from ..engine.scheduler import EngineConfig, OxygenEngine
 from ..engine.types import Observation
 from ..model.policy import Pi05Policy
+from ..model.robots import DELTA_POSITION
 from ..model.tokenizer import PromptTooLong
 from .params import NodeSettings, SettingsError
 
@@ -28,6 +30,7 @@ def model_spec(settings: NodeSettings) -> ModelSpec:
     return ModelSpec(
         checkpoint_dir=settings.checkpoint_dir,
         tokenizer_path=settings.tokenizer_path,
+        lerobot_version=settings.lerobot_version,
         device=settings.device,
         dtype=settings.dtype,
         robot=settings.robot,
@@ -75,11 +78,14 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
             f"{len(settings.action_joint_names)} action joints but the model has "
             f"{config.action_dim} action dims"
         )
-    if len(settings.joint_names) > policy.state_stats.dim:
+    state_dim = policy.state_dim
+    if state_dim is not None and len(settings.joint_names) > state_dim:
         raise SettingsError(
             f"{len(settings.joint_names)} joint_names but the checkpoint's state norm stats cover "
-            f"{policy.state_stats.dim} dims"
+            f"{state_dim} dims"
         )
+    if policy.lerobot is not None:
+        check_fits_lerobot(settings, policy)
     try:  # the task parameter, also when ~/instruction sets it
         policy.check_task(
             settings.task,
@@ -91,6 +97,43 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
         raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
     except ValueError as exc:  # a state width the robot's transform cannot take
         raise SettingsError(f"joint_names do not give the robot's state: {exc}") from exc
+
+
+def check_fits_lerobot(settings: NodeSettings, policy: Pi05Policy) -> None:
+    """A LeRobot checkpoint's own cameras, state width and action space against the parameters."""
+    cameras = [cam.slot for cam in settings.cameras]
+    try:
+        policy.present_slots(dict.fromkeys(cameras))
+    except ValueError as exc:
+        raise SettingsError(
+            f"camera_slots {cameras} do not name this LeRobot checkpoint's cameras "
+            f"{list(policy.image_slots)} (config.json input_features): {exc}"
+        ) from exc
+    if policy.state_dim is not None and len(settings.joint_names) != policy.state_dim:
+        raise SettingsError(
+            f"the LeRobot checkpoint's observation.state has {policy.state_dim} dims but "
+            f"joint_names has {len(settings.joint_names)}"
+        )
+    robot = policy.robot
+    if robot.action_space == DELTA_POSITION:
+        absolute = [
+            settings.action_joint_names[i]
+            for i in robot.gripper_dims
+            if i < len(settings.action_joint_names)
+        ]
+        if settings.command_space != DELTA_POSITION or tuple(settings.gripper_dims) != tuple(
+            i for i in robot.gripper_dims if i < len(settings.action_joint_names)
+        ):
+            raise SettingsError(
+                "this LeRobot checkpoint predicts actions relative to the state "
+                "(use_relative_actions): set action_space: delta_position and "
+                f"gripper_joint_names: {absolute} (the dims it keeps absolute)"
+            )
+    elif settings.command_space == DELTA_POSITION:
+        raise SettingsError(
+            "this LeRobot checkpoint predicts absolute actions (no use_relative_actions); "
+            "action_space delta_position would add the state to them"
+        )
 
 
 def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
@@ -111,7 +154,26 @@ def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
         f"{len(settings.action_joint_names)} action joints, device {settings.device}, "
         f"{settings.dtype})"
     )
-    return build_engine(policy, engine_config(settings))
+    for line in describe_checkpoint(policy):
+        info(line)
+    config = engine_config(settings)
+    if policy.num_steps is not None:
+        config = dataclasses.replace(config, num_steps=policy.num_steps)
+    return build_engine(policy, config)
+
+
+def describe_checkpoint(policy: Pi05Policy) -> list[str]:
+    """Which checkpoint format was found, why, and what it decides (logged at configure)."""
+    spec = policy.lerobot
+    if spec is None:
+        return [f"checkpoint format: {policy.format_reason or 'openpi'}"]
+    return [
+        f"checkpoint format: {policy.format_reason}",
+        *(f"LeRobot {note}" for note in spec.notes),
+        f"LeRobot num_inference_steps {spec.num_inference_steps} denoising steps, "
+        f"n_action_steps {policy.published_horizon} actions published per chunk "
+        "(action_horizon 0)",
+    ]
 
 
 def warm_up_observation(settings: NodeSettings, size: int = 224) -> Observation:

@@ -43,7 +43,12 @@ and holds the GIL while the tick's callback group is busy). The callback groups 
 lock keep the node correct under a multi-threaded executor too
 (e.g. in a composed process): ticks never overlap and transitions wait for a running tick.
 
-Topics (``~`` = the node's name):
+Stopping: SIGINT/SIGTERM only request a stop; :func:`main` then releases the node while the ROS
+context is valid (open Ask goals end ABORTED ``cancelled`` and their clients get the result) and
+only then takes the node and the context down, exiting 0 (:mod:`.shutdown`). What differs between
+rclpy releases is handled in :mod:`.rclpy_compat`.
+
+Topics (``~`` = the node's name; relative input names follow the node's namespace):
   in   <camera_topics>        sensor_msgs/Image | CompressedImage  (sensor-data QoS)
        joint_states           sensor_msgs/JointState               (sensor-data QoS)
        ~/instruction          std_msgs/String   sets the ``task`` parameter (and starts a new
@@ -76,7 +81,7 @@ from typing import Any
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import ShutdownException, SingleThreadedExecutor
@@ -105,15 +110,14 @@ from .params import (
     declare_parameters,
     normalise,
 )
+from .rclpy_compat import (
+    ExternalShutdownException,
+    create_action_server,
+    has_post_set_parameters_callback,
+    init_without_signal_handlers,
+)
+from .shutdown import StopSignals, close_node
 from .tick import MAX_PENDING_QUESTIONS, TickLoop
-
-try:
-    from rclpy.executors import ExternalShutdownException
-except ImportError:  # rclpy releases that predate it end spin() with KeyboardInterrupt only
-
-    class ExternalShutdownException(Exception):  # type: ignore[no-redef]
-        """Stand-in; never raised."""
-
 
 NODE_NAME = "oxygen_node"
 
@@ -196,18 +200,19 @@ class OxygenNode(LifecycleNode):
         )
         self.create_subscription(String, "~/instruction", self._on_instruction, RECORD_QOS)
         self.create_subscription(String, "~/ask", self._on_ask, RECORD_QOS)
-        self._ask_server = ActionServer(
+        self._ask_goals: list[AskGoal] = []  # accepted goals whose result is not sent yet
+        self._ask_server = create_action_server(
             self,
             Ask,
             "~/ask",
-            execute_callback=_never_executed,
+            _never_executed,
             goal_callback=self._on_ask_goal,
             handle_accepted_callback=self._on_ask_accepted,
             cancel_callback=lambda goal_handle: CancelResponse.ACCEPT,
         )
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if post_set is None:
-            post_set = hasattr(self, "add_post_set_parameters_callback")
+            post_set = has_post_set_parameters_callback(self)
         self._post_set = post_set
         if post_set:
             self.add_post_set_parameters_callback(lambda parameters: self._sync_parameters())
@@ -502,7 +507,14 @@ class OxygenNode(LifecycleNode):
     def _on_ask_accepted(self, goal_handle: Any) -> None:
         """Queue the goal's question for the next frame (never executed here: see ask_action)."""
         question = goal_handle.request.question.strip()
-        self._loop.questions.append(Question(question, AskGoal(goal_handle)))
+        goal = AskGoal(goal_handle)
+        self._ask_goals = [g for g in self._ask_goals if not g.concluded] + [goal]
+        self._loop.questions.append(Question(question, goal))
+
+    def goals_awaiting_result(self) -> int:
+        """Accepted Ask goals whose result has not been handed to rclpy yet (open, or ended and
+        waiting for the executor to send the result)."""
+        return sum(not goal.concluded for goal in self._ask_goals)
 
     def _on_instruction(self, msg: String) -> None:
         task = msg.data.strip()
@@ -654,14 +666,20 @@ def _never_executed(goal_handle: Any) -> Ask.Result:
     return Ask.Result(text="", finish_reason="failed", detail="internal error: no answer stream")
 
 
-def spin_forever(executor: SingleThreadedExecutor, on_error: Callable[[Exception], None]) -> None:
+def spin_forever(
+    executor: SingleThreadedExecutor,
+    on_error: Callable[[Exception], None],
+    stop: threading.Event | None = None,
+) -> None:
     """``executor.spin()`` that survives errors raised inside rclpy's executor (seen once under CI
     load: a subscription message rclpy could not take); ``on_error`` reports them, spinning goes on.
 
-    Returns when the context shuts down or the executor does. (A shut-down executor holds no nodes
-    and its ``spin_once`` returns at once, so without that check this would busy-loop.)
+    Returns when ``stop`` is set, or the context shuts down, or the executor does. (A shut-down
+    executor holds no nodes and its ``spin_once`` returns at once, so without that check this would
+    busy-loop.)
     """
-    while rclpy.ok(context=executor.context) and executor.get_nodes():
+    stop = stop or threading.Event()
+    while not stop.is_set() and rclpy.ok(context=executor.context) and executor.get_nodes():
         try:
             executor.spin_once(timeout_sec=0.1)
         except (KeyboardInterrupt, ExternalShutdownException):
@@ -679,37 +697,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``argv`` is a full command line like ``sys.argv`` (program name first, ROS arguments after
     ``--ros-args``); the default is ``sys.argv``.
+
+    A signal only requests the stop (:class:`.shutdown.StopSignals`, installed instead of rclpy's
+    handlers); the node is then released while the ROS context is still valid, so open Ask goals
+    end ABORTED with ``cancelled`` and their clients get the result, and only then are the node and
+    the context taken down (:func:`.shutdown.close_node`). A stop by signal exits 0 even when a
+    teardown step fails (the failure is printed on stderr).
     """
     args = list(sys.argv if argv is None else argv)
     from .cli_help import help_requested, print_help  # help is printed before rclpy.init
 
     if help_requested(args):
         return print_help()
-    rclpy.init(args=args)
+    init_without_signal_handlers(args)
+    signals = StopSignals().install()
     try:
-        node = OxygenNode()
-    except SettingsError as exc:
-        print(f"oxygen_node: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    # Single-threaded on purpose: a multi-threaded executor's busy-waiting threads compete with the
-    # model for the cores and the GIL, and the tick never needs a second thread.
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        if node.autostart and not node.start():
-            node.get_logger().error(
-                "autostart failed; the node stays up (fix the parameters, then configure "
-                "and activate it through its lifecycle services)"
-            )
-        spin_forever(executor, node.record_executor_error)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        try:
+            node = OxygenNode()
+        except SettingsError as exc:
+            print(f"oxygen_node: {exc}", file=sys.stderr)
+            rclpy.try_shutdown()
+            return 2
+        # Single-threaded on purpose: a multi-threaded executor's busy-waiting threads compete with
+        # the model for the cores and the GIL, and the tick never needs a second thread.
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            if node.autostart and not node.start():
+                node.get_logger().error(
+                    "autostart failed; the node stays up (fix the parameters, then configure "
+                    "and activate it through its lifecycle services)"
+                )
+            spin_forever(executor, node.record_executor_error, signals.event)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            close_node(node, executor)
     finally:
-        node.release()
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+        signals.restore()
     return 0
 
 

@@ -51,6 +51,8 @@ CHUNK_CONTINUITY_MODES = (
 )  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 OVERRUN_POLICIES = ("adapt", "skip")
+LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as model.conventions.LEROBOT_VERSIONS
+LEROBOT_CAMERA_PREFIX = "observation.images."  # LeRobot's camera feature keys
 _INT32_MAX = 2**31 - 1
 
 
@@ -127,7 +129,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "checkpoint_dir",
         _T.PARAMETER_STRING,
         "",
-        "openpi-layout checkpoint directory (model.safetensors + assets/*/norm_stats.json); "
+        "checkpoint directory: openpi's layout (model.safetensors + assets/*/norm_stats.json) or a "
+        "LeRobot pi05 pretrained_model/ folder (config.json type pi05), told apart by its files; "
         "required: `oxygen-make-checkpoint --preset tiny --out DIR` makes a random-weight one",
         CONFIGURE,
     ),
@@ -135,7 +138,19 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "tokenizer_path",
         _T.PARAMETER_STRING,
         "",
-        "sentencepiece tokenizer; empty: the checkpoint's own tokenizer.model",
+        "sentencepiece tokenizer, or a Hugging Face tokenizer folder holding tokenizer.model "
+        "(google/paligemma-3b-pt-224's, as LeRobot uses); empty: the checkpoint's own "
+        "tokenizer.model",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "lerobot_version",
+        _T.PARAMETER_STRING,
+        "auto",
+        f"LeRobot checkpoints: whose input conventions to use, {' | '.join(LEROBOT_VERSIONS)} "
+        "(0.4: state padded to max_state_dim in the prompt, image borders -3; main: neither); "
+        "auto: main when config.json has use_relative_actions or the preprocessor a "
+        "relative-actions step, else 0.4",
         CONFIGURE,
     ),
     ParamSpec("device", _T.PARAMETER_STRING, "cpu", "torch device: cpu, cuda, cuda:N", CONFIGURE),
@@ -222,15 +237,18 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "camera_topics",
         _T.PARAMETER_STRING_ARRAY,
-        ["/camera/base/image_raw", "/camera/wrist/image_raw"],
-        "camera topics, one per image slot",
+        ["camera/base/image_raw", "camera/wrist/image_raw"],
+        "camera topics, one per image slot; relative names (no leading /) follow the node's "
+        "namespace, as joint_states does",
         CONFIGURE,
     ),
     ParamSpec(
         "camera_slots",
         _T.PARAMETER_STRING_ARRAY,
         ["base_0_rgb", "left_wrist_0_rgb"],
-        f"model image slot of each camera topic (same length, unique): {', '.join(IMAGE_SLOTS)}",
+        f"model image slot of each camera topic (same length, unique): {', '.join(IMAGE_SLOTS)}; "
+        f"for a LeRobot checkpoint its camera keys ({LEROBOT_CAMERA_PREFIX}<name>, from its "
+        "config.json input_features)",
         CONFIGURE,
     ),
     ParamSpec(
@@ -605,6 +623,10 @@ def check_value(name: str, value: Any) -> None:
         )
     if name == "prompt_format" and not value.strip():
         raise SettingsError(f"prompt_format must name a preset ({', '.join(PROMPT_PRESETS)})")
+    if name == "lerobot_version" and value not in LEROBOT_VERSIONS:
+        raise SettingsError(
+            f"lerobot_version must be one of {', '.join(LEROBOT_VERSIONS)}, got {value!r}"
+        )
     if name == "overrun_policy" and value not in OVERRUN_POLICIES:
         raise SettingsError(
             f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}"
@@ -614,10 +636,18 @@ def check_value(name: str, value: Any) -> None:
     if name == "task" and not value.strip():
         raise SettingsError("task must not be empty")
     if name == "camera_slots":
-        unknown = [slot for slot in value if slot not in IMAGE_SLOTS]
+        unknown = [
+            slot
+            for slot in value
+            if slot not in IMAGE_SLOTS
+            and not (
+                slot.startswith(LEROBOT_CAMERA_PREFIX) and len(slot) > len(LEROBOT_CAMERA_PREFIX)
+            )
+        ]
         if unknown:
             raise SettingsError(
-                f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)}"
+                f"camera_slots {unknown} are not image slots; use {', '.join(IMAGE_SLOTS)} (or a "
+                f"LeRobot checkpoint's camera keys, {LEROBOT_CAMERA_PREFIX}<name>)"
             )
         if len(set(value)) != len(value):
             raise SettingsError(f"camera_slots must be unique, got {value}")
@@ -663,6 +693,7 @@ class NodeSettings:
 
     checkpoint_dir: str
     tokenizer_path: str
+    lerobot_version: str
     device: str
     dtype: str
     seed: int

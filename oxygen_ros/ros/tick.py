@@ -173,7 +173,7 @@ class TickLoop:
         self._frame_stamp = stamp
         self.action_ms.add(chunk.prefill_ms + chunk.action_ms)
         self.prefill_ms.add(chunk.prefill_ms)
-        horizon = settings.action_horizon or chunk.actions.shape[0]
+        horizon = settings.action_horizon or engine.policy.published_horizon
         try:
             command = build_command(
                 settings,
@@ -417,7 +417,7 @@ class TickLoop:
     ) -> TickCost:
         """The whole tick as warm-up measured it: the engine's part plus building and serialising
         what a tick publishes (a chunk, its trajectory, one text delta)."""
-        horizon = settings.action_horizon or engine.policy.config.action_horizon
+        horizon = settings.action_horizon or engine.policy.published_horizon
         chunk_s, delta_s = publish_cost(settings, horizon, self.safety_filter(settings))
         self.publish_cost.seed(delta_s)
         return TickCost(

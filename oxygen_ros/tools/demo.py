@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
             # sampling
             # shows the text streaming. Real weights: the config's temperature (0 = greedy) applies.
             "temperature": 1.0,
-            "camera_topics": ["/camera/base/image_raw", "/camera/wrist/image_raw"],
+            "camera_topics": ["camera/base/image_raw", "camera/wrist/image_raw"],
             "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
             "joint_names": [f"joint_{i}" for i in range(1, 8)],
             "autostart": True,

@@ -8,6 +8,11 @@ The bag holds what the oxygen_ros node consumes:
 * ``/joint_states`` (``sensor_msgs/JointState``) at 100 Hz for ``joint_1..joint_N``, following
   smooth sinusoids with matching velocities.
 
+With ``--namespace r1`` every topic is under ``/r1`` (``/r1/camera/base/image_raw``,
+``/r1/joint_states``): the inputs of a node started in that namespace with the shipped configs,
+whose input topics are relative. ``--distro`` picks the message definitions (default: the ROS 2
+distribution in use, see :func:`default_distro`).
+
 Header stamps equal the bag's receive timestamps and start at a fixed epoch, so two bags made
 with the same options are identical. Serialisation and storage use the ``rosbags`` library
 (mcap by default, sqlite3 on request); no ROS installation is needed.
@@ -31,7 +36,7 @@ from PIL import Image as PILImage
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
-from oxygen_ros.tools.cli import positive_float, positive_int
+from oxygen_ros.tools.cli import namespace, namespaced, positive_float, positive_int
 
 if TYPE_CHECKING:
     from rosbags.typesys.store import Typestore
@@ -49,9 +54,10 @@ Event = tuple[int, object, bytes]
 """One bag record: (timestamp ns, rosbags connection, serialised CDR message)."""
 
 
-def camera_topic(camera: str, compressed: bool = False) -> str:
-    """Topic name of ``camera``'s raw image stream, or of its compressed transport."""
-    topic = f"/camera/{camera}/image_raw"
+def camera_topic(camera: str, compressed: bool = False, ns: str = "") -> str:
+    """Topic name of ``camera``'s raw image stream, or of its compressed transport, under
+    namespace ``ns`` (default: the root)."""
+    topic = namespaced(f"/camera/{camera}/image_raw", ns)
     return f"{topic}/compressed" if compressed else topic
 
 
@@ -61,9 +67,19 @@ def joint_names(count: int) -> list[str]:
 
 
 def default_distro() -> str:
-    """The sourced ROS distribution if we know its message store, else ``kilted``."""
-    distro = os.environ.get("ROS_DISTRO", "")
-    return distro if distro in _STORES else "kilted"
+    """The ROS distribution in use (``$ROS_DISTRO``, else the installed rclpy wheel's) if we know
+    its message store, else ``jazzy``, the package's default distribution."""
+    distro = os.environ.get("ROS_DISTRO", "") or _installed_distro()
+    return distro if distro in _STORES else "jazzy"
+
+
+def _installed_distro() -> str:
+    """The distribution of the installed rclpy (no rclpy import: bags are made without ROS)."""
+    try:
+        from oxygen_ros.ros.rclpy_compat import ros_distro
+    except ImportError:  # no rclpy at all
+        return ""
+    return ros_distro()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,6 +250,7 @@ def write_synthetic_bag(
     compressed: bool = False,
     storage: str = "mcap",
     distro: str | None = None,
+    ns: str = "",
 ) -> Path:
     """Write the synthetic bag to ``out_dir`` (which must not exist) and return its path.
 
@@ -246,7 +263,8 @@ def write_synthetic_bag(
         compressed: write jpeg ``CompressedImage`` on ``.../image_raw/compressed`` topics.
         storage: ``"mcap"`` or ``"sqlite3"``.
         distro: ROS distribution whose message definitions to use (humble, jazzy, kilted);
-            defaults to ``$ROS_DISTRO`` when known, else kilted.
+            default: :func:`default_distro`.
+        ns: namespace of every topic (default: the root).
     """
     if duration_s <= 0 or width <= 0 or height <= 0 or num_joints <= 0:
         raise ValueError("duration, width, height and num_joints must be positive")
@@ -261,7 +279,7 @@ def write_synthetic_bag(
             _camera_events(
                 messages,
                 writer.add_connection(
-                    camera_topic(cam, compressed), image_type, typestore=typestore
+                    camera_topic(cam, compressed, ns), image_type, typestore=typestore
                 ),
                 cam,
                 compressed,
@@ -273,7 +291,7 @@ def write_synthetic_bag(
             for cam in CAMERAS
         ]
         joints = writer.add_connection(
-            JOINT_STATES_TOPIC, "sensor_msgs/msg/JointState", typestore=typestore
+            namespaced(JOINT_STATES_TOPIC, ns), "sensor_msgs/msg/JointState", typestore=typestore
         )
         streams.append(
             _joint_events(messages, joints, joint_names(num_joints), duration_s, joint_rate_hz)
@@ -317,7 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--distro",
         choices=sorted(_STORES),
         default=default_distro(),
-        help="message definitions to use (default: %(default)s)",
+        help="message definitions of this ROS 2 distribution (default: the one in use, "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--namespace",
+        type=namespace,
+        default="",
+        metavar="NS",
+        help="put every topic under this namespace, e.g. r1: /r1/camera/base/image_raw, "
+        "/r1/joint_states (default: none)",
     )
     return parser
 
@@ -339,11 +366,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         compressed=args.compressed,
         storage=args.storage,
         distro=args.distro,
+        ns=args.namespace,
     )
     kind = "jpeg" if args.compressed else "rgb8"
     print(
         f"oxygen-make-bag: wrote {path} ({args.storage}, {args.duration:g} s, "
-        f"2 cameras {args.width}x{args.height} {kind}, {args.joints} joints)"
+        f"2 cameras {args.width}x{args.height} {kind}, {args.joints} joints, ROS 2 "
+        f"{args.distro} messages, topics under {args.namespace or '/'})"
     )
     return 0
 

@@ -62,6 +62,40 @@ def synthetic_norm_stats(dim: int, seed: int) -> dict[str, NormStats]:
     return stats
 
 
+# The LeRobot folder `--format lerobot` writes: names matching config/lerobot_pi05.yaml (an SO-101).
+LEROBOT_CAMERAS = ("observation.images.front", "observation.images.wrist")
+LEROBOT_STATE_DIM = 6
+
+
+def make_lerobot_checkpoint(out_dir: Path, preset: str, seed: int = 0) -> Path:
+    """A random-weight ``preset`` written as a LeRobot 0.4 pi05 folder (tiny/small only) with a
+    tiny tokenizer: what ``config/lerobot_pi05.yaml`` expects (two cameras, a 6-dim state and
+    action), for trying ``robot:=lerobot`` without a trained checkpoint."""
+    from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
+
+    if preset not in RANDOM_WEIGHT_PRESETS:
+        raise ValueError(f"--format lerobot writes presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}")
+    # LeRobot's default tokenizer_max_length: its 0.4.x prompts carry 32 zero-padded state bins
+    config = dataclasses.replace(get_preset(preset), max_token_len=200)
+    model = build_model(config, "cpu", torch.float32)
+    init_random_weights(model, seed)
+    dim = min(LEROBOT_STATE_DIM, config.action_dim)
+    stats = synthetic_norm_stats(dim, seed)
+    write_lerobot_folder(
+        out_dir,
+        model,
+        {
+            "observation.state": lerobot_stats(stats["state"]),
+            "action": lerobot_stats(stats["actions"]),
+        },
+        cameras=LEROBOT_CAMERAS,
+        state_dim=dim,
+        action_dim=dim,
+    )
+    train_tiny_tokenizer(Path(out_dir) / TOKENIZER_FILENAME, config.vocab_size)
+    return Path(out_dir)
+
+
 def checkpoint_bytes(config: Pi05Config, dtype: torch.dtype = torch.float32) -> int:
     """Size of the weights file for ``config`` at ``dtype`` (computed on the meta device)."""
     model = build_model(config, "meta", dtype)
@@ -198,6 +232,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--force", action="store_true", help="allow checkpoints over 2 GiB (the pi05 preset)"
     )
+    parser.add_argument(
+        "--format",
+        choices=("openpi", "lerobot"),
+        default="openpi",
+        help="openpi's layout (default) or a LeRobot pi05 folder (tiny/small; the names of "
+        "config/lerobot_pi05.yaml)",
+    )
     return parser.parse_args(argv)
 
 
@@ -205,15 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        out = make_checkpoint(
-            args.out,
-            args.preset,
-            args.seed,
-            dtype=as_dtype(args.dtype),
-            tokenizer_out=args.tokenizer_out,
-            asset_id=args.asset_id,
-            force=args.force,
-        )
+        if args.format == "lerobot":
+            out = make_lerobot_checkpoint(args.out, args.preset, args.seed)
+        else:
+            out = make_checkpoint(
+                args.out,
+                args.preset,
+                args.seed,
+                dtype=as_dtype(args.dtype),
+                tokenizer_out=args.tokenizer_out,
+                asset_id=args.asset_id,
+                force=args.force,
+            )
     except ValueError as exc:
         print(f"oxygen-make-checkpoint: error: {exc}", file=sys.stderr)
         return 2

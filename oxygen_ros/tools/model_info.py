@@ -4,7 +4,8 @@
 device, so even the full pi05 preset costs no memory.
 
 ``--checkpoint DIR`` checks a checkpoint directory the way the node would load it, without reading a
-single weight: the safetensors header (tensor names and shapes) against the presets, the config it
+single weight: which format it is in (openpi's layout or a LeRobot pi05 folder, and the files that
+say so), the safetensors header (tensor names and shapes) against the presets, the config it
 resolves to, the norm stats and their dimensions, and the tokenizer and its vocabulary. Every check
 prints OK or FAIL with the reason; the exit code is 1 when any check fails.
 
@@ -44,6 +45,13 @@ from oxygen_ros.model.checkpoint import (
     resolve_config,
 )
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
+from oxygen_ros.model.conventions import LEROBOT_VERSIONS
+from oxygen_ros.model.lerobot_format import (
+    detect_format,
+    lerobot_model_config,
+    read_lerobot,
+    weight_plan,
+)
 from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.model.preprocess import NormStatsError, load_norm_stats
 from oxygen_ros.model.prompts import DEFAULT_FORMAT, PromptFormat, preset
@@ -243,24 +251,7 @@ def _check_norm_stats(ckpt_dir: Path, config: Pi05Config | None, asset_id: str |
     try:
         asset_id = resolve_asset_id(ckpt_dir, asset_id)
     except (CheckpointError, ValueError) as exc:
-        deeper = (
-            sorted(
-                str(p.parent.relative_to(ckpt_dir / ASSETS_DIRNAME))
-                for p in (ckpt_dir / ASSETS_DIRNAME).rglob("norm_stats.json")
-            )
-            if (ckpt_dir / ASSETS_DIRNAME).is_dir()
-            else []
-        )
-        hint = (
-            (
-                f"; found norm_stats.json under {deeper}: the loader reads "
-                f"{ASSETS_DIRNAME}/<asset_id>/norm_stats.json with a plain directory name, "
-                "move or link the file there"
-            )
-            if deeper and "several" not in str(exc)
-            else ""
-        )
-        return Check("norm stats", False, f"{exc}{hint}")
+        return Check("norm stats", False, str(exc))
     path = ckpt_dir / ASSETS_DIRNAME / asset_id / "norm_stats.json"
     try:
         if config is not None:
@@ -313,23 +304,82 @@ def _check_tokenizer(ckpt_dir: Path, config: Pi05Config | None, tokenizer: Path 
     )
 
 
+def _lerobot_checks(
+    ckpt_dir: Path,
+    header: dict[str, Any] | None,
+    preset: str | None,
+    tokenizer: Path | None,
+    version: str,
+) -> list[Check]:
+    """config, tensors and statistics of a LeRobot pi05 folder (`lerobot_format`)."""
+    try:
+        spec = read_lerobot(ckpt_dir, version)
+    except CheckpointError as exc:
+        return [
+            Check("config", False, str(exc)),
+            _check_tensors(None, None),
+            Check("norm stats", False, "not read: config.json or the processor files failed"),
+            _check_tokenizer(ckpt_dir, None, tokenizer),
+        ]
+    config, mapped, config_check = None, None, None
+    try:
+        if header is not None:
+            _, mapped = weight_plan(header)
+        if preset is not None:
+            config = get_preset(preset)
+            config_check = Check("config", True, f"{_describe(config)} (given with --preset)")
+        elif mapped is not None:
+            config = lerobot_model_config(mapped, spec)
+            config_check = Check(
+                "config",
+                True,
+                f"{_describe(config)}: LeRobot config.json "
+                + "; ".join(spec.notes[:1] + spec.notes[-1:]),
+            )
+    except CheckpointError as exc:
+        config_check = Check("config", False, str(exc))
+    if config_check is None:
+        config_check = Check("config", False, "no readable weights to infer the model from")
+    stats = Check("norm stats", True, "; ".join(spec.notes[1:-1]))
+    return [
+        config_check,
+        _check_tensors(mapped, config),
+        stats,
+        _check_tokenizer(ckpt_dir, config, tokenizer),
+    ]
+
+
 def check_checkpoint(
     ckpt_dir: Path,
     preset: str | None = None,
     tokenizer: Path | None = None,
     asset_id: str | None = None,
+    lerobot_version: str = "auto",
 ) -> list[Check]:
     """Every check of ``ckpt_dir`` (see the module docstring); reads headers only, never weights.
 
-    A check that needs an earlier one's result (the tensors need the config) fails with "not
-    compared" when that one failed, so the list always has the same five entries.
+    The first check says which format the folder is in (openpi or LeRobot) and why. A check that
+    needs an earlier one's result (the tensors need the config) fails with "not compared" when
+    that one failed, so the list always has the same six entries.
     """
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return [Check("directory", False, f"checkpoint directory not found: {ckpt_dir}")]
+    try:
+        detected = detect_format(ckpt_dir)
+    except CheckpointError as exc:
+        return [Check("format", False, str(exc))]
     weights, header = _check_weights(ckpt_dir)
+    found = Check("format", True, detected.reason)
+    if detected.name == "lerobot":
+        return [
+            found,
+            weights,
+            *_lerobot_checks(ckpt_dir, header, preset, tokenizer, lerobot_version),
+        ]
     config_check, config = _check_config(ckpt_dir, header, preset)
     return [
+        found,
         weights,
         config_check,
         _check_tensors(header, config),
@@ -383,6 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=list(PROMPT_PRESETS),
         help="with --preset: the prompt format to describe (default openpi)",
     )
+    parser.add_argument(
+        "--lerobot-version",
+        choices=LEROBOT_VERSIONS,
+        default="auto",
+        help="with a LeRobot checkpoint: its version's input conventions (default: from the files)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.checkpoint is None:
@@ -393,7 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = model_info(get_preset(args.preset), prompt_format=args.prompt_format)
         print(json.dumps(info, indent=2) if args.json else format_info(info))
         return 0
-    checks = check_checkpoint(args.checkpoint, args.preset, args.tokenizer, args.asset_id)
+    checks = check_checkpoint(
+        args.checkpoint, args.preset, args.tokenizer, args.asset_id, args.lerobot_version
+    )
     if args.json:
         print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
     else:

@@ -6,6 +6,15 @@ stored in the bag (no deserialisation), with the bag's timing scaled by ``--rate
 
 By default header stamps are rewritten to the current ROS time, so a live node that drops stale
 observations accepts replayed data; ``--keep-stamps`` publishes the bag's stamps unchanged.
+
+``--namespace r1`` plays every bag topic under ``/r1`` (``/camera/base/image_raw`` ->
+``/r1/camera/base/image_raw``): the inputs of a node started in namespace ``r1`` with relative
+input topics, as the shipped configs have. Several robots are several players, one namespace each.
+
+Sim time: with ``--ros-args -p use_sim_time:=true`` "the current ROS time" is the time on
+``/clock``. The player's node is spun in a background thread for the whole run, so its clock
+follows ``/clock``, and playing starts only once a first ``/clock`` message has arrived (until
+then the time would be 0).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import rclpy
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -31,7 +41,7 @@ from rclpy.serialization import deserialize_message, serialize_message
 from rclpy.utilities import remove_ros_args
 from rosbags.highlevel import AnyReader, AnyReaderError
 
-from oxygen_ros.tools.cli import positive_float
+from oxygen_ros.tools.cli import namespace, namespaced, positive_float
 
 SENSOR_TYPES = frozenset({"sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"})
 """Types published with the sensor-data QoS profile (best effort); others are reliable."""
@@ -137,8 +147,9 @@ class BagPlayer:
         bag_path: rosbag2 directory (mcap or sqlite3).
         rate: playback speed factor; 2.0 plays twice as fast.
         loop: start over at the end until stopped.
-        topics: topics to play; all when None.
+        topics: bag topics to play; all when None.
         restamp: rewrite header stamps to the current ROS time at publication.
+        namespace: play every topic under this namespace (``r1``: ``/r1/joint_states``).
     """
 
     def __init__(
@@ -150,6 +161,7 @@ class BagPlayer:
         loop: bool = False,
         topics: Sequence[str] | None = None,
         restamp: bool = True,
+        namespace: str = "",
     ) -> None:
         if not (math.isfinite(rate) and rate > 0):
             raise ValueError(f"rate must be a positive number, got {rate}")
@@ -158,6 +170,7 @@ class BagPlayer:
         self._rate = rate
         self._loop = loop
         self._restamp = restamp
+        self._namespace = namespace
         with AnyReader([self._path]) as reader:
             self.duration_s = reader.duration * 1e-9
             self._outputs = self._make_outputs(reader.connections, topics)
@@ -166,8 +179,8 @@ class BagPlayer:
 
     @property
     def topics(self) -> list[str]:
-        """The topics this player publishes."""
-        return sorted(self._outputs)
+        """The topics this player publishes (with its namespace)."""
+        return sorted(o.publisher.topic_name for o in self._outputs.values())
 
     def _make_outputs(
         self, connections: Sequence[Any], wanted: Sequence[str] | None
@@ -185,7 +198,9 @@ class BagPlayer:
             if msg_class is None:
                 logger.warning(f"skipping {topic}: message type {type_name} is not importable")
                 continue
-            publisher = self._node.create_publisher(msg_class, topic, qos_for(type_name))
+            publisher = self._node.create_publisher(
+                msg_class, namespaced(topic, self._namespace), qos_for(type_name)
+            )
             restamp = restamper_for(msg_class) if self._restamp else None
             outputs[topic] = _Output(publisher, restamp)
         return outputs
@@ -255,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="oxygen-replay",
         description="Play a rosbag2 (mcap or sqlite3) into the ROS graph. ROS arguments "
         "(--ros-args ...) may follow.",
+        epilog="Sim time: with --ros-args -p use_sim_time:=true the stamps are the time on /clock "
+        "(published by a simulator, or another player); playing waits for the first /clock "
+        "message.",
     )
     parser.add_argument("bag", type=Path, help="rosbag2 directory")
     parser.add_argument(
@@ -264,7 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="playback speed factor (default 1; 4 plays 4x faster)",
     )
     parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
-    parser.add_argument("--topics", nargs="+", metavar="TOPIC", help="only these topics")
+    parser.add_argument("--topics", nargs="+", metavar="TOPIC", help="only these bag topics")
+    parser.add_argument(
+        "--namespace",
+        type=namespace,
+        default="",
+        metavar="NS",
+        help="play every topic under this namespace, e.g. r1: /joint_states -> /r1/joint_states "
+        "(the inputs of a node started in namespace r1); default: the bag's names",
+    )
     parser.add_argument(
         "--keep-stamps",
         action="store_true",
@@ -288,14 +314,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     rclpy.init(args=["oxygen-replay", *argv], context=context)
     stop = threading.Event()
     previous_handlers = _stop_on_signals(stop)
-    node = rclpy.create_node("oxygen_replay", context=context)
+    node = rclpy.create_node("oxygen_replay", context=context, namespace=args.namespace or None)
+    # The node's own callbacks (its clock's /clock subscription under use_sim_time) run here while
+    # the main thread plays.
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    spinner = threading.Thread(target=_spin, args=(executor,), daemon=True)
+    spinner.start()
     try:
         return _replay(node, args, stop)
     finally:
         _restore_signals(previous_handlers)
+        executor.shutdown()
+        spinner.join(timeout=5)
         node.destroy_node()
         if context.ok():
             context.shutdown()
+
+
+def _spin(executor: SingleThreadedExecutor) -> None:
+    """Spin until the executor or its context shuts down."""
+    try:
+        executor.spin()
+    except Exception:  # noqa: BLE001 - shutting down; nothing left to serve
+        pass
+
+
+def wait_for_clock(node: Node, stop: threading.Event) -> bool:
+    """Under ``use_sim_time`` wait until the node's clock has received /clock (True), or
+    ``stop`` is set (False). Returns True at once when the node runs on system time."""
+    if not node.get_parameter("use_sim_time").value:
+        return True
+    clock = node.get_clock()
+    print("oxygen-replay: use_sim_time is true: waiting for /clock before playing", file=sys.stderr)
+    while clock.now().nanoseconds == 0:
+        if stop.wait(0.05):
+            return False
+    return True
 
 
 def _replay(node: Node, args: argparse.Namespace, stop: threading.Event) -> int:
@@ -308,9 +363,13 @@ def _replay(node: Node, args: argparse.Namespace, stop: threading.Event) -> int:
             loop=args.loop,
             topics=args.topics,
             restamp=not args.keep_stamps,
+            namespace=args.namespace,
         )
         if args.wait_for_subscribers > 0:
             player.wait_for_subscribers(args.wait_for_subscribers, stop)
+        if not wait_for_clock(node, stop):
+            print("oxygen-replay: stopped before /clock arrived; nothing published")
+            return 0
         started = time.monotonic()
         published = player.play(stop)
     except (ValueError, OSError, AnyReaderError) as exc:
@@ -320,6 +379,7 @@ def _replay(node: Node, args: argparse.Namespace, stop: threading.Event) -> int:
     print(
         f"oxygen-replay: published {published} messages on {len(player.topics)} topic(s) "
         f"in {elapsed:.2f} s (bag {player.duration_s:.2f} s at {args.rate:g}x) from {args.bag}"
+        + (f" under {args.namespace}" if args.namespace else "")
     )
     return 0
 

@@ -1,0 +1,712 @@
+"""LeRobot ``pi05`` checkpoint folders (``lerobot-train --policy.type=pi05``), read as they are.
+
+A LeRobot ``pretrained_model/`` folder holds::
+
+    config.json                          the policy config, "type": "pi05"
+    model.safetensors                    weights: "model." + openpi's state-dict names
+    policy_preprocessor.json             processor steps; the normalizer step's "state_file"
+    policy_preprocessor_step_<i>_normalizer_processor.safetensors   "<feature>.<stat>" tensors
+    policy_postprocessor.json (+ its unnormalizer state file)        the action statistics
+
+This module decides which format a folder is in (`detect_format`), maps LeRobot's tensor names
+onto openpi's (`weight_plan`), reads the policy config and the processor steps (`read_lerobot`),
+and normalises exactly as LeRobot's ``NormalizerProcessorStep`` does (`FeatureNorm`), in float32
+with LeRobot's own epsilon rules (they are not openpi's). Nothing here imports LeRobot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .checkpoint import (
+    MODEL_FILENAME,
+    CheckpointError,
+    DTypeLike,
+    LoadedCheckpoint,
+    as_dtype,
+    build_model,
+    expected_file_tensors,
+    find_tensor_problems,
+    infer_config,
+    read_safetensors_header,
+    stream_weights,
+)
+from .config import PRESETS, Pi05Config
+from .conventions import InputConventions, lerobot_conventions
+from .pi05 import Pi05Model
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILENAME = "config.json"
+PREPROCESSOR_FILENAME = "policy_preprocessor.json"
+POSTPROCESSOR_FILENAME = "policy_postprocessor.json"
+OXYGEN_CONFIG_FILENAME = "oxygen_config.json"
+POLICY_TYPE = "pi05"
+NORMALIZER_STEP = "normalizer_processor"
+UNNORMALIZER_STEP = "unnormalizer_processor"
+RELATIVE_STEP = "relative_actions_processor"
+TOKENIZER_STEP = "tokenizer_processor"
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+IMAGE_PREFIX = "observation.images."
+VISUAL, STATE, ACTION = "VISUAL", "STATE", "ACTION"
+IDENTITY, MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10 = (
+    "IDENTITY",
+    "MEAN_STD",
+    "MIN_MAX",
+    "QUANTILES",
+    "QUANTILE10",
+)
+NORM_MODES = (IDENTITY, MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10)
+# LeRobot's PI05Config defaults (configuration_pi05.py), used when config.json omits a field.
+DEFAULT_EPS = 1e-8
+DEFAULT_NORMALIZATION = {VISUAL: IDENTITY, STATE: QUANTILES, ACTION: QUANTILES}
+DEFAULT_MAX_DIM = 32
+DEFAULT_TIME_PERIODS = (4e-3, 4.0)
+
+# -- tensor names ---------------------------------------------------------------------------------
+PREFIX = "model."
+TIED_LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
+TIED_EMBED = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+RENAMES = (("action_time_mlp_in.", "time_mlp_in."), ("action_time_mlp_out.", "time_mlp_out."))
+# Dropped by LeRobot's own loader (pi0 leftovers): the state projection and plain expert norm
+# weights (pi0.5's expert norms are adaRMS, `dense.*`).
+DROPPED = re.compile(
+    r"^(state_proj\.|paligemma_with_expert\.gemma_expert\.model\."
+    r"(layers\.\d+\.(input_layernorm|post_attention_layernorm)|norm)\.weight$)"
+)
+# Tensors of LeRobot's MEM variant (proprioceptive memory), which this package does not run.
+MEM_ONLY = ("proprio_history_proj.",)
+
+
+class LeRobotFormatError(CheckpointError):
+    """A folder that is not a loadable LeRobot pi05 checkpoint (the message says what was found)."""
+
+
+# -- detection ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectedFormat:
+    """Which checkpoint layout a folder holds, and the files that said so."""
+
+    name: str  # "openpi" | "lerobot"
+    reason: str
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LeRobotFormatError(f"{path} is not readable JSON: {exc}") from exc
+
+
+def _openpi_markers(ckpt_dir: Path) -> list[str]:
+    found = []
+    if (ckpt_dir / OXYGEN_CONFIG_FILENAME).is_file():
+        found.append(OXYGEN_CONFIG_FILENAME)
+    assets = ckpt_dir / "assets"
+    if assets.is_dir():
+        found += sorted(str(p.relative_to(ckpt_dir)) for p in assets.rglob("norm_stats.json"))
+    return found
+
+
+def detect_format(ckpt_dir: Path) -> DetectedFormat:
+    """The layout of ``ckpt_dir``, decided from its files alone.
+
+    LeRobot: ``config.json`` with ``"type": "pi05"`` (processor files optional: Hub base models
+    such as ``lerobot/pi05_base`` ship bare openpi tensor names and no statistics). openpi:
+    anything else (``assets/<asset_id>/norm_stats.json``, optionally ``oxygen_config.json`` or
+    openpi's converter ``config.json``, which has no ``"type"``).
+
+    Raises:
+        LeRobotFormatError: another LeRobot policy type (pi0, smolvla, ...), LeRobot processor
+            files without a LeRobot config, or a folder mixing both layouts; each names the files.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    config_path = ckpt_dir / CONFIG_FILENAME
+    written = _read_json(config_path) if config_path.is_file() else None
+    policy_type = written.get("type") if isinstance(written, dict) else None
+    processors = [
+        name
+        for name in (PREPROCESSOR_FILENAME, POSTPROCESSOR_FILENAME)
+        if (ckpt_dir / name).is_file()
+    ]
+    openpi = _openpi_markers(ckpt_dir)
+    if policy_type is not None:
+        if policy_type != POLICY_TYPE:
+            raise LeRobotFormatError(
+                f"{ckpt_dir}: {CONFIG_FILENAME} says LeRobot policy type {policy_type!r}; only "
+                f"{POLICY_TYPE!r} (pi0.5) checkpoints can be loaded"
+            )
+        if openpi:
+            raise LeRobotFormatError(
+                f"{ckpt_dir} mixes checkpoint formats: LeRobot ({CONFIG_FILENAME} type "
+                f"{POLICY_TYPE!r}{', ' + ', '.join(processors) if processors else ''}) and openpi "
+                f"({', '.join(openpi)}); keep one layout per folder"
+            )
+        parts = [f'{CONFIG_FILENAME} "type": "{POLICY_TYPE}"'] + processors
+        return DetectedFormat("lerobot", "LeRobot pi05 folder: " + ", ".join(parts))
+    if processors:
+        raise LeRobotFormatError(
+            f"{ckpt_dir} has LeRobot processor files ({', '.join(processors)}) but no "
+            f'{CONFIG_FILENAME} with a "type"; copy the whole pretrained_model/ folder'
+        )
+    why = ", ".join(openpi) if openpi else "no LeRobot config.json type"
+    return DetectedFormat("openpi", f"openpi folder: {why}")
+
+
+# -- tensor names ---------------------------------------------------------------------------------
+
+
+def openpi_key(file_key: str) -> str | None:
+    """LeRobot tensor name -> openpi's name in model.safetensors; None: dropped as LeRobot does.
+
+    Strips exactly one leading ``model.`` (never the inner ``paligemma.model.``), then applies
+    LeRobot's renames (``action_time_mlp_*`` -> ``time_mlp_*``) and drops (``state_proj``, plain
+    expert norm weights).
+    """
+    key = file_key[len(PREFIX) :] if file_key.startswith(PREFIX) else file_key
+    for old, new in RENAMES:
+        if key.startswith(old):
+            key = new + key[len(old) :]
+    return None if DROPPED.match(key) else key
+
+
+def weight_plan(
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+) -> tuple[dict[str, str | None], dict[str, tuple[str, tuple[int, ...]]]]:
+    """Map a LeRobot file's tensors onto openpi's names.
+
+    Returns ``(plan, mapped)``: ``plan`` maps every file key to its openpi file key (None: not
+    loaded), ``mapped`` is the header under openpi's names (what `checkpoint.find_tensor_problems`
+    checks). The tied token embedding is stored as ``lm_head`` (as in openpi); a file holding only
+    ``embed_tokens`` (LeRobot main copies one into the other) is read from there.
+
+    Raises:
+        LeRobotFormatError: MEM tensors (``proprio_history_proj``) or two tensors mapping onto one
+            name.
+    """
+    mem = sorted(k for k in header if openpi_key(k) and openpi_key(k).startswith(MEM_ONLY))
+    if mem:
+        raise LeRobotFormatError(
+            f"tensors {mem[:4]} belong to LeRobot's MEM variant (use_proprioceptive_memory: a "
+            "proprioceptive-history projection into the backbone), which pi0.5 here does not run"
+        )
+    plan: dict[str, str | None] = {}
+    owners: dict[str, str] = {}
+    for file_key in header:
+        target = openpi_key(file_key)
+        if target is None:
+            logger.debug("dropping %s: LeRobot's loader drops it too", file_key)
+        elif target in owners:
+            raise LeRobotFormatError(
+                f"tensors {owners[target]!r} and {file_key!r} both map onto {target!r}"
+            )
+        else:
+            owners[target] = file_key
+        plan[file_key] = target
+    if TIED_EMBED in owners:
+        if TIED_LM_HEAD in owners:  # both names written: the head is the one openpi reads
+            plan[owners.pop(TIED_EMBED)] = None
+        else:
+            plan[owners[TIED_EMBED]] = TIED_LM_HEAD
+            owners[TIED_LM_HEAD] = owners.pop(TIED_EMBED)
+    mapped = {target: header[file_key] for target, file_key in owners.items()}
+    return plan, mapped
+
+
+# -- normalisation --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureNorm:
+    """One feature's normalisation exactly as LeRobot's (un)normalizer step computes it.
+
+    float32 torch arithmetic in LeRobot's operation order. A range whose width is 0 divides by
+    ``eps`` (QUANTILES, QUANTILE10, MIN_MAX); MEAN_STD divides by ``std + eps``; the inverses use
+    the raw width / std. IDENTITY, or no statistics for the feature, passes values through.
+    """
+
+    key: str
+    mode: str
+    eps: float = DEFAULT_EPS
+    stats: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    dim: int | None = None  # the feature's width (config shape), None: unknown
+
+    @property
+    def passthrough(self) -> bool:
+        return self.mode == IDENTITY or not self.stats
+
+    def _range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        low, high = {
+            QUANTILES: ("q01", "q99"),
+            QUANTILE10: ("q10", "q90"),
+            MIN_MAX: ("min", "max"),
+        }[self.mode]
+        lo = torch.from_numpy(self.stats[low])
+        denom = torch.from_numpy(self.stats[high]) - lo
+        denom = torch.where(denom == 0, torch.tensor(self.eps, dtype=torch.float32), denom)
+        return lo, denom
+
+    def _check(self, x: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        width = next(iter(self.stats.values())).shape[-1]
+        if x.ndim < 1 or x.shape[-1] != width:
+            raise ValueError(
+                f"{self.key}: expected width {width} (the checkpoint's statistics), got "
+                f"{tuple(x.shape)}"
+            )
+        return x
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        """Raw values -> model space (float32)."""
+        if self.passthrough:
+            return np.asarray(x, dtype=np.float32)
+        t = self._check(x)
+        if self.mode == MEAN_STD:
+            mean, std = torch.from_numpy(self.stats["mean"]), torch.from_numpy(self.stats["std"])
+            return ((t - mean) / (std + self.eps)).numpy()
+        lo, denom = self._range()
+        return (2.0 * (t - lo) / denom - 1.0).numpy()
+
+    def unnormalize(self, y: np.ndarray) -> np.ndarray:
+        """Model space -> raw values (float32)."""
+        if self.passthrough:
+            return np.asarray(y, dtype=np.float32)
+        t = self._check(y)
+        if self.mode == MEAN_STD:
+            mean, std = torch.from_numpy(self.stats["mean"]), torch.from_numpy(self.stats["std"])
+            return (t * std + mean).numpy()
+        lo, denom = self._range()
+        if self.mode == MIN_MAX:
+            return ((t + 1) / 2 * denom + lo).numpy()
+        return ((t + 1.0) * denom / 2.0 + lo).numpy()
+
+    def describe(self) -> str:
+        if not self.stats:
+            return f"{self.key}: {self.mode}, no statistics (passes through)"
+        if self.mode == IDENTITY:
+            return f"{self.key}: IDENTITY"
+        return f"{self.key}: {self.mode} (eps {self.eps:g}) over {self.dim or '?'} dims"
+
+
+_NEEDED_STATS = {
+    MEAN_STD: ("mean", "std"),
+    MIN_MAX: ("min", "max"),
+    QUANTILES: ("q01", "q99"),
+    QUANTILE10: ("q10", "q90"),
+    IDENTITY: (),
+}
+
+
+# -- the folder -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LeRobotSpec:
+    """What a LeRobot pi05 folder says about running it (see `read_lerobot`)."""
+
+    cameras: tuple[str, ...]  # image keys, in input_features order, then the empty cameras
+    empty_cameras: int
+    state_dim: int | None  # input_features observation.state width
+    action_dim: int  # output_features action width: the real action dimension
+    chunk_size: int
+    n_action_steps: int
+    num_inference_steps: int
+    max_state_dim: int
+    max_action_dim: int
+    tokenizer_max_length: int
+    image_resolution: tuple[int, int]
+    state_norm: FeatureNorm
+    action_norm: FeatureNorm
+    relative_actions: tuple[bool, ...]  # per action dim: the raw state is added back; () = none
+    conventions: InputConventions
+    files: tuple[str, ...]  # every file read
+    notes: tuple[str, ...]  # what was read and what it decides, for logs and oxygen-model-info
+
+    @property
+    def uses_relative_actions(self) -> bool:
+        return any(self.relative_actions)
+
+
+def _positive_int(config: Mapping[str, Any], name: str, default: int, path: Path) -> int:
+    value = config.get(name, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LeRobotFormatError(f"{path}: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _features(config: Mapping[str, Any], name: str, path: Path) -> dict[str, dict[str, Any]]:
+    features = config.get(name) or {}
+    if not isinstance(features, dict) or not all(
+        isinstance(v, dict) and "type" in v for v in features.values()
+    ):
+        raise LeRobotFormatError(f"{path}: {name} must map feature keys to {{type, shape}}")
+    return features
+
+
+def _width(feature: Mapping[str, Any] | None) -> int | None:
+    shape = (feature or {}).get("shape")
+    return int(shape[0]) if isinstance(shape, list) and shape else None
+
+
+def _steps(ckpt_dir: Path, filename: str) -> list[dict[str, Any]]:
+    path = ckpt_dir / filename
+    if not path.is_file():
+        return []
+    written = _read_json(path)
+    steps = written.get("steps") if isinstance(written, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise LeRobotFormatError(f"{path}: expected {{'steps': [...]}}")
+    return steps
+
+
+def _step(steps: Sequence[dict[str, Any]], registry_name: str, path: Path) -> dict | None:
+    found = [s for s in steps if s.get("registry_name") == registry_name]
+    if len(found) > 1:
+        raise LeRobotFormatError(f"{path}: {len(found)} {registry_name!r} steps; expected one")
+    return found[0] if found else None
+
+
+def _read_stats(ckpt_dir: Path, step: Mapping[str, Any], source: str) -> dict[str, dict]:
+    """``<feature>.<stat>`` tensors of a normalizer step's ``state_file`` -> {feature: {stat}}."""
+    state_file = step.get("state_file")
+    if not state_file:
+        return {}
+    path = ckpt_dir / state_file
+    if not path.is_file():
+        raise LeRobotFormatError(
+            f"{source} names the statistics file {state_file!r}, which is not in {ckpt_dir}"
+        )
+    try:
+        flat = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise LeRobotFormatError(f"{path} is not a readable safetensors file: {exc}") from exc
+    stats: dict[str, dict[str, np.ndarray]] = {}
+    for name, tensor in flat.items():
+        feature, _, stat = name.rpartition(".")
+        values = tensor.detach().to(torch.float32).numpy()
+        if not np.isfinite(values).all():
+            raise LeRobotFormatError(f"{path}: {name} holds non-finite values")
+        stats.setdefault(feature, {})[stat] = values
+    return stats
+
+
+def _feature_norm(
+    key: str,
+    kind: str,
+    step: Mapping[str, Any] | None,
+    stats: Mapping[str, Mapping[str, np.ndarray]],
+    fallback_map: Mapping[str, str],
+    dim: int | None,
+    source: str,
+) -> FeatureNorm:
+    cfg = (step or {}).get("config") or {}
+    norm_map = cfg.get("norm_map") or fallback_map
+    mode = norm_map.get(kind, IDENTITY)
+    if mode not in NORM_MODES:
+        raise LeRobotFormatError(f"{source}: unknown normalization mode {mode!r} for {kind}")
+    eps = float(cfg.get("eps", DEFAULT_EPS))
+    own = dict(stats.get(key, {}))
+    if mode == IDENTITY or not own:
+        return FeatureNorm(key, mode, eps, {}, dim)
+    needed = _NEEDED_STATS[mode]
+    missing = [s for s in needed if s not in own]
+    if missing:
+        raise LeRobotFormatError(
+            f"{source}: {key} is normalised with {mode} but its statistics lack {missing} "
+            f"(present: {sorted(own)})"
+        )
+    kept = {s: own[s].reshape(-1) for s in needed}
+    widths = {v.size for v in kept.values()}
+    if len(widths) != 1 or (dim is not None and widths != {dim}):
+        raise LeRobotFormatError(
+            f"{source}: {key} statistics have widths {sorted(widths)} but the feature has {dim}"
+        )
+    if mode == MEAN_STD and (kept["std"] < 0).any():
+        raise LeRobotFormatError(f"{source}: {key}.std is negative")
+    return FeatureNorm(key, mode, eps, kept, widths.pop())
+
+
+def _relative_mask(
+    step: Mapping[str, Any] | None, config: Mapping[str, Any], action_dim: int
+) -> tuple[tuple[bool, ...], str]:
+    """LeRobot main's relative actions: which action dims get the raw state added back."""
+    if step is not None:
+        cfg = step.get("config") or {}
+        enabled, source = (
+            bool(cfg.get("enabled", False)),
+            f"{PREPROCESSOR_FILENAME} {RELATIVE_STEP}",
+        )
+        exclude, names = cfg.get("exclude_joints") or [], cfg.get("action_names")
+    else:
+        enabled, source = bool(config.get("use_relative_actions", False)), CONFIG_FILENAME
+        exclude = config.get("relative_exclude_joints") or []
+        names = config.get("action_feature_names")
+    if not enabled:
+        return (), f"absolute actions ({source})"
+    # LeRobot's RelativeActionsProcessorStep._build_mask: a case-insensitive name match or
+    # substring excludes a dim; without names every dim is relative.
+    tokens = [str(t).lower() for t in exclude if t]
+    mask = [True] * action_dim
+    if tokens and names:
+        for i, name in enumerate(list(names)[:action_dim]):
+            lowered = str(name).lower()
+            mask[i] = not any(t == lowered or t in lowered for t in tokens)
+    absolute = [i for i, m in enumerate(mask) if not m]
+    return tuple(mask), (
+        f"relative actions ({source}): the raw state is added back on dims "
+        f"{[i for i, m in enumerate(mask) if m]}"
+        + (f", absolute dims {absolute}" if absolute else "")
+    )
+
+
+def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
+    """Everything a LeRobot pi05 folder says about inputs, outputs and sampling.
+
+    ``version``: "auto" (from the files, see `conventions.lerobot_conventions`), "0.4" or "main".
+
+    Raises:
+        LeRobotFormatError: unreadable files, a missing statistics file, features or statistics
+            that do not fit, or a variant this package does not run (MEM, other time periods).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    config_path = ckpt_dir / CONFIG_FILENAME
+    config = _read_json(config_path)
+    if not isinstance(config, dict):
+        raise LeRobotFormatError(f"{config_path} must hold a JSON object")
+    for flag in ("use_proprioceptive_memory", "use_visual_memory"):
+        if config.get(flag):
+            raise LeRobotFormatError(
+                f"{config_path}: {flag} is true (LeRobot's MEM variant), which pi0.5 here does "
+                "not run"
+            )
+    periods = (config.get("min_period", 4e-3), config.get("max_period", 4.0))
+    if tuple(float(p) for p in periods) != DEFAULT_TIME_PERIODS:
+        raise LeRobotFormatError(
+            f"{config_path}: min_period/max_period {periods} differ from pi0.5's "
+            f"{DEFAULT_TIME_PERIODS}, which this model's time embedding uses"
+        )
+    inputs = _features(config, "input_features", config_path)
+    outputs = _features(config, "output_features", config_path)
+    empty = config.get("empty_cameras", 0) or 0
+    if isinstance(empty, bool) or not isinstance(empty, int) or empty < 0:
+        raise LeRobotFormatError(f"{config_path}: empty_cameras must be >= 0, got {empty!r}")
+    cameras = [k for k, v in inputs.items() if v.get("type") == VISUAL]
+    cameras += [
+        key
+        for key in (f"{IMAGE_PREFIX}empty_camera_{i}" for i in range(empty))
+        if key not in cameras
+    ]
+    if not cameras:
+        raise LeRobotFormatError(f"{config_path}: input_features name no VISUAL (camera) feature")
+    action_dim = _width(outputs.get(ACTION_KEY))
+    max_action_dim = _positive_int(config, "max_action_dim", DEFAULT_MAX_DIM, config_path)
+    if action_dim is None:
+        action_dim = max_action_dim  # LeRobot's validate_features default
+    state_dim = _width(inputs.get(STATE_KEY))
+    chunk = _positive_int(config, "chunk_size", 50, config_path)
+    n_action_steps = _positive_int(config, "n_action_steps", chunk, config_path)
+    if n_action_steps > chunk:
+        raise LeRobotFormatError(
+            f"{config_path}: n_action_steps {n_action_steps} exceeds chunk_size {chunk}"
+        )
+    resolution = tuple(config.get("image_resolution") or (224, 224))
+    if len(resolution) != 2:
+        raise LeRobotFormatError(f"{config_path}: image_resolution must be [height, width]")
+
+    files = [CONFIG_FILENAME]
+    notes = [
+        f"config.json: cameras {cameras} (input_features VISUAL order"
+        + (f" + {empty} empty_cameras" if empty else "")
+        + f"), state {state_dim} dims, action {action_dim} dims (output_features), chunk_size "
+        f"{chunk}, n_action_steps {n_action_steps}"
+    ]
+    pre_steps, post_steps = (
+        _steps(ckpt_dir, PREPROCESSOR_FILENAME),
+        _steps(ckpt_dir, POSTPROCESSOR_FILENAME),
+    )
+    fallback_map = {**DEFAULT_NORMALIZATION, **(config.get("normalization_mapping") or {})}
+    pre_source = f"{PREPROCESSOR_FILENAME} {NORMALIZER_STEP}"
+    post_source = f"{POSTPROCESSOR_FILENAME} {UNNORMALIZER_STEP}"
+    normalizer = _step(pre_steps, NORMALIZER_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
+    unnormalizer = _step(post_steps, UNNORMALIZER_STEP, ckpt_dir / POSTPROCESSOR_FILENAME)
+    pre_stats = _read_stats(ckpt_dir, normalizer, pre_source) if normalizer else {}
+    post_stats = _read_stats(ckpt_dir, unnormalizer, post_source) if unnormalizer else {}
+    for step in (normalizer, unnormalizer):
+        if step and step.get("state_file"):
+            files.append(step["state_file"])
+    files += [
+        f for f in (PREPROCESSOR_FILENAME, POSTPROCESSOR_FILENAME) if (ckpt_dir / f).is_file()
+    ]
+    state_norm = _feature_norm(
+        STATE_KEY, STATE, normalizer, pre_stats, fallback_map, state_dim, pre_source
+    )
+    # Actions are unnormalised by the postprocessor; without one, the preprocessor's copy.
+    action_step, action_stats, action_source = (
+        (unnormalizer, post_stats, post_source)
+        if unnormalizer is not None
+        else (normalizer, pre_stats, pre_source)
+    )
+    action_norm = _feature_norm(
+        ACTION_KEY, ACTION, action_step, action_stats, fallback_map, action_dim, action_source
+    )
+    if not normalizer and not unnormalizer:
+        notes.append("no processor statistics: state and actions pass through unnormalised")
+    notes += [f"state {state_norm.describe()}", f"actions {action_norm.describe()}"]
+
+    tokenizer = _step(pre_steps, TOKENIZER_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
+    tokenizer_cfg = (tokenizer or {}).get("config") or {}
+    max_length = tokenizer_cfg.get("max_length") or _positive_int(
+        config, "tokenizer_max_length", 200, config_path
+    )
+    relative_step = _step(pre_steps, RELATIVE_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
+    relative, relative_note = _relative_mask(relative_step, config, action_dim)
+    notes.append(relative_note)
+    told_main = [
+        why
+        for why, told in (
+            (f"{CONFIG_FILENAME} has use_relative_actions", "use_relative_actions" in config),
+            (f"{PREPROCESSOR_FILENAME} has a {RELATIVE_STEP} step", relative_step is not None),
+        )
+        if told
+    ]
+    max_state_dim = _positive_int(config, "max_state_dim", DEFAULT_MAX_DIM, config_path)
+    conventions = lerobot_conventions(version, told_main, max_state_dim)
+    notes.append(conventions.reason)
+    return LeRobotSpec(
+        cameras=tuple(cameras),
+        empty_cameras=empty,
+        state_dim=state_dim,
+        action_dim=action_dim,
+        chunk_size=chunk,
+        n_action_steps=n_action_steps,
+        num_inference_steps=_positive_int(config, "num_inference_steps", 10, config_path),
+        max_state_dim=max_state_dim,
+        max_action_dim=max_action_dim,
+        tokenizer_max_length=int(max_length),
+        image_resolution=(int(resolution[0]), int(resolution[1])),
+        state_norm=state_norm,
+        action_norm=action_norm,
+        relative_actions=relative,
+        conventions=conventions,
+        files=tuple(files),
+        notes=tuple(notes),
+    )
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+
+def lerobot_model_config(
+    mapped: Mapping[str, tuple[str, tuple[int, ...]]], spec: LeRobotSpec
+) -> Pi05Config:
+    """The model of a LeRobot folder: the preset whose tensors match (with the file's
+    ``max_action_dim``), denoising ``chunk_size`` tokens, ``tokenizer_max_length`` prompt tokens
+    and one image slot per camera.
+
+    Raises:
+        LeRobotFormatError: no action projection, a max_action_dim that config.json contradicts,
+            tensors that match no preset, or an image_resolution the model does not have.
+    """
+    shape = mapped.get("action_in_proj.weight", ("", ()))[1]
+    if len(shape) != 2:
+        raise LeRobotFormatError(
+            "model.safetensors has no action_in_proj.weight [width, max_action_dim]"
+        )
+    max_action_dim = int(shape[1])
+    if max_action_dim != spec.max_action_dim:
+        raise LeRobotFormatError(
+            f"config.json max_action_dim {spec.max_action_dim} but the tensors have "
+            f"{max_action_dim} (action_in_proj.weight {list(shape)})"
+        )
+    if spec.action_dim > max_action_dim:
+        raise LeRobotFormatError(
+            f"output_features action has {spec.action_dim} dims, more than max_action_dim "
+            f"{max_action_dim}"
+        )
+    candidates = [dataclasses.replace(p, action_dim=max_action_dim) for p in PRESETS.values()]
+    try:
+        preset = infer_config(mapped, candidates)
+    except CheckpointError as exc:
+        raise LeRobotFormatError(f"LeRobot tensors (openpi names) fit no model: {exc}") from exc
+    size = preset.vision.image_size
+    if spec.image_resolution != (size, size):
+        raise LeRobotFormatError(
+            f"config.json image_resolution {list(spec.image_resolution)} but the vision tower "
+            f"takes {size}x{size}"
+        )
+    return dataclasses.replace(
+        preset,
+        action_horizon=spec.chunk_size,
+        max_token_len=spec.tokenizer_max_length,
+        num_image_slots=len(spec.cameras),
+    )
+
+
+def load_lerobot_checkpoint(
+    ckpt_dir: Path,
+    reason: str,
+    config: Pi05Config | None = None,
+    device: str | torch.device = "cpu",
+    dtype: DTypeLike = torch.float32,
+    version: str = "auto",
+) -> LoadedCheckpoint:
+    """Load a LeRobot pi05 folder as it is (see `checkpoint.load_checkpoint`, its one entry).
+
+    Raises:
+        CheckpointError (LeRobotFormatError): what `read_lerobot`, `weight_plan` and
+            `lerobot_model_config` refuse, or tensors that do not fit (all listed at once).
+    """
+    dtype = as_dtype(dtype)
+    weights = ckpt_dir / MODEL_FILENAME
+    header = read_safetensors_header(weights)
+    spec = read_lerobot(ckpt_dir, version)
+    plan, mapped = weight_plan(header)
+    source = "given explicitly"
+    if config is None:
+        config = lerobot_model_config(mapped, spec)
+        source = (
+            f"LeRobot config.json: the tensors match preset {config.name!r} with max_action_dim "
+            f"{config.action_dim}; chunk_size {config.action_horizon}, tokenizer_max_length "
+            f"{config.max_token_len}, {config.num_image_slots} cameras"
+        )
+    with torch.device("meta"):
+        probe = Pi05Model(config)
+    problems = find_tensor_problems(mapped, expected_file_tensors(probe))
+    if problems:
+        raise LeRobotFormatError(
+            f"{weights} (LeRobot names mapped onto openpi's) does not fit the {config.name!r} "
+            "model:\n" + "\n".join(problems)
+        )
+    model = build_model(config, device, dtype)
+    stream_weights(weights, model, plan)
+    model.eval().requires_grad_(False)
+    for note in spec.notes:
+        logger.info("%s: %s", ckpt_dir, note)
+    return LoadedCheckpoint(
+        model,
+        config,
+        {"state": spec.state_norm, "actions": spec.action_norm},
+        "",
+        ckpt_dir,
+        source,
+        format="lerobot",
+        format_reason=reason,
+        conventions=spec.conventions,
+        lerobot=spec,
+    )
