@@ -48,7 +48,16 @@ def ros_env() -> dict[str, str]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    from importlib import metadata
+
+    from oxygen_ros.ros.rclpy_compat import ros_distro
+
+    try:
+        rclpy_version = metadata.version("ros-rclpy")
+    except metadata.PackageNotFoundError:
+        rclpy_version = "from a ROS install"
     return (
+        f"ROS 2 {ros_distro() or 'unknown'} (rclpy {rclpy_version}) "
         f"ROS_DOMAIN_ID={os.environ['ROS_DOMAIN_ID']} "
         f"RMW_IMPLEMENTATION={os.environ['RMW_IMPLEMENTATION']} "
         f"ROS_AUTOMATIC_DISCOVERY_RANGE={os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE']}"

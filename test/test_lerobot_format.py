@@ -105,6 +105,13 @@ def test_format_is_detected_from_the_files(folders):
     assert detect_format(folders["bare"]).name == "lerobot"
 
 
+def test_openpis_converter_config_json_has_no_type_and_stays_openpi(folders, tmp_path):
+    folder = Path(shutil.copytree(folders["openpi"], tmp_path / "openpi"))
+    (folder / "config.json").write_text(json.dumps({"action_horizon": 15, "max_token_len": 180}))
+    assert detect_format(folder).name == "openpi"
+    assert load_checkpoint(folder).format == "openpi"
+
+
 @pytest.mark.parametrize("policy_type", ["pi0", "smolvla"])
 def test_other_policy_types_are_refused_by_name(folder, policy_type):
     edit_json(folder / "config.json", lambda c: c.update(type=policy_type))
@@ -229,6 +236,17 @@ def test_stats_are_read_from_the_steps_state_file_not_a_fixed_index(folder):
     np.testing.assert_array_equal(
         state.stats["q01"], dataset_stats()["observation.state"]["q01"].astype(np.float32)
     )
+
+
+def test_a_state_the_normalizer_step_does_not_list_passes_through(folder):
+    def drop(c):
+        step = next(s for s in c["steps"] if s["registry_name"] == "normalizer_processor")
+        step["config"]["normalize_observation_keys"] = ["observation.images.base_0_rgb"]
+
+    edit_json(folder / "policy_preprocessor.json", drop)
+    loaded = load_checkpoint(folder)
+    assert loaded.norm_stats["state"].passthrough
+    assert loaded.norm_stats["actions"].mode == "QUANTILES"
 
 
 def test_a_missing_stats_file_is_a_clear_error(folder):

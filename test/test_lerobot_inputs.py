@@ -146,10 +146,24 @@ def test_min_max_and_quantile10_round_trips():
         assert norm.unnormalize(norm.normalize(x)).tolist() == [1.0, 1.0]
 
 
-def test_a_state_of_the_wrong_width_is_refused():
+def test_a_state_of_the_wrong_width_is_refused(v04):
     norm = FeatureNorm("observation.state", "QUANTILES", 1e-8, unit_stats_f32(3), 3)
-    with pytest.raises(ValueError, match="expected width 3"):
+    with pytest.raises(ValueError, match="expected at most width 3"):
         norm.normalize(np.zeros(4, F32))
+    # the policy wants exactly the checkpoint's state width, as LeRobot does
+    with pytest.raises(ValueError, match="the checkpoint's state has 4 dims, got 3"):
+        load_policy(v04).prompt_tokens(np.zeros(3), "go")
+
+
+def test_a_robot_may_drive_the_first_action_dims_only(v04):
+    full, first = load_policy(v04), load_policy(v04, action_dim=5)
+    y = np.random.default_rng(4).uniform(-1, 1, (TINY.action_horizon, TINY.action_dim))
+    y = y.astype(F32)
+    assert np.array_equal(
+        first.robot_actions(y, np.zeros(4)), full.robot_actions(y, np.zeros(4))[:, :5]
+    )
+    with pytest.raises(ValueError, match="has 7 action dims, asked for 8"):
+        load_policy(v04, action_dim=8)
 
 
 def unit_stats_f32(dim):
@@ -479,3 +493,22 @@ def test_configure_says_what_a_relative_checkpoint_needs(tmp_path, tokenizer_fil
             ),
             policy,
         )
+
+
+def test_bfloat16_keeps_lerobot_mains_vision_path_in_float32(v04, main_folder):
+    vision = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0"
+    projector = "paligemma_with_expert.paligemma.model.multi_modal_projector.linear.weight"
+    gemma = "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp.up_proj.weight"
+    for folder, kept in ((v04, torch.bfloat16), (main_folder, torch.float32)):
+        policy = load_policy(folder, dtype="bfloat16")
+        params = dict(policy.model.named_parameters())
+        assert params[f"{vision}.self_attn.q_proj.weight"].dtype == kept
+        assert params[projector].dtype == kept
+        assert params[gemma].dtype == torch.bfloat16
+        image = np.zeros((240, 320, 3), np.uint8)
+        inputs = policy.encode({BASE: image}, np.zeros(4), "go")
+        prefix = policy.model.prefill(
+            inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+        )
+        noise = torch.zeros(1, TINY.action_horizon, TINY.action_dim)
+        assert torch.isfinite(policy.model.sample_actions(prefix, noise, 2)).all()

@@ -24,8 +24,6 @@ from node_harness import NodeProcess, Playback, Probe, stamp_ns, wait_for
 
 from oxygen_ros.tools.make_bag import JOINT_STATES_TOPIC, camera_topic, write_synthetic_bag
 
-pytestmark = [pytest.mark.ros, pytest.mark.slow]
-
 REPO = Path(__file__).resolve().parents[1]
 ROBOTS = ("r1", "r2")
 WAIT_S = 90.0
@@ -72,6 +70,16 @@ def bags(tmp_path, ros_env):
     return {"r1": root / "r1", "r2": write_synthetic_bag(root / "r2", 2.0, ns="r2")}
 
 
+@pytest.mark.parametrize("config", sorted((REPO / "config").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_has_relative_input_topics(config):
+    """So that a namespace moves every input (joint_states is relative in the node itself)."""
+    params = yaml.safe_load(config.read_text())["/**"]["ros__parameters"]
+    topics = params.get("camera_topics") or []
+    assert topics and not [t for t in topics if t.startswith("/")], topics
+
+
+@pytest.mark.ros
+@pytest.mark.slow
 def test_two_namespaced_nodes_each_get_only_their_own_robots_inputs(
     tiny_checkpoint, bags, tmp_path, ros_env
 ):

@@ -25,10 +25,9 @@ from PIL import Image as PILImage
 from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
 from rosbags.rosbag2 import StoragePlugin, Writer
-from rosbags.typesys import Stores, get_typestore
 from sensor_msgs.msg import CompressedImage
 
-from oxygen_ros.tools.make_bag import joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_bag import joint_names, message_store, write_synthetic_bag
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -48,10 +47,10 @@ FAULT_BAG_S = 6.0
 
 
 class _BagBuilder:
-    """Serialises messages with a rosbags typestore (kilted definitions, as the node's wheels)."""
+    """Serialises messages with a rosbags typestore (the definitions of the distribution in use)."""
 
     def __init__(self) -> None:
-        self.store = get_typestore(Stores.ROS2_KILTED)
+        self.store = message_store()
         t = self.store.types
         self._time, self._header = t["builtin_interfaces/msg/Time"], t["std_msgs/msg/Header"]
         self._image, self._compressed = (

@@ -314,6 +314,43 @@ def test_a_lost_final_delta_never_leaves_narration_busy(running):
     assert node.state_label == "active"
 
 
+def test_a_decode_step_that_raises_as_a_whole_fails_its_requests_not_the_tick(running):
+    """The engine's language boundary seen from the node: the decoder's step replaced by one that
+    raises (outside every guard inside it) ends the narrations it was serving with a published
+    ``failed`` final, nothing escapes ``decode`` (no decode_errors), and chunks and later
+    narrations keep coming."""
+    node, chunks, _, feeder = running
+    assert node.set_parameters(
+        [Parameter("narration_max_tokens", value=8), Parameter("narration_period_s", value=0.2)]
+    )[0].successful
+    before = node._counters.snapshot()
+    seen = len(feeder.narrations)
+    broke = []
+    try:
+        with _Replaced(node._engine.decoder, "step", _raising(RuntimeError, 3, broke)):
+            assert wait_for(lambda: len(broke) == 3, 20)
+        assert wait_for(
+            lambda: any(n.final and n.finish_reason == "failed" for n in feeder.narrations[seen:]),
+            20,
+        )
+        assert wait_for(
+            lambda: any(
+                n.final and n.finish_reason in ("eos", "length") for n in feeder.narrations[seen:]
+            ),
+            20,
+        ), "no narration finished normally after the faults"
+        assert _chunks_keep_flowing(chunks)
+    finally:
+        assert node.set_parameters([Parameter("narration_period_s", value=0.0)])[0].successful
+    after = node._counters.snapshot()
+    assert after.get("decode_errors", 0) == before.get("decode_errors", 0)
+    assert after.get("requests_failed", 0) - before.get("requests_failed", 0) >= 1
+    assert node._engine.faults_by_stage.get("decode_step", 0) >= 3
+    finals = [n.request_id for n in feeder.narrations[seen:] if n.final]
+    assert len(finals) == len(set(finals))  # one final per request
+    node._engine.check_memory()
+
+
 def test_a_task_shortened_to_fit_is_counted_and_logged_throttled(running):
     """A task too long for the prompt that reaches the tokenizer anyway (set here behind the
     set-time check's back) loses task text, never the state: each shortened prompt is counted on

@@ -103,24 +103,29 @@ def as_dtype(dtype: DTypeLike) -> torch.dtype:
     return dtype
 
 
-def openpi_param_dtype(name: str, dtype: DTypeLike) -> torch.dtype:
-    """The dtype openpi gives parameter ``name`` when the model runs in ``dtype``."""
+def openpi_param_dtype(
+    name: str, dtype: DTypeLike, keep_float32: tuple[str, ...] = ()
+) -> torch.dtype:
+    """The dtype openpi gives parameter ``name`` when the model runs in ``dtype``;
+    ``keep_float32``: more name parts kept in float32 (LeRobot main keeps the vision path)."""
     dtype = as_dtype(dtype)
     if dtype == torch.float32 or not name.startswith(REDUCED_PRECISION_PREFIX):
         return torch.float32
-    if any(selector in name for selector in KEEP_FLOAT32_SELECTORS):
+    if any(selector in name for selector in KEEP_FLOAT32_SELECTORS + keep_float32):
         return torch.float32
     return dtype
 
 
-def apply_openpi_precision(model: nn.Module, dtype: DTypeLike) -> nn.Module:
+def apply_openpi_precision(
+    model: nn.Module, dtype: DTypeLike, keep_float32: tuple[str, ...] = ()
+) -> nn.Module:
     """Cast parameters in place the way openpi does for ``dtype`` (see `openpi_param_dtype`).
 
     In bfloat16: SigLIP patch/position embeddings, every Gemma RMSNorm/adaRMS norm and the
     action/time projections stay float32; everything else becomes bfloat16. Works on meta tensors.
     """
     for name, param in model.named_parameters():
-        target = openpi_param_dtype(name, dtype)
+        target = openpi_param_dtype(name, dtype, keep_float32)
         if param.dtype != target:
             param.data = param.data.to(target)
     return model
@@ -215,20 +220,24 @@ def read_config(path: PathLike) -> Pi05Config:
 
 
 def build_model(
-    config: Pi05Config, device: str | torch.device = "cpu", dtype: DTypeLike = torch.float32
+    config: Pi05Config,
+    device: str | torch.device = "cpu",
+    dtype: DTypeLike = torch.float32,
+    keep_float32: tuple[str, ...] = (),
 ) -> Pi05Model:
-    """An uninitialised model allocated directly at openpi's per-parameter dtypes on ``device``.
+    """An uninitialised model allocated directly at openpi's per-parameter dtypes on ``device``
+    (``keep_float32``: see `openpi_param_dtype`).
 
     Parameters hold arbitrary memory: fill them with `init_random_weights` or a checkpoint.
     """
     with torch.device("meta"):
         model = Pi05Model(config)
-    apply_openpi_precision(model, dtype)
+    apply_openpi_precision(model, dtype, keep_float32)
     if any(True for _ in model.buffers()):
         # to_empty would leave buffers uninitialised; build for real (slower) and cast instead.
         with torch.device(device):
             model = Pi05Model(config)
-        return apply_openpi_precision(model, dtype)
+        return apply_openpi_precision(model, dtype, keep_float32)
     return model.to_empty(device=device)
 
 

@@ -1,7 +1,8 @@
 """Input conventions: how a checkpoint's framework turned robot data into model inputs.
 
 The same pi0.5 weights see slightly different inputs depending on the framework that trained them,
-and the actions move with it (measured on random weights: up to 0.47). One frozen value,
+and the actions move with it (random weights, two 240x320 / 300x200 cameras: up to 0.32 on the
+`small` preset, 0.47 in the issue's measurement). One frozen value,
 `InputConventions`, carries every such choice; the policy and the preprocessing read it, nothing
 else decides:
 
@@ -15,6 +16,8 @@ image resampling      uint8, PIL bilinear, antialiased    float32 in [0, 1], bil
 image borders         black (-1 in model range)           0.4.x: -1 before scaling -> -3;
                                                           main: 0 before scaling -> -1
 flow-matching times   ``t += dt`` accumulated (float32)   ``1 + step * dt`` per step
+bfloat16 weights      SigLIP embeddings and norms fp32    0.4.x: as openpi; main: the whole
+                                                          vision tower and projector fp32
 ====================  ==================================  =====================================
 
 LeRobot's version is read from the folder: main writes ``use_relative_actions`` into config.json
@@ -32,6 +35,7 @@ OPENPI, LEROBOT = "openpi", "lerobot"
 RESAMPLE_PIL = "pil_antialias"  # openpi_client's resize_with_pad
 RESAMPLE_FLOAT = "float_bilinear"  # LeRobot's resize_with_pad_torch on float pixels
 LEROBOT_VERSIONS = ("auto", "0.4", "main")
+MAIN_KEEP_FLOAT32 = ("vision_tower", "multi_modal_projector")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,8 @@ class InputConventions:
     border: float = -1.0  # model-range value of the letterbox bars
     flow_times: str = OPENPI  # a key of `pi05.FLOW_SCHEDULES`
     reason: str = "openpi conventions"
+    # parameter name parts kept in float32 beyond openpi's when the model runs in bfloat16
+    keep_float32: tuple[str, ...] = ()
 
     @property
     def border_before_scaling(self) -> float:
@@ -75,7 +81,8 @@ def lerobot_conventions(
     else:
         why = f"LeRobot {version} conventions (lerobot_version parameter)"
     if version == "main":
-        return InputConventions(LEROBOT, 0, RESAMPLE_FLOAT, -1.0, LEROBOT, why)
+        # main keeps the whole vision path (SigLIP and the projector) in float32 under bfloat16
+        return InputConventions(LEROBOT, 0, RESAMPLE_FLOAT, -1.0, LEROBOT, why, MAIN_KEEP_FLOAT32)
     return InputConventions(
         LEROBOT,
         max_state_dim,

@@ -249,23 +249,28 @@ class FeatureNorm:
     def passthrough(self) -> bool:
         return self.mode == IDENTITY or not self.stats
 
-    def _range(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stat(self, name: str, width: int) -> torch.Tensor:
+        return torch.from_numpy(self.stats[name][:width])
+
+    def _range(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         low, high = {
             QUANTILES: ("q01", "q99"),
             QUANTILE10: ("q10", "q90"),
             MIN_MAX: ("min", "max"),
         }[self.mode]
-        lo = torch.from_numpy(self.stats[low])
-        denom = torch.from_numpy(self.stats[high]) - lo
+        lo = self._stat(low, width)
+        denom = self._stat(high, width) - lo
         denom = torch.where(denom == 0, torch.tensor(self.eps, dtype=torch.float32), denom)
         return lo, denom
 
     def _check(self, x: np.ndarray) -> torch.Tensor:
+        """``x`` as float32; narrower than the statistics uses their leading entries (a robot
+        that drives the first dims only), wider is an error."""
         x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         width = next(iter(self.stats.values())).shape[-1]
-        if x.ndim < 1 or x.shape[-1] != width:
+        if x.ndim < 1 or x.shape[-1] > width:
             raise ValueError(
-                f"{self.key}: expected width {width} (the checkpoint's statistics), got "
+                f"{self.key}: expected at most width {width} (the checkpoint's statistics), got "
                 f"{tuple(x.shape)}"
             )
         return x
@@ -275,10 +280,10 @@ class FeatureNorm:
         if self.passthrough:
             return np.asarray(x, dtype=np.float32)
         t = self._check(x)
+        width = t.shape[-1]
         if self.mode == MEAN_STD:
-            mean, std = torch.from_numpy(self.stats["mean"]), torch.from_numpy(self.stats["std"])
-            return ((t - mean) / (std + self.eps)).numpy()
-        lo, denom = self._range()
+            return ((t - self._stat("mean", width)) / (self._stat("std", width) + self.eps)).numpy()
+        lo, denom = self._range(width)
         return (2.0 * (t - lo) / denom - 1.0).numpy()
 
     def unnormalize(self, y: np.ndarray) -> np.ndarray:
@@ -286,10 +291,10 @@ class FeatureNorm:
         if self.passthrough:
             return np.asarray(y, dtype=np.float32)
         t = self._check(y)
+        width = t.shape[-1]
         if self.mode == MEAN_STD:
-            mean, std = torch.from_numpy(self.stats["mean"]), torch.from_numpy(self.stats["std"])
-            return (t * std + mean).numpy()
-        lo, denom = self._range()
+            return (t * self._stat("std", width) + self._stat("mean", width)).numpy()
+        lo, denom = self._range(width)
         if self.mode == MIN_MAX:
             return ((t + 1) / 2 * denom + lo).numpy()
         return ((t + 1.0) * denom / 2.0 + lo).numpy()
@@ -418,6 +423,13 @@ def _feature_norm(
     cfg = (step or {}).get("config") or {}
     norm_map = cfg.get("norm_map") or fallback_map
     mode = norm_map.get(kind, IDENTITY)
+    if kind != ACTION and step is not None:
+        # LeRobot normalises an observation only if the step lists it among its features (and in
+        # normalize_observation_keys when that is set); the action always
+        listed = key in (cfg.get("features") or {})
+        keys = cfg.get("normalize_observation_keys")
+        if not listed or (keys is not None and key not in keys):
+            return FeatureNorm(key, IDENTITY, float(cfg.get("eps", DEFAULT_EPS)), {}, dim)
     if mode not in NORM_MODES:
         raise LeRobotFormatError(f"{source}: unknown normalization mode {mode!r} for {kind}")
     eps = float(cfg.get("eps", DEFAULT_EPS))
@@ -693,7 +705,7 @@ def load_lerobot_checkpoint(
             f"{weights} (LeRobot names mapped onto openpi's) does not fit the {config.name!r} "
             "model:\n" + "\n".join(problems)
         )
-    model = build_model(config, device, dtype)
+    model = build_model(config, device, dtype, spec.conventions.keep_float32)
     stream_weights(weights, model, plan)
     model.eval().requires_grad_(False)
     for note in spec.notes:

@@ -201,9 +201,9 @@ class Pi05Policy:
 
     def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
         """The state vector the prompt's bins are made of: the robot's state transform, then the
-        checkpoint's normalisation (LeRobot 0.4.x checkpoints list it zero-padded to max_state_dim:
-        ``conventions.prompt_state_dim``); None for robots trained without the state in the prompt
-        (the state is still checked).
+        checkpoint's normalisation (openpi's quantiles, or LeRobot's normaliser in float32), then,
+        for LeRobot 0.4.x, zero-padding to max_state_dim (``conventions.prompt_state_dim``); None
+        for robots trained without the state in the prompt (the state is still checked).
 
         Raises:
             ValueError: a state of the wrong width or with non-finite values.

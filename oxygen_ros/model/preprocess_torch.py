@@ -31,6 +31,19 @@ def resize_geometry(
     return new_height, new_width, pad_top, pad_left
 
 
+def _batched_uint8(images: Tensor, caller: str) -> Tensor:
+    """uint8 [H, W, 3] or [N, H, W, 3] -> [N, H, W, 3], checked (non-empty, 3 channels)."""
+    if images.dtype != torch.uint8:
+        raise ValueError(f"{caller} expects uint8 images, got {images.dtype}")
+    if images.dim() == 3:
+        images = images[None]
+    if images.dim() != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected images shaped [N, H, W, 3], got {tuple(images.shape)}")
+    if images.shape[1] < 1 or images.shape[2] < 1:
+        raise ValueError(f"cannot resize an empty image of shape {tuple(images.shape)}")
+    return images
+
+
 def resize_with_pad_torch(
     images: Tensor, height: int, width: int, out: Tensor | None = None
 ) -> Tensor:
@@ -40,15 +53,8 @@ def resize_with_pad_torch(
     ``out``: optional preallocated [N, 3, height, width] float32 destination (e.g. a static input
     buffer), written in place and returned.
     """
-    if images.dtype != torch.uint8:
-        raise ValueError(f"resize_with_pad_torch expects uint8 images, got {images.dtype}")
-    if images.dim() == 3:
-        images = images[None]
-    if images.dim() != 4 or images.shape[-1] != 3:
-        raise ValueError(f"expected images shaped [N, H, W, 3], got {tuple(images.shape)}")
+    images = _batched_uint8(images, "resize_with_pad_torch")
     n, cur_height, cur_width = images.shape[:3]
-    if cur_height < 1 or cur_width < 1:
-        raise ValueError(f"cannot resize an empty image of shape {tuple(images.shape)}")
     pixels = images.permute(0, 3, 1, 2).to(torch.float32)  # [N, 3, H, W], uint8 levels
     if (cur_height, cur_width) != (height, width):
         new_height, new_width, top, left = resize_geometry(cur_height, cur_width, height, width)
@@ -83,15 +89,8 @@ def lerobot_resize_with_pad(
     ``(border + 1) / 2`` (LeRobot 0.4.4 pads -1 before scaling, so its borders end at -3; main
     pads 0 -> -1); then ``x * 2 - 1``. The geometry is openpi's (`resize_geometry`).
     """
-    if images.dtype != torch.uint8:
-        raise ValueError(f"lerobot_resize_with_pad expects uint8 images, got {images.dtype}")
-    if images.dim() == 3:
-        images = images[None]
-    if images.dim() != 4 or images.shape[-1] != 3:
-        raise ValueError(f"expected images shaped [N, H, W, 3], got {tuple(images.shape)}")
+    images = _batched_uint8(images, "lerobot_resize_with_pad")
     n, cur_height, cur_width = images.shape[:3]
-    if cur_height < 1 or cur_width < 1:
-        raise ValueError(f"cannot resize an empty image of shape {tuple(images.shape)}")
     # LeRobot: from_numpy(HWC).float() / 255, then permute(2, 0, 1).contiguous()
     pixels = (images.to(torch.float32) / 255).permute(0, 3, 1, 2).contiguous()
     if (cur_height, cur_width) != (height, width):

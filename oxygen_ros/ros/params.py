@@ -214,7 +214,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         _T.PARAMETER_BOOL,
         False,
         "resize_with_pad and scaling on the model device with pinned, non-blocking uploads (needs "
-        "static_shapes or cuda_graphs); exact for 224x224 images, within one uint8 level otherwise",
+        "static_shapes or cuda_graphs; openpi's or a LeRobot checkpoint's resize); exact for "
+        "224x224 images, within one uint8 level otherwise",
         CONFIGURE,
     ),
     ParamSpec(

@@ -27,8 +27,9 @@ Differences found between rclpy 7.1.6 (Jazzy) and 9.1.2 (Kilted), and how each i
 * ``Node.add_post_set_parameters_callback`` exists since Iron (both tested releases; Humble lacks
   it): :func:`has_post_set_parameters_callback` says whether the node can apply accepted parameter
   changes right after they are set, else it applies them at the next tick.
-* ``rclpy.executors.ExternalShutdownException`` exists in both tested releases; older ones end
-  ``spin()`` with KeyboardInterrupt only, so a stand-in is exported for them.
+* ``rclpy.executors.ExternalShutdownException`` and ``rclpy.init(signal_handler_options=...)``
+  exist in Humble, Jazzy and Kilted (checked in their sources); releases before Humble end
+  ``spin()`` with KeyboardInterrupt only, so stand-ins are kept for them.
 * Kilted adds ``qos_profile_rosout_default``, ``Executor.create_future``, ``MultiThreadedExecutor
   .shutdown(wait_for_threads=...)``, content-filtered subscriptions and action introspection:
   none of them is used. QoS profiles, lifecycle transitions and publishers, parameter callbacks

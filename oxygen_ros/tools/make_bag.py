@@ -73,6 +73,11 @@ def default_distro() -> str:
     return distro if distro in _STORES else "jazzy"
 
 
+def message_store(distro: str | None = None) -> Typestore:
+    """The rosbags message definitions of ``distro`` (default: :func:`default_distro`)."""
+    return get_typestore(_STORES[distro or default_distro()])
+
+
 def _installed_distro() -> str:
     """The distribution of the installed rclpy (no rclpy import: bags are made without ROS)."""
     try:
@@ -270,7 +275,7 @@ def write_synthetic_bag(
         raise ValueError("duration, width, height and num_joints must be positive")
     if camera_rate_hz <= 0 or joint_rate_hz <= 0:
         raise ValueError("rates must be positive")
-    typestore = get_typestore(_STORES[distro or default_distro()])
+    typestore = message_store(distro)
     messages = _Messages(typestore)
     image_type = "sensor_msgs/msg/CompressedImage" if compressed else "sensor_msgs/msg/Image"
     path = Path(out_dir)
