@@ -18,7 +18,13 @@ from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.types import ActionChunk
 from oxygen_ros.model.mot import attention_tables, condition_rows
 from oxygen_ros.model.pi05 import flow_schedule
-from oxygen_ros.model.rtc import RTCGuidance, guidance_weight, prefix_weights
+from oxygen_ros.model.rtc import (
+    RTCGuidance,
+    TrainedPrefix,
+    guidance_weight,
+    guidance_weights,
+    prefix_weights,
+)
 from oxygen_ros.ros.params import NodeSettings, SettingsError, check_value
 from oxygen_ros.tools.continuity_workload import (
     TimedChunk,
@@ -301,10 +307,11 @@ def test_no_guidance_without_overlap(policy):
     assert continuity.guidance(moving_scene(1.02, 1)) is None
 
 
-def test_rtc_on_the_static_path_runs_the_guided_sampler(policy):
-    """static_shapes: the first frame uses the static chunk, a guided frame the eager guided one."""
-    engine = OxygenEngine(policy, EngineConfig(chunk_continuity="rtc", static_shapes=True))
-    eager = OxygenEngine(policy, EngineConfig(chunk_continuity="rtc"))
+def test_vjp_rtc_on_the_static_path_runs_the_eager_guided_sampler(policy):
+    """static_shapes: the first frame uses the static chunk, a vjp-guided frame the eager one."""
+    vjp = dict(chunk_continuity="rtc", rtc_guidance="vjp")
+    engine = OxygenEngine(policy, EngineConfig(**vjp, static_shapes=True))
+    eager = OxygenEngine(policy, EngineConfig(**vjp))
     for stamp in (0.0, 0.05):
         a, b = engine.act(moving_scene(stamp, 2)), eager.act(moving_scene(stamp, 2))
         engine.continuity.latency_s = eager.continuity.latency_s = 0.03
@@ -326,6 +333,15 @@ def test_config_and_parameter_checks():
         check_value("chunk_continuity", "smooth")
     with pytest.raises(SettingsError, match="rtc_schedule"):
         check_value("rtc_schedule", "cosine")
+    with pytest.raises(ValueError, match="rtc_guidance"):
+        EngineConfig(rtc_guidance="exact")
+    with pytest.raises(ValueError, match="rtc_training_max_delay"):
+        EngineConfig(rtc_training_max_delay=-1)
+    with pytest.raises(SettingsError, match="rtc_guidance"):
+        check_value("rtc_guidance", "exact")
+    assert EngineConfig().continuity_mode == "none"
+    assert EngineConfig(chunk_continuity="rtc").continuity_mode == "identity"
+    assert EngineConfig(chunk_continuity="rtc", rtc_guidance="vjp").continuity_mode == "vjp"
     with pytest.raises(SettingsError, match="rtc_max_guidance_weight"):
         check_value("rtc_max_guidance_weight", -1.0)
     assert "rtc_schedule" in {f.name for f in NodeSettings.__dataclass_fields__.values()}
@@ -349,32 +365,183 @@ def test_controller_stream_and_switch_discontinuity_by_hand():
     assert late["switches_past_previous_end"] == 1
 
 
-def test_bench_continuity_writes_both_modes(tmp_path):
+def test_bench_continuity_writes_every_mode(tmp_path):
     from oxygen_ros.tools.bench import main
 
     path = tmp_path / "continuity.json"
     threads = torch.get_num_threads()
     try:
-        assert (
-            main(
-                [
-                    "continuity",
-                    "--preset",
-                    "tiny",
-                    "--frames",
-                    "12",
-                    "--warmup",
-                    "2",
-                    "--json",
-                    str(path),
-                ]
-            )
-            == 0
-        )
+        args = ["continuity", "--preset", "tiny", "--frames", "12", "--warmup", "2"]
+        assert main([*args, "--rounds", "2", "--json", str(path)]) == 0
     finally:
         torch.set_num_threads(threads)  # the bench runs single-threaded, as the node does
     modes = json.loads(path.read_text())["modes"]
-    keys = {"switch_discontinuity_p50", "switch_discontinuity_p99", "jerk_rms", "action_ms_p50"}
-    assert keys <= set(modes["none"]) and keys <= set(modes["rtc"])
-    assert modes["rtc"]["switches"] == modes["none"]["switches"] == 11
-    assert modes["rtc"]["switch_discontinuity_p50"] < modes["none"]["switch_discontinuity_p50"]
+    assert list(modes) == ["none", "identity", "vjp", "trained"]
+    keys = {
+        "switch_discontinuity_p50",
+        "switch_discontinuity_p99",
+        "jerk_rms",
+        "action_ms_p50",
+        "action_cost_vs_none",
+        "switch_cut_vs_none",
+    }
+    for mode in modes.values():
+        assert keys <= set(mode) and mode["switches"] == 11
+    assert modes["none"]["action_cost_vs_none"] == 1.0
+    for mode in ("identity", "vjp", "trained"):
+        p50 = modes[mode]["switch_discontinuity_p50"]
+        assert p50 < modes["none"]["switch_discontinuity_p50"], mode
+
+
+# -- identity guidance and training-time RTC
+# -------------------------------------------------------
+def test_guidance_weights_on_the_device_match_the_scalar_formula():
+    times = torch.tensor([1.0, 0.9, 0.8, 0.5, 0.0])
+    # t = 1 and t = 0: beta; 0.9: 0.82 / 0.09 = 9.11 -> 5 (clipped); 0.8: 4.25; 0.5: 2
+    assert guidance_weights(times, 5.0).tolist() == pytest.approx([5.0, 5.0, 4.25, 2.0, 5.0])
+    assert guidance_weights(times, 100.0)[1].item() == pytest.approx(0.82 / 0.09, rel=1e-6)
+
+
+def test_identity_guidance_is_the_weighted_error_by_hand(policy, prefix):
+    """v - w * W (Y - (x - t v)): the J = I case, no backward pass (LeRobot's guided RTC)."""
+    model, cfg = policy.model, policy.config
+    t = 0.6
+    x = _noise(policy, 3) * 0.7
+    target = _noise(policy, 4)
+    weights = torch.rand(
+        cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(5)
+    )
+    calls = []
+
+    def velocity(x_in: torch.Tensor) -> torch.Tensor:
+        calls.append(x_in.requires_grad)
+        return model.denoise_step(prefix, x_in, torch.tensor(t))
+
+    guided = RTCGuidance(target, weights, 5.0, "identity").velocity(velocity, x, t)
+    with torch.no_grad():
+        v = model.denoise_step(prefix, x, torch.tensor(t))
+    weight = 0.52 / 0.24  # (t^2 + (1 - t)^2) / (t (1 - t)) < beta
+    expected = v - weight * (weights * (target - (x - t * v)))
+    torch.testing.assert_close(guided, expected, atol=1e-6, rtol=1e-6)
+    assert calls == [False]  # one forward, nothing differentiated
+    with pytest.raises(ValueError, match="guidance"):
+        RTCGuidance(target, weights, 5.0, "jacobian-free")
+
+
+def test_identity_guidance_freezes_the_prefix_and_is_plain_without_weights(policy, prefix):
+    model, cfg = policy.model, policy.config
+    previous = model.sample_actions(prefix, _noise(policy, 1))
+    noise = _noise(policy, 2)
+    free = model.sample_actions(prefix, noise)
+    frozen = 4
+    weights = prefix_weights(cfg.action_horizon, frozen, frozen, "linear")[:, None].expand(
+        -1, cfg.action_dim
+    )
+    guided = model.sample_actions(
+        prefix, noise, guidance=RTCGuidance(previous, weights, 10.0, "identity")
+    )
+    free_error = (free - previous)[0, :frozen].abs().max().item()
+    assert free_error > 0.5
+    assert (guided - previous)[0, :frozen].abs().max().item() < 0.02 * free_error
+    nothing = RTCGuidance(previous, torch.zeros_like(weights), 10.0, "identity")
+    assert torch.equal(model.sample_actions(prefix, noise, guidance=nothing), free)
+
+
+def test_trained_prefix_is_the_previous_chunk_at_time_zero(policy, prefix):
+    """The frozen steps are the previous chunk exactly; the loop equals the per-token-time loop
+    written out (time 0 on the frozen tokens, the prefix overwritten before and after each step);
+    nothing frozen is the plain chunk."""
+    model, cfg = policy.model, policy.config
+    horizon, steps = cfg.action_horizon, 10
+    previous = model.sample_actions(prefix, _noise(policy, 1))
+    noise = _noise(policy, 2)
+    d = 3
+    frozen = torch.arange(horizon) < d
+    trained = model.sample_actions(prefix, noise, guidance=TrainedPrefix(previous, frozen))
+    assert torch.equal(trained[0, :d], previous[0, :d])
+    times = torch.stack(flow_schedule(steps))
+    token_times = times[:, None].repeat(1, horizon)
+    token_times[:, :d] = 0.0
+    dt = torch.tensor(-0.1, dtype=torch.float32)
+    x = noise.clone()
+    x[:, :d] = previous[:, :d]
+    for step in range(steps):
+        x = model.denoise(prefix.context, prefix.num_valid, x, token_times[step : step + 1], dt)
+        x[:, :d] = previous[:, :d]
+    torch.testing.assert_close(trained, x, atol=1e-5, rtol=1e-5)
+    assert (trained - model.sample_actions(prefix, noise))[0, d:].abs().max() > 1e-3
+    nothing = TrainedPrefix(previous, torch.zeros(horizon, dtype=torch.bool))
+    torch.testing.assert_close(
+        model.sample_actions(prefix, noise, guidance=nothing),
+        model.sample_actions(prefix, noise),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    with pytest.raises(ValueError, match="NaN"):
+        TrainedPrefix(torch.full_like(previous, float("nan")), frozen)
+
+
+def test_trained_continuity_freezes_the_delay_and_falls_back_to_guidance_beyond_it(policy):
+    continuity = ChunkContinuity(policy, action_dt=0.02, guidance="identity", training_max_delay=2)
+    assert continuity.mode == "trained"
+    horizon = policy.config.action_horizon
+    obs = moving_scene(1.0, 1)
+    actions = np.arange(horizon * ROBOT_DIM, dtype=np.float32).reshape(horizon, ROBOT_DIM) * 1e-2
+    continuity.record(obs, ActionChunk(1, 1.0, actions, 10.0, 20.0))  # 30 ms: d = 2
+    assert continuity.frozen_steps() == 2
+    later = moving_scene(1.04, 1)  # two steps on: new step j is previous step j + 2
+    prefix = continuity.guidance(later)
+    assert isinstance(prefix, TrainedPrefix)
+    assert prefix.frozen.tolist() == [True, True] + [False] * (horizon - 2)
+    expected = policy.model_actions(actions[2:4].astype(np.float64), later.state)
+    np.testing.assert_allclose(prefix.target[0, :2].numpy(), expected, atol=1e-6)
+    assert (prefix.target[0, :2, ROBOT_DIM:] == 0).all()  # padding dims 0, as LeRobot pads
+    continuity.latency_s = 0.05  # d = 3 > 2: refused, guided instead (counted)
+    fallback = continuity.guidance(later)
+    assert isinstance(fallback, RTCGuidance) and fallback.jacobian == "identity"
+    assert fallback.weights[:3, 0].tolist() == [1.0, 1.0, 1.0]
+    assert continuity.trained_fallbacks == 1
+    continuity.latency_s = 0.0  # nothing due before the chunk arrives: the plain chunk
+    assert continuity.guidance(later) is None
+    with pytest.raises(ValueError, match="rtc_training_max_delay"):
+        ChunkContinuity(policy, action_dt=0.02, training_max_delay=horizon)
+
+
+def test_engine_runs_trained_rtc_and_the_frozen_steps_are_the_previous_chunk(policy):
+    config = EngineConfig(chunk_continuity="rtc", action_dt=0.02, rtc_training_max_delay=3)
+    assert config.continuity_mode == "trained"
+    engine = OxygenEngine(policy, config)
+    first = engine.act(moving_scene(0.0, 2))
+    engine.continuity.latency_s = 0.03  # d = 2
+    second = engine.act(moving_scene(0.04, 2))  # offset 2 steps
+    np.testing.assert_allclose(second.actions[:2], first.actions[2:4], atol=1e-4)
+    assert np.abs(second.actions[2:8] - first.actions[4:]).max() > 1e-3  # the rest is free
+    engine.close()
+
+
+def test_checkpoint_declared_max_delay_selects_trained_rtc(tiny_checkpoint, tmp_path):
+    import shutil
+
+    from oxygen_ros.engine.runtime import ModelSpec, build_engine, load_policy
+    from oxygen_ros.model.checkpoint import CheckpointError
+
+    plain = load_policy(ModelSpec(str(tiny_checkpoint)))
+    assert plain.rtc_training_max_delay == 0
+    assert build_engine(plain, EngineConfig(chunk_continuity="rtc")).config.continuity_mode == (
+        "identity"
+    )
+    declared = tmp_path / "trained"
+    shutil.copytree(tiny_checkpoint, declared)
+    config_json = declared / "config.json"
+    written = json.loads(config_json.read_text()) if config_json.is_file() else {}
+    config_json.write_text(json.dumps(written | {"rtc_training_max_delay": 4}))
+    policy = load_policy(ModelSpec(str(declared)))
+    assert policy.rtc_training_max_delay == 4
+    engine = build_engine(policy, EngineConfig(chunk_continuity="rtc"))
+    assert engine.config.continuity_mode == "trained"
+    assert engine.continuity.training_max_delay == 4
+    engine.close()
+    for bad in (-1, 2.5, True, policy.config.action_horizon):
+        config_json.write_text(json.dumps(written | {"rtc_training_max_delay": bad}))
+        with pytest.raises(CheckpointError, match="rtc_training_max_delay"):
+            load_policy(ModelSpec(str(declared)))

@@ -19,9 +19,11 @@ from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
 from oxygen_ros.engine.scheduler import make_pool, new_request
 from oxygen_ros.engine.static_paths import (
+    StaticActionChunk,
     StaticRunner,
     TextRow,
     bucket_for,
+    chunk_kind,
     next_power_of_two,
     prompt_buckets,
     round_up,
@@ -30,6 +32,7 @@ from oxygen_ros.engine.types import Observation, TextDelta
 from oxygen_ros.model.layers import attention_bias
 from oxygen_ros.model.preprocess import resize_with_pad, to_model_range
 from oxygen_ros.model.preprocess_torch import resize_geometry, resize_with_pad_torch
+from oxygen_ros.model.rtc import RTCGuidance, TrainedPrefix, prefix_weights
 
 STATIC = EngineConfig(static_shapes=True)
 BASE, LEFT, RIGHT = "base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"
@@ -501,6 +504,42 @@ def test_cuda_graph_replay_equals_eager_static_paths(tiny_checkpoint):
     assert results["graphs"][1] == results["static"][1]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize(
+    "continuity",
+    [dict(rtc_guidance="identity"), dict(rtc_training_max_delay=3)],
+    ids=["identity", "trained"],
+)
+def test_cuda_graphs_replay_rtc_chunks(tiny_checkpoint, continuity):
+    """On a GPU: identity-guided and trained chunks are captured like the plain chunk (no
+    capture inside a frame, no eager fallback) and replay what the eager static steps compute."""
+    from oxygen_ros.tools.continuity_workload import moving_scene
+
+    policy = scaled_policy(tiny_checkpoint, device="cuda")
+    chunks = {}
+    for path in ("static", "graphs"):
+        config = EngineConfig(
+            chunk_continuity="rtc",
+            action_dt=0.02,
+            seed=3,
+            static_shapes=True,
+            cuda_graphs=path == "graphs",
+            **continuity,
+        )
+        engine = OxygenEngine(policy, config)
+        engine.warm_up(moving_scene(0.0, 2, size=224))
+        chunks[path] = []
+        for k in range(4):
+            chunks[path].append(engine.act(moving_scene(0.05 * k, 2, size=224)).actions)
+            engine.continuity.latency_s = 0.03 + 0.02 * (k % 2)
+        engine.close()
+        assert engine.captures_during_frames == 0 and engine.static_fallbacks == 0
+        if path == "graphs":
+            assert all(p.step.captured for p in engine.runner.paths)
+    for eager, replayed in zip(chunks["static"], chunks["graphs"], strict=True):
+        np.testing.assert_allclose(replayed, eager, atol=1e-5, rtol=1e-6)
+
+
 # -- frozen after warm-up: no capture inside a frame
 # ------------------------------------------------------
 
@@ -586,3 +625,79 @@ def test_a_bucket_created_after_freezing_is_counted(policy):
         is None
     )  # no 5-step bucket
     pool.release(segment)
+
+
+# -- real-time chunking on the static path
+# ---------------------------------------------------------
+
+
+def _rtc_guidances(policy, previous: torch.Tensor) -> dict[str, object]:
+    """Identity guidance and a trained prefix over ``previous``, at two delays each."""
+    cfg = policy.config
+    out = {}
+    for d in (2, 4):
+        weights = prefix_weights(cfg.action_horizon, d, 8, "exp")[:, None].expand(
+            -1, cfg.action_dim
+        )
+        out[f"identity d={d}"] = RTCGuidance(previous, weights.contiguous(), 5.0, "identity")
+        out[f"trained d={d}"] = TrainedPrefix(previous, torch.arange(cfg.action_horizon) < d)
+    return out
+
+
+def test_static_rtc_chunks_are_bit_exact_and_the_delay_is_data(policy):
+    """Identity-guided and trained chunks on the fixed-shape path equal the eager sampler bit for
+    bit without padding; one bucket per kind serves every delay (buffers, not shapes); vjp stays
+    eager."""
+    pool = make_pool(policy, STATIC)
+    runner = StaticRunner(policy, pool, context_bucket=1)
+    obs = observation(2, (BASE, RIGHT))
+    n_tokens = int(policy.prompt_tokens(obs.state, obs.prompt)[1].sum())
+    runner.prompt_buckets = (n_tokens,) + runner.prompt_buckets
+    dynamic = prefill_frame(policy, pool, obs, 1)
+    static = prefill_frame(policy, pool, obs, 2, runner)
+    previous = act_on_frame(policy, pool, dynamic, frame_noise(policy.config, 0, 9, "cpu"), 10)
+    noise = frame_noise(policy.config, 0, 2, policy.device)
+    plain = act_on_frame(policy, pool, dynamic, noise, 10)
+    for name, guidance in _rtc_guidances(policy, previous[None]).items():
+        eager = act_on_frame(policy, pool, dynamic, noise, 10, guidance=guidance)
+        fixed = act_on_frame(policy, pool, static, noise, 10, runner, guidance)
+        assert torch.equal(fixed, eager), name
+        assert (eager - plain).abs().max() > 1e-2, name  # the guidance did act
+    kinds = sorted(path.kind[0] for path in runner.paths if isinstance(path, StaticActionChunk))
+    assert kinds == ["identity", "trained"]
+    # a plain chunk after a guided one: the guidance buffers are cleared
+    assert torch.equal(act_on_frame(policy, pool, static, noise, 10, runner), plain)
+    vjp = RTCGuidance(previous[None], torch.ones(policy.config.action_horizon, 1), 5.0, "vjp")
+    assert chunk_kind(vjp) is None
+    with pytest.raises(ValueError, match="eager"):
+        runner.act(static.segment, noise, 10, vjp)
+    for frame in (dynamic, static):
+        pool.release(frame.segment)
+
+
+@pytest.mark.parametrize(
+    "continuity",
+    [dict(rtc_guidance="identity"), dict(rtc_training_max_delay=3)],
+    ids=["identity", "trained"],
+)
+def test_engines_run_rtc_on_the_static_path_without_captures_in_frames(policy, continuity):
+    """After warm-up, a moving scene replanned with RTC: the static engine equals the eager one,
+    creates no bucket inside a frame and never falls back to the eager chunk."""
+    from oxygen_ros.tools.continuity_workload import moving_scene
+
+    config = dict(chunk_continuity="rtc", action_dt=0.02, seed=2, **continuity)
+    static = OxygenEngine(policy, EngineConfig(**config, static_shapes=True))
+    eager = OxygenEngine(policy, EngineConfig(**config))
+    static.warm_up(moving_scene(0.0, 2, state_dim=7))
+    created = static.runner.num_paths
+    try:
+        for k in range(4):
+            scene = moving_scene(0.05 * k, 2, state_dim=7)
+            a, b = static.act(scene), eager.act(scene)
+            static.continuity.latency_s = eager.continuity.latency_s = 0.03 + 0.02 * (k % 2)
+            np.testing.assert_allclose(a.actions, b.actions, atol=2e-4, rtol=1e-5)
+    finally:
+        static.close()
+        eager.close()
+    assert static.captures_during_frames == 0 and static.runner.num_paths == created
+    assert static.static_fallbacks == 0

@@ -1,12 +1,19 @@
-"""Continuous chunks across frames: the previous chunk becomes the next frame's RTC guidance.
+"""Continuous chunks across frames: the chunk the controller executes becomes the next frame's RTC
+guidance (guided: `RTCGuidance`) or frozen prefix (training-time RTC: `TrainedPrefix`).
 
 The controller executes action ``i`` of a chunk at ``stamp + (i + 1) * action_dt`` (the
 trajectory's header stamp is its observation's stamp). A new chunk from an observation stamped
 ``offset * action_dt`` after the previous one therefore overlaps the previous chunk shifted by
-``offset`` steps (fractional offsets interpolate linearly); the part the controller will run before
-the new chunk arrives — the inference delay, ``ceil(latency / action_dt)`` steps from the measured
-action-path latency (an EMA over recent frames) — is frozen, the rest of the overlap is softly
-guided (``model.rtc``), and steps beyond the previous chunk's end are free.
+``offset`` steps (fractional offsets interpolate linearly; a chunk published at another
+``action_dt`` is resampled at its own). The new chunk's steps the controller runs before the new
+chunk takes over — the delay ``d``, ``ceil(delay / action_dt)`` — are frozen, the rest of the
+overlap is softly guided (``model.rtc``), and steps beyond the previous chunk's end are free.
+
+The delay is what the robot sees: from the observation's stamp to the chunk published (its age at
+the tick, prefill, action, limits and publishing), an EMA over the node's reports
+(`ChunkContinuity.published`). Without reports (the benches, a script) it is the engine's own
+prefill + action time, and every computed chunk counts as executed; with them, the guidance
+follows the chunk actually published, after the safety limits, converted back to model space.
 """
 
 from __future__ import annotations
@@ -18,23 +25,35 @@ import numpy as np
 import torch
 
 from ..model.policy import Pi05Policy
-from ..model.rtc import RTCGuidance, prefix_weights
+from ..model.rtc import GUIDANCE, RTCGuidance, TrainedPrefix, prefix_weights
 from .types import ActionChunk, Observation
 
-LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's action-path latency
+LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's delay
 
 
-def resample_previous(previous: np.ndarray, offset: float, horizon: int) -> tuple[np.ndarray, int]:
-    """The previous chunk [H_prev, J] on the new chunk's time grid: row ``j`` is the previous chunk
-    at step ``offset + j``, linearly interpolated. Returns ([horizon, J], covered) where the first
+def resample_previous(
+    previous: np.ndarray, offset: float, horizon: int, step: float = 1.0
+) -> tuple[np.ndarray, int]:
+    """The previous chunk [H_prev, J] on the new chunk's time grid.
+
+    Row ``j`` is the previous chunk at step ``offset + (j + 1) * step - 1``, linearly interpolated:
+    ``offset`` is the new observation's stamp after the previous one in the previous chunk's steps,
+    ``step`` the new chunk's action period in them (1: the same ``action_dt``; a position before
+    the previous chunk's first action holds it). Returns ([horizon, J], covered) where the first
     ``covered`` rows lie within the previous chunk; later rows repeat its last action (they get
-    guidance weight 0). A negative offset (stamps going backwards) covers nothing."""
+    guidance weight 0). A negative offset (stamps going backwards) covers nothing.
+
+    Raises:
+        ValueError: ``step`` not a positive number.
+    """
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"step must be a positive number, got {step}")
     length = previous.shape[0]
     out = np.repeat(previous[-1:], horizon, axis=0).astype(np.float64)
     if not math.isfinite(offset) or offset < 0 or offset > length - 1:
         return out, 0
-    covered = min(horizon, int(math.floor(length - 1 - offset + 1e-9)) + 1)
-    steps = offset + np.arange(covered)
+    covered = min(horizon, int(math.floor((length - offset) / step + 1e-9)))
+    steps = np.maximum(offset + (np.arange(covered) + 1) * step - 1.0, 0.0)
     low = np.minimum(np.floor(steps + 1e-9).astype(np.int64), length - 1)
     high = np.minimum(low + 1, length - 1)
     frac = np.clip(steps - low, 0.0, 1.0)[:, None]
@@ -42,25 +61,42 @@ def resample_previous(previous: np.ndarray, offset: float, horizon: int) -> tupl
     return out, covered
 
 
+def smoothed(average: float | None, sample: float) -> float:
+    """The EMA of delays after ``sample`` (the first sample starts it)."""
+    return sample if average is None else average + LATENCY_SMOOTHING * (sample - average)
+
+
 @dataclasses.dataclass
 class PreviousChunk:
-    """The chunk the controller is executing: robot units, and the observation it came from."""
+    """A chunk the controller executes: robot units, the observation it came from, and the
+    ``action_dt`` it was published at."""
 
-    actions: np.ndarray  # [horizon, robot action_dim], as `Pi05Policy.robot_actions` returned it
+    actions: np.ndarray  # [steps, robot action_dim], as `Pi05Policy.robot_actions` returns them
     stamp: float
     state: np.ndarray
+    action_dt: float
+    frame_id: int = 0
 
 
 class ChunkContinuity:
-    """Remembers the newest chunk and the action-path latency; builds the next frame's guidance.
+    """Remembers the executed chunk and the delay; builds the next frame's guidance.
 
     Args:
         policy: maps robot units back to model space (`Pi05Policy.model_actions`).
-        action_dt: seconds between consecutive actions of a chunk (the controller's step).
+        action_dt: seconds between consecutive actions of a chunk (the controller's step); the
+            node updates it at run time (`set_action_dt`).
         execution_horizon: at most this many steps of the new chunk are guided; 0: the whole
             overlap with the previous chunk.
         max_guidance_weight: beta, the clip of the guidance weight.
         schedule: soft-mask decay over the overlap after the frozen steps, ``exp`` or ``linear``.
+        guidance: ``identity`` or ``vjp`` (`RTCGuidance.jacobian`).
+        training_max_delay: the checkpoint's ``rtc_training_max_delay``; > 0 runs training-time
+            RTC (a frozen prefix of ``d`` steps, no guidance), falling back to guided RTC for a
+            chunk whose delay exceeds it (counted in ``trained_fallbacks``).
+
+    Raises:
+        ValueError: an unknown schedule or guidance, a non-positive action_dt, a negative
+            training_max_delay or one not below the model's horizon.
     """
 
     def __init__(
@@ -70,67 +106,150 @@ class ChunkContinuity:
         execution_horizon: int = 0,
         max_guidance_weight: float = 5.0,
         schedule: str = "exp",
+        guidance: str = "identity",
+        training_max_delay: int = 0,
     ) -> None:
-        if not (math.isfinite(action_dt) and action_dt > 0):
-            raise ValueError(f"action_dt must be a positive number of seconds, got {action_dt}")
         prefix_weights(0, 0, 0, schedule)  # raises for an unknown schedule
+        if guidance not in GUIDANCE:
+            raise ValueError(f"RTC guidance must be one of {', '.join(GUIDANCE)}, got {guidance!r}")
+        horizon = policy.config.action_horizon
+        if not 0 <= training_max_delay < horizon:
+            raise ValueError(
+                f"rtc_training_max_delay must be >= 0 and below the model's horizon {horizon}, "
+                f"got {training_max_delay}"
+            )
         self.policy = policy
-        self.action_dt = action_dt
+        self.action_dt = 0.0
+        self.set_action_dt(action_dt)
         self.execution_horizon = execution_horizon
         self.max_guidance_weight = max_guidance_weight
         self.schedule = schedule
-        self.previous: PreviousChunk | None = None
-        self.latency_s: float | None = None  # EMA of prefill + action time
+        self.guidance_kind = guidance
+        self.training_max_delay = training_max_delay
+        self.latency_s: float | None = None  # EMA of the engine's prefill + action time
+        self.delay_s: float | None = None  # EMA of the robot-seen delay the node reports
         self.non_finite_chunks = 0  # chunks not kept as guidance because they hold NaN/Inf
+        self.trained_fallbacks = 0  # chunks whose delay exceeded training_max_delay: guided
+        self._latest: PreviousChunk | None = None  # the newest chunk computed
+        self._published: PreviousChunk | None = None  # the newest chunk the node published
+        self._reports = False  # the node reports what it publishes
+
+    @property
+    def mode(self) -> str:
+        """``trained`` (the checkpoint declares rtc_training_max_delay) or the guidance kind."""
+        return "trained" if self.training_max_delay > 0 else self.guidance_kind
+
+    @property
+    def previous(self) -> PreviousChunk | None:
+        """The chunk the controller executes: the newest published one once the node reports,
+        else the newest computed one."""
+        return self._published if self._reports else self._latest
+
+    def set_action_dt(self, action_dt: float) -> None:
+        """The controller's step from now on (a chunk already published keeps its own)."""
+        if not (math.isfinite(action_dt) and action_dt > 0):
+            raise ValueError(f"action_dt must be a positive number of seconds, got {action_dt}")
+        self.action_dt = float(action_dt)
 
     def frozen_steps(self) -> int:
-        """Inference delay in controller steps: the new chunk's steps due before it arrives."""
-        if self.latency_s is None:
+        """The delay ``d`` in controller steps: the new chunk's steps due before it takes over."""
+        delay = self.delay_s if self.delay_s is not None else self.latency_s
+        if delay is None:
             return 0
-        return max(0, math.ceil(self.latency_s / self.action_dt - 1e-9))
+        return max(0, math.ceil(delay / self.action_dt - 1e-9))
 
-    def guidance(self, observation: Observation) -> RTCGuidance | None:
-        """The guidance for a chunk from ``observation``; None when the previous chunk does not
-        overlap it (first frame, a gap longer than the chunk, stamps going backwards)."""
-        if self.previous is None or self.max_guidance_weight <= 0:
+    def guidance(self, observation: Observation) -> RTCGuidance | TrainedPrefix | None:
+        """How a chunk from ``observation`` continues the executed one; None when that chunk does
+        not overlap it (first frame, a gap longer than the chunk, stamps going backwards), or
+        when nothing would be constrained."""
+        previous = self.previous
+        if previous is None:
             return None
         horizon = self.policy.config.action_horizon
-        offset = (observation.stamp - self.previous.stamp) / self.action_dt
-        target, covered = resample_previous(self.previous.actions, offset, horizon)
-        end = min(covered, self.execution_horizon) if self.execution_horizon > 0 else covered
-        if end == 0:
+        offset = (observation.stamp - previous.stamp) / previous.action_dt
+        target, covered = resample_previous(
+            previous.actions, offset, horizon, self.action_dt / previous.action_dt
+        )
+        if covered == 0:
             return None
-        steps = prefix_weights(horizon, self.frozen_steps(), end, self.schedule)
+        frozen = min(self.frozen_steps(), covered)
+        if self.training_max_delay > 0:
+            if frozen == 0:
+                return None  # nothing due before the chunk arrives: the plain chunk (as LeRobot)
+            if frozen <= self.training_max_delay:
+                mask = torch.arange(horizon) < frozen
+                device = self.policy.device
+                return TrainedPrefix(self._model_target(target, observation), mask.to(device))
+            self.trained_fallbacks += 1  # beyond what the checkpoint was trained for: guided
+        if self.max_guidance_weight <= 0:
+            return None
+        end = min(covered, self.execution_horizon) if self.execution_horizon > 0 else covered
+        steps = prefix_weights(horizon, frozen, end, self.schedule)
         dims = torch.zeros(self.policy.config.action_dim, dtype=torch.float32)
         dims[: self.policy.action_dim] = 1.0  # the model's padding dims are free
-        device = self.policy.device
-        model_target = torch.from_numpy(self.policy.model_actions(target, observation.state))[
-            None
-        ].to(device)
+        weights = (steps[:, None] * dims[None]).to(self.policy.device)
         return RTCGuidance(
-            model_target, (steps[:, None] * dims[None]).to(device), self.max_guidance_weight
+            self._model_target(target, observation),
+            weights,
+            self.max_guidance_weight,
+            self.guidance_kind,
         )
+
+    def _model_target(self, target: np.ndarray, observation: Observation) -> torch.Tensor:
+        """Robot-unit target rows -> [1, horizon, model action_dim] on the model's device."""
+        model = self.policy.model_actions(target, observation.state)
+        return torch.from_numpy(model)[None].to(self.policy.device)
 
     def record(self, observation: Observation, chunk: ActionChunk) -> None:
-        """Keep ``chunk`` as the one the controller now executes and update the latency EMA.
+        """Keep ``chunk`` as the newest computed chunk and update the engine-time EMA.
 
-        A chunk with NaN/Inf (which the node does not publish) is not kept: the next chunk starts
-        free, and ``non_finite_chunks`` counts it.
+        A chunk with NaN/Inf (which the node does not publish) is not kept: counted in
+        ``non_finite_chunks``; without node reports the next chunk then starts free.
         """
-        latency = (chunk.prefill_ms + chunk.action_ms) * 1e-3
-        self.latency_s = (
-            latency
-            if self.latency_s is None
-            else self.latency_s + LATENCY_SMOOTHING * (latency - self.latency_s)
-        )
+        self.latency_s = smoothed(self.latency_s, (chunk.prefill_ms + chunk.action_ms) * 1e-3)
         if not np.isfinite(chunk.actions).all():
             self.non_finite_chunks += 1
-            self.previous = None
+            self._latest = None
             return
-        self.previous = PreviousChunk(
-            np.array(chunk.actions, copy=True), chunk.stamp, np.array(observation.state, copy=True)
+        self._latest = PreviousChunk(
+            np.array(chunk.actions, copy=True),
+            chunk.stamp,
+            np.array(observation.state, copy=True),
+            self.action_dt,
+            chunk.frame_id,
         )
 
+    def published(self, frame_id: int, actions: np.ndarray | None, delay_s: float) -> None:
+        """The node's report on frame ``frame_id``'s chunk (the newest recorded).
+
+        actions: what was published, robot units [steps, robot action_dim] after the safety limits
+            (the first ``steps`` of the chunk); None when it was not published (the controller
+            keeps executing the previous published chunk).
+        delay_s: from the observation's stamp to the chunk published, on the stamps' clock.
+
+        Raises:
+            ValueError: ``frame_id`` is not the newest recorded chunk, or actions of the wrong
+                shape.
+        """
+        latest = self._latest
+        self._reports = True
+        if math.isfinite(delay_s) and delay_s >= 0:
+            self.delay_s = smoothed(self.delay_s, delay_s)
+        if actions is None:
+            return
+        if latest is None or latest.frame_id != frame_id:
+            raise ValueError(
+                f"published frame {frame_id} is not the newest recorded chunk "
+                f"({None if latest is None else latest.frame_id})"
+            )
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.ndim != 2 or actions.shape[1] != latest.actions.shape[1] or not len(actions):
+            raise ValueError(
+                f"published actions must be [steps, {latest.actions.shape[1]}], got {actions.shape}"
+            )
+        if np.isfinite(actions).all():
+            self._published = dataclasses.replace(latest, actions=actions.copy())
+
     def reset(self) -> None:
-        """Forget the previous chunk (the next one starts free); the latency estimate stays."""
-        self.previous = None
+        """Forget the executed chunk (the next one starts free); the delay estimates stay."""
+        self._latest = self._published = None

@@ -17,10 +17,10 @@ from torch import Tensor
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
 from ..model.prompts import FramePrompt
-from ..model.rtc import RTCGuidance
+from ..model.rtc import RTCGuidance, TrainedPrefix
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
-from .static_paths import StaticRunner
+from .static_paths import StaticRunner, chunk_kind
 from .types import ActionChunk, Clock, Observation
 
 
@@ -158,15 +158,16 @@ def act_on_frame(
     noise: Tensor,
     num_steps: int,
     runner: StaticRunner | None = None,
-    guidance: RTCGuidance | None = None,
+    guidance: RTCGuidance | TrainedPrefix | None = None,
 ) -> Tensor:
     """Denoise an action chunk reading the frame's prefix KV from the pool (never writing it).
 
-    A ``guidance`` (real-time chunking) always runs the eager guided sampler, static paths or not;
-    a frozen static runner without a bucket for this prefix also falls back to the eager path.
+    ``guidance`` (real-time chunking): identity guidance and training-time RTC run on the static
+    path like the plain chunk; vjp guidance always runs the eager guided sampler. A frozen static
+    runner without a bucket for this prefix (and kind) also falls back to the eager path.
     """
-    if runner is not None and guidance is None:
-        actions = runner.act(frame.segment, noise, num_steps)
+    if runner is not None and chunk_kind(guidance) is not None:
+        actions = runner.act(frame.segment, noise, num_steps, guidance)
         if actions is not None:
             return actions
     context = pool.view(frame.segment)
@@ -184,7 +185,7 @@ def timed_action(
     clock: Clock,
     runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
-    guidance: RTCGuidance | None = None,
+    guidance: RTCGuidance | TrainedPrefix | None = None,
     prompt: FramePrompt | None = None,
     append_tail: bool = False,
 ) -> tuple[FramePrefix, ActionChunk]:

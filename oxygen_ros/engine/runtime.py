@@ -72,7 +72,13 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
 def build_engine(
     policy: Pi05Policy, config: EngineConfig, clock: Clock = time.monotonic
 ) -> OxygenEngine:
-    """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines)."""
+    """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines).
+
+    A checkpoint that declares ``rtc_training_max_delay`` (`Pi05Policy.rtc_training_max_delay`)
+    sets it in the config, so ``chunk_continuity: rtc`` runs training-time RTC.
+    """
+    if policy.rtc_training_max_delay and not config.rtc_training_max_delay:
+        config = dataclasses.replace(config, rtc_training_max_delay=policy.rtc_training_max_delay)
     return OxygenEngine(policy, config, clock=clock)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..model.policy import Pi05Policy
 from ..model.prompts import KindFormat, PromptFormat, check_conditioning, preset
-from ..model.rtc import CONTINUITY_MODES, SCHEDULES
+from ..model.rtc import CONTINUITY_MODES, GUIDANCE, SCHEDULES
 from .continuity import ChunkContinuity
 from .faults import NO_FAULTS, FaultInjector, describe, stage_of, tag_stage
 from .frames import FramePrefix, max_prefix_tokens, timed_action
@@ -48,7 +48,7 @@ from .kv_cache import KVInvariantError, KVPool
 from .language import LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
-from .static_paths import StaticRunner
+from .static_paths import PLAIN, ChunkKind, StaticRunner
 from .subtasks import SubtaskLoop
 from .types import ActionChunk, Clock, FrameResult, FrameStats, Observation, TextDelta, WarmUpReport
 
@@ -86,13 +86,18 @@ class EngineConfig:
     cuda_graphs: bool = False
     gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
     context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
-    # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk is denoised as an
-    # inpainting of the previous one (eager guided sampler, also on the static paths).
+    # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk continues the
+    # previous one: training-time RTC when the checkpoint declares rtc_training_max_delay, else
+    # guided RTC with rtc_guidance (see `continuity_mode`).
     chunk_continuity: str = "none"  # "none" | "rtc"
     action_dt: float = 0.02  # seconds between consecutive actions of a chunk (the controller step)
     rtc_execution_horizon: int = 0  # guided steps of a new chunk at most; 0: the whole overlap
     rtc_max_guidance_weight: float = 5.0  # beta: clip of the guidance weight
     rtc_schedule: str = "exp"  # soft-mask decay over the overlap: "exp" | "linear"
+    rtc_guidance: str = "identity"  # guided RTC's correction: "identity" | "vjp"
+    # the checkpoint's declaration (the loader sets it); > 0: training-time RTC, refused (guided
+    # fallback) for a delay above it
+    rtc_training_max_delay: int = 0
 
     def __post_init__(self) -> None:
         if self.decode_mode not in ("deadline", "fixed"):
@@ -125,6 +130,14 @@ class EngineConfig:
                 f"chunk_continuity must be one of {', '.join(CONTINUITY_MODES)}, got "
                 f"{self.chunk_continuity!r}"
             )
+        if self.rtc_guidance not in GUIDANCE:
+            raise ValueError(
+                f"rtc_guidance must be one of {', '.join(GUIDANCE)}, got {self.rtc_guidance!r}"
+            )
+        if self.rtc_training_max_delay < 0:
+            raise ValueError(
+                f"rtc_training_max_delay must be >= 0, got {self.rtc_training_max_delay}"
+            )
         if self.rtc_schedule not in SCHEDULES:
             raise ValueError(
                 f"rtc_schedule must be one of {', '.join(SCHEDULES)}, got {self.rtc_schedule!r}"
@@ -156,6 +169,14 @@ class EngineConfig:
     @property
     def uses_static_paths(self) -> bool:
         return self.static_shapes or self.cuda_graphs
+
+    @property
+    def continuity_mode(self) -> str:
+        """What continues a chunk: ``none``, ``trained`` (rtc with a checkpoint trained for it) or
+        the guidance, ``identity`` | ``vjp``."""
+        if self.chunk_continuity == "none":
+            return "none"
+        return "trained" if self.rtc_training_max_delay > 0 else self.rtc_guidance
 
     @property
     def format(self) -> PromptFormat:
@@ -245,6 +266,20 @@ def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
         # static steps send padding K/V here (outside the accounted capacity)
         scratch_tokens=max(policy.config.max_token_len, 64) if config.uses_static_paths else 0,
     )
+
+
+def static_chunk_kinds(config: EngineConfig) -> list[ChunkKind]:
+    """The static action chunks an engine with ``config`` runs: the plain one (first frames, no
+    overlap), and the continuing one of its continuity mode (trained also warms identity, its
+    fallback; vjp runs eagerly)."""
+    kinds = [PLAIN]
+    mode = config.continuity_mode
+    if mode == "trained":
+        kinds.append(("trained", 0.0))
+    if mode in ("trained", "identity") and config.rtc_guidance == "identity":
+        if config.rtc_max_guidance_weight > 0:
+            kinds.append(("identity", float(config.rtc_max_guidance_weight)))
+    return kinds
 
 
 def make_runner(
@@ -343,6 +378,7 @@ class EngineBase:
                 max_batch=batch,
                 text_tokens=max(kind_tokens) + cfg.default_max_tokens,
                 attach_tokens=kind_tokens if batch else (),
+                chunk_kinds=static_chunk_kinds(cfg),
             )
             runner.freeze()
         return created
@@ -585,6 +621,8 @@ def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | N
         config.rtc_execution_horizon,
         config.rtc_max_guidance_weight,
         config.rtc_schedule,
+        config.rtc_guidance,
+        config.rtc_training_max_delay,
     )
 
 
@@ -696,7 +734,7 @@ class OxygenEngine(EngineBase):
         self.fixed_steps_skipped = 0
         if self.continuity:
             self.continuity.reset()  # the first real chunk is not guided by a warm-up chunk
-            self.continuity.non_finite_chunks = 0
+            self.continuity.non_finite_chunks = self.continuity.trained_fallbacks = 0
 
     def _language_step_ms(self) -> float:
         return 1e3 * self.timer.estimate(1)
@@ -769,6 +807,20 @@ class OxygenEngine(EngineBase):
         return self.policy.frame_prompt(
             observation.state, observation.prompt, cfg.format, True, self.subtasks.conditioning()
         )
+
+    def set_action_dt(self, action_dt: float) -> None:
+        """The controller's step changed (the node's runtime ``action_dt``): RTC's delay in steps
+        and the previous chunk's resampling follow it from the next frame."""
+        if self.continuity:
+            self.continuity.set_action_dt(action_dt)
+
+    def chunk_published(self, frame_id: int, actions: np.ndarray | None, delay_s: float) -> None:
+        """The caller's report on the newest chunk: what it published (robot units after its
+        safety limits; None: not published) and the delay from the observation's stamp to the
+        publication. RTC then follows the published chunk and that delay
+        (`ChunkContinuity.published`); without continuity this does nothing."""
+        if self.continuity:
+            self.continuity.published(frame_id, actions, delay_s)
 
     # -- the language path -----------------------------------------------------------------------
     def decode(self, until: float | None = None, max_steps: int | None = None) -> list[TextDelta]:

@@ -22,10 +22,14 @@ CPU (see the README's GPU section for the measurements).
   explicit mask, and the K/V written straight into the frame's pool segment *inside* the step:
   valid columns go to the segment's slots, padding columns to the pool's scratch slots. The prefix
   is thus written once, where every task reads it, with no staging copy.
-* `StaticActionChunk` (context bucket, steps): gathers the prefix K/V from the pool by slot index,
-  then runs all flow-matching Euler steps on a precomputed float32 time schedule. Reading the pool
-  (not the prefill's outputs) keeps the chunk independent of which prefill bucket wrote the prefix,
-  gives prefill and chunk separate timings, and lets baselines replay a prefill alone.
+* `StaticActionChunk` (context bucket, steps, chunk kind): gathers the prefix K/V from the pool by
+  slot index, then runs all flow-matching Euler steps on a precomputed float32 time schedule.
+  Reading the pool (not the prefill's outputs) keeps the chunk independent of which prefill bucket
+  wrote the prefix, gives prefill and chunk separate timings, and lets baselines replay a prefill
+  alone. The kind is a plain chunk or one continuing the previous chunk (real-time chunking):
+  identity guidance or training-time RTC, whose previous-chunk, weight and frozen-step buffers
+  carry the delay as data (one graph for every delay). VJP guidance needs a backward pass and stays
+  on the eager path.
 * `StaticTextStep` (batch bucket B, new-token bucket T, context bucket C): gathers each row's
   context (frame prefix + its own tokens, any frames) from the pool by slot index, runs T new tokens
   per row, writes their K/V into the pool (``index_copy_``) and produces logits of each row's last
@@ -57,6 +61,7 @@ from torch import Tensor
 from ..model.mot import KVContext
 from ..model.pi05 import Pi05Model
 from ..model.policy import Pi05Policy
+from ..model.rtc import RTCGuidance, TrainedPrefix
 from .cuda_graphs import GraphedStep, HostStager, new_graph_pool
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
@@ -202,8 +207,32 @@ class StaticPrefill(_StaticStep):
         self._write_kv(out.keys, out.values, self.inputs["write"])
 
 
+ChunkKind = tuple[str, float]
+"""What continues an action chunk on the static path: ("plain", 0.0), ("identity", beta) or
+("trained", 0.0) (see `chunk_kind`)."""
+
+PLAIN: ChunkKind = ("plain", 0.0)
+
+
+def chunk_kind(guidance: RTCGuidance | TrainedPrefix | None) -> ChunkKind | None:
+    """The static chunk a guidance runs on; None for one only the eager path runs (vjp)."""
+    if guidance is None:
+        return PLAIN
+    if isinstance(guidance, TrainedPrefix):
+        return ("trained", 0.0)
+    if guidance.static:
+        return ("identity", float(guidance.max_guidance_weight))
+    return None
+
+
 class StaticActionChunk(_StaticStep):
-    """Action chunk over a prefix of up to ``context`` tokens read from the pool by slot index."""
+    """Action chunk over a prefix of up to ``context`` tokens read from the pool by slot index.
+
+    ``kind`` (`ChunkKind`): a plain chunk, or one continuing the previous chunk by identity
+    guidance (target and weight buffers) or training-time RTC (target and frozen-step buffers).
+    The delay and the overlap are data in those buffers, not shapes, so one captured graph serves
+    every frame; `load` fills them (`fill_padding` zeroes them: a plain chunk).
+    """
 
     def __init__(
         self,
@@ -213,10 +242,12 @@ class StaticActionChunk(_StaticStep):
         num_steps: int,
         use_graph: bool,
         graph_pool: GraphPool,
+        kind: ChunkKind = PLAIN,
     ) -> None:
         cfg = model.config
         device = pool.keys.device
         self.context = context
+        self.kind = kind
         self.inputs = PackedInts([("gather", (context,)), ("n_valid", (1,))], device)
         self.noise = torch.zeros(
             1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device
@@ -226,12 +257,36 @@ class StaticActionChunk(_StaticStep):
         self._times = torch.stack(model.time_schedule(num_steps)).to(device)
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         self._context_index = torch.arange(context, device=device)
+        # the previous chunk and its mask; built once here, so no check runs inside a capture
+        self.target = torch.zeros_like(self.noise)
+        self.guidance: RTCGuidance | TrainedPrefix | None = None
+        if kind[0] == "identity":
+            self.weights = torch.zeros(cfg.action_horizon, cfg.action_dim, device=device)
+            self.guidance = RTCGuidance(self.target, self.weights, kind[1], "identity")
+        elif kind[0] == "trained":
+            self.frozen = torch.zeros(cfg.action_horizon, dtype=torch.bool, device=device)
+            self.guidance = TrainedPrefix(self.target, self.frozen)
+        elif kind != PLAIN:
+            raise ValueError(f"no static action chunk of kind {kind!r}")
         super().__init__(model, pool, use_graph, graph_pool)
 
     def fill_padding(self) -> None:
         host = self.inputs.host_views
         host["gather"][:] = self.pool.scratch_start
         host["n_valid"][0] = 1
+        if self.guidance is not None:
+            self.target.zero_()
+            (self.weights if self.kind[0] == "identity" else self.frozen).zero_()
+
+    def load(self, guidance: RTCGuidance | TrainedPrefix | None) -> None:
+        """Copy a frame's guidance (of this bucket's kind) into the buffers."""
+        if guidance is None:
+            return
+        self.target.copy_(guidance.target.reshape(self.target.shape))
+        if isinstance(guidance, TrainedPrefix):
+            self.frozen.copy_(guidance.frozen)
+        else:
+            self.weights.copy_(guidance.weights.expand_as(self.weights))
 
     def _forward(self) -> None:
         pool, gather, n_valid = self.pool, self.inputs["gather"], self.inputs["n_valid"]
@@ -241,7 +296,7 @@ class StaticActionChunk(_StaticStep):
         context = KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
         self.actions.copy_(
             self.model.denoise(
-                context, n_valid, self.noise, self._times, self._dt, dense_mask=False
+                context, n_valid, self.noise, self._times, self._dt, self.guidance, False
             )
         )
 
@@ -370,7 +425,7 @@ class StaticRunner:
         self._stager = HostStager(device)
         self._images: dict[tuple[int, ...], Tensor] = {}
         self._prefills: dict[tuple[tuple[int, ...], int], StaticPrefill] = {}
-        self._actions: dict[tuple[int, int], StaticActionChunk] = {}
+        self._actions: dict[tuple[int, int, ChunkKind], StaticActionChunk] = {}
         self._texts: dict[tuple[int, int, int], StaticTextStep] = {}
         self.faults = faults
         self.frozen = False  # set by `freeze`: no new bucket from then on
@@ -420,13 +475,16 @@ class StaticRunner:
             )
         return self._prefills[key]
 
-    def action_path(self, prefix_len: int, num_steps: int) -> StaticActionChunk:
-        """The action bucket of this prefix length and step count (created when missing)."""
-        key = (round_up(prefix_len, self.context_bucket), num_steps)
+    def action_path(
+        self, prefix_len: int, num_steps: int, kind: ChunkKind = PLAIN
+    ) -> StaticActionChunk:
+        """The action bucket of this prefix length, step count and chunk kind (created when
+        missing)."""
+        key = (round_up(prefix_len, self.context_bucket), num_steps, kind)
         if key not in self._actions:
             self._created()
             self._actions[key] = StaticActionChunk(
-                self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool
+                self.model, self.pool, key[0], num_steps, self.cuda_graphs, self._graph_pool, kind
             )
         return self._actions[key]
 
@@ -454,10 +512,16 @@ class StaticRunner:
         fits = [p for (s, n), p in self._prefills.items() if s == slots and n >= prompt_len]
         return self._counted(min(fits, key=lambda p: p.prompt_len) if fits else None)
 
-    def _frame_action(self, prefix_len: int, num_steps: int) -> StaticActionChunk | None:
+    def _frame_action(
+        self, prefix_len: int, num_steps: int, kind: ChunkKind
+    ) -> StaticActionChunk | None:
         if not self.frozen:
-            return self.action_path(prefix_len, num_steps)
-        fits = [p for (c, n), p in self._actions.items() if n == num_steps and c >= prefix_len]
+            return self.action_path(prefix_len, num_steps, kind)
+        fits = [
+            p
+            for (c, n, k), p in self._actions.items()
+            if n == num_steps and k == kind and c >= prefix_len
+        ]
         return self._counted(min(fits, key=lambda p: p.context) if fits else None)
 
     def _frame_text(self, batch: int, new_tokens: int, context: int) -> StaticTextStep | None:
@@ -561,11 +625,25 @@ class StaticRunner:
         return segment
 
     # -- actions -----------------------------------------------------------------------------------
-    def act(self, prefix: KVSegment, noise: Tensor, num_steps: int) -> Tensor | None:
-        """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32;
-        None when frozen with no captured bucket that holds the prefix (run the eager chunk)."""
+    def act(
+        self,
+        prefix: KVSegment,
+        noise: Tensor,
+        num_steps: int,
+        guidance: RTCGuidance | TrainedPrefix | None = None,
+    ) -> Tensor | None:
+        """Denoise an action chunk over ``prefix`` (read from the pool): [horizon, action_dim] fp32,
+        continuing the previous chunk by ``guidance`` (identity or trained; see `chunk_kind`).
+        None when frozen with no captured bucket that holds the prefix (run the eager chunk).
+
+        Raises:
+            ValueError: a guidance no static chunk runs (vjp: the caller runs it eagerly).
+        """
+        kind = chunk_kind(guidance)
+        if kind is None:
+            raise ValueError("vjp guidance runs on the eager path only")
         n_valid = prefix.length
-        path = self._frame_action(n_valid, num_steps)
+        path = self._frame_action(n_valid, num_steps, kind)
         if path is None:
             return None
         path.fill_padding()
@@ -574,6 +652,7 @@ class StaticRunner:
         host["n_valid"][0] = n_valid
         self._upload("action", path.inputs)
         path.noise.copy_(noise.reshape(path.noise.shape))
+        path.load(guidance)
         self._replay(path)
         return path.actions[0].clone()
 
@@ -645,13 +724,15 @@ class StaticRunner:
         max_batch: int = 0,
         text_tokens: int = 0,
         attach_tokens: Sequence[int] = (),
+        chunk_kinds: Sequence[ChunkKind] = (PLAIN,),
     ) -> int:
         """Create (and on CUDA capture) the buckets a workload like ``observation`` will use, so no
         capture lands inside a real-time frame: every bucket runs once on harmless inputs that read
         and write only scratch slots. Returns the number of buckets created.
 
-        num_steps: the action chunk's steps (None: this runner only prefills). max_batch: the most
-        concurrent text rows. text_tokens: tokens a request appends after admission (its prompt
+        num_steps: the action chunk's steps (None: this runner only prefills). chunk_kinds: the
+        chunks a frame may continue with (`chunk_kind`). max_batch: the most concurrent text
+        rows. text_tokens: tokens a request appends after admission (its prompt
         plus generated ones). attach_tokens: lengths of the kind prompts prefilled at admission.
         """
         before = self.num_paths
@@ -662,7 +743,8 @@ class StaticRunner:
         n_valid = prefill.image_columns + int(mask.sum())
         self._run_padding("prefill", prefill)
         if num_steps is not None:
-            self._run_padding("action", self.action_path(n_valid, num_steps))
+            for kind in chunk_kinds:
+                self._run_padding("action", self.action_path(n_valid, num_steps, kind))
         if max_batch > 0:
             top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
             batches = [b for b in self.batch_buckets if b <= top]

@@ -54,11 +54,18 @@ class Modulation:
         parts = zip(self.scale.split(1), self.shift.split(1), self.gate.split(1), strict=False)
         return [Modulation(scale, shift, gate) for scale, shift, gate in parts]
 
+    def split(self, rows: int) -> tuple[Modulation, Modulation]:
+        """The first ``rows`` rows and the rest."""
+        first, rest = zip(*(m.split([rows, m.shape[0] - rows]) for m in self._parts), strict=True)
+        return Modulation(*first), Modulation(*rest)
+
+    @property
+    def _parts(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.scale, self.shift, self.gate
+
     def tokens(self, rows: int, tokens: int) -> Modulation:
         """Rows [rows * tokens, 1, W], token-major within a row -> [rows, tokens, W]."""
-        return Modulation(
-            *(m.reshape(rows, tokens, -1) for m in (self.scale, self.shift, self.gate))
-        )
+        return Modulation(*(m.reshape(rows, tokens, -1) for m in self._parts))
 
     def override(self, use: Tensor, other: Modulation) -> Modulation:
         """Per token: ``other`` where ``use`` [N or 1, T] is True, this modulation elsewhere, as

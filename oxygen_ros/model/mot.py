@@ -92,6 +92,15 @@ def condition_rows(conditioning: Conditioning) -> list[Conditioning]:
     return [{norm: rows[i] for norm, rows in per_norm.items()} for i in range(count)]
 
 
+def split_rows(conditioning: Conditioning, rows: int) -> tuple[Conditioning, Conditioning]:
+    """A conditioning's first ``rows`` rows and the rest (see `Modulation.split`)."""
+    parts = {norm: modulation.split(rows) for norm, modulation in conditioning.items()}
+    return (
+        {norm: first for norm, (first, _) in parts.items()},
+        {norm: rest for norm, (_, rest) in parts.items()},
+    )
+
+
 def condition_tokens(conditioning: Conditioning, rows: int, tokens: int) -> Conditioning:
     """A conditioning of ``rows * tokens`` rows (token-major) as ``rows`` rows of ``tokens`` tokens
     each (see `Modulation.tokens`)."""

@@ -2,8 +2,8 @@
 
 * ``prefill``: SigLIP + PaliGemma backbone over images and prompt, once per frame -> prefix KV.
 * ``sample_actions``: the action expert denoises a chunk by flow matching, reading the prefix KV
-  (never writing it): Euler from t=1 (noise) to t=0; optionally guided towards the previous
-  chunk (real-time chunking, ``rtc.py``).
+  (never writing it): Euler from t=1 (noise) to t=0, optionally with a time per action token;
+  optionally continuing the previous chunk (real-time chunking, guided or trained, ``rtc.py``).
 * ``forward_text``: language tokens continue causally from any cached context (a frame's prefix
   plus a request's own tokens) -> hidden states for the tied LM head, and their new K/V.
 
@@ -19,6 +19,7 @@ the pass free of host syncs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -39,8 +40,9 @@ from .mot import (
     condition_tokens,
     joint_forward,
     override_tokens,
+    split_rows,
 )
-from .rtc import RTCGuidance
+from .rtc import RTCGuidance, TrainedPrefix, guidance_weights
 from .siglip import MultiModalProjector, SiglipVisionTower
 
 
@@ -281,11 +283,16 @@ class Pi05Model(nn.Module):
         """Flow times [N] -> the action expert's adaRMS modulations, N rows."""
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
-    def step_conditionings(self, times: Tensor, horizon: int) -> list[Conditioning]:
+    def step_conditionings(
+        self, times: Tensor, horizon: int, clean: Tensor | None = None
+    ) -> list[Conditioning]:
         """The adaRMS conditioning of every Euler step of ``times``.
 
         ``times`` [steps]: one time per step, each step's modulations broadcast over the action
         tokens (one dense call per norm for all steps, as openpi's per-step condition).
+        ``clean`` (bool [horizon], with [steps] times): those tokens are conditioned on time 0
+        instead, as training-time RTC conditions its frozen prefix (time 0 is one more row of the
+        same dense calls, selected per token).
         ``times`` [steps, horizon]: a time per action token (training-time RTC conditions its frozen
         prefix on time 0). Each step's last token is the step's reference time, conditioned exactly
         as a [steps] schedule is (same rows, same matmul shapes); every token whose time equals its
@@ -294,7 +301,13 @@ class Pi05Model(nn.Module):
         on the number of rows, so conditioning every token in one call would not be).
         """
         if times.dim() == 1:
-            return condition_rows(self.action_conditioning(times))
+            if clean is None:
+                return condition_rows(self.action_conditioning(times))
+            with_zero = self.action_conditioning(torch.cat([times, times.new_zeros(1)]))
+            per_step, at_zero = split_rows(with_zero, times.shape[0])
+            return condition_rows(override_tokens(per_step, clean[None, :], at_zero))
+        if clean is not None:
+            raise ValueError("a clean prefix takes one time per step (times [steps])")
         steps = times.shape[0]
         if times.dim() != 2 or times.shape[1] != horizon:
             raise ValueError(
@@ -336,17 +349,15 @@ class Pi05Model(nn.Module):
         prefix: Prefix,
         noise: Tensor,
         num_steps: int = 10,
-        guidance: RTCGuidance | None = None,
+        guidance: RTCGuidance | TrainedPrefix | None = None,
     ) -> Tensor:
         """Euler-integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim].
 
         What every step shares (positions, RoPE tables, mask) is built once, and every step's adaRMS
         modulation is predicted up front (the schedule is fixed): one dense call per norm.
 
-        guidance: real-time chunking (``model.rtc``): each step's velocity is corrected towards
-        ``guidance.target`` by one vector-Jacobian product through the action expert (w.r.t. x_t
-        only: the prefix KV is read, never differentiated). None, or a guidance with nothing to
-        guide, runs the plain sampler unchanged.
+        guidance: real-time chunking (``model.rtc``), see `denoise`. None, or a guidance with
+        nothing to guide, runs the plain sampler unchanged.
         """
         times = torch.stack(self.time_schedule(num_steps)).to(noise.device)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
@@ -360,7 +371,7 @@ class Pi05Model(nn.Module):
         noise: Tensor,
         times: Tensor,
         dt: Tensor,
-        guidance: RTCGuidance | None = None,
+        guidance: RTCGuidance | TrainedPrefix | None = None,
         dense_mask: bool | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
@@ -368,11 +379,24 @@ class Pi05Model(nn.Module):
 
         times: float32 [steps] (see `flow_schedule`), or [steps, horizon], a time per action token
             (see `step_conditionings`; a uniform one gives bit-identical actions).
+        guidance: real-time chunking (``model.rtc``), with [steps] times:
+            * `RTCGuidance` ``identity``: each velocity corrected by the weighted error towards
+              ``guidance.target``; no host sync, so the fixed-shape path runs it (with zero
+              weights it is the plain loop, bit for bit);
+            * `RTCGuidance` ``vjp``: corrected through one vector-Jacobian product of the action
+              expert w.r.t. x_t (the prefix KV is read, never differentiated); eager only;
+            * `TrainedPrefix`: the frozen steps are the target before and after every step and
+              their tokens are conditioned on time 0 (no host sync either).
         dense_mask: see `attention_bias`.
         """
         b, horizon = noise.shape[:2]
+        if guidance is not None and times.dim() != 1:
+            raise ValueError("RTC guidance needs one time per step (times [steps])")
+        trained = guidance if isinstance(guidance, TrainedPrefix) else None
         # one per step, batch-broadcast
-        conditionings = self.step_conditionings(times, horizon)
+        conditionings = self.step_conditionings(
+            times, horizon, trained.frozen if trained is not None else None
+        )
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
         tables = attention_tables(
             self.expert.cfg,
@@ -383,18 +407,28 @@ class Pi05Model(nn.Module):
             dense_mask,
         )
         x_t = noise.float()
-        if guidance is not None and times.dim() != 1:
-            raise ValueError("RTC guidance needs one time per step (times [steps])")
-        if guidance is not None and guidance.active:
+
+        def velocity(x: Tensor, conditioning: Conditioning) -> Tensor:
+            return self._velocity(context, x, conditioning, positions, allowed, tables)
+
+        if trained is not None:
+            x_t = trained.clamp(x_t)
+            for conditioning in conditionings:  # clamped after each step: so before the next
+                x_t = trained.clamp(x_t + dt * velocity(x_t, conditioning))
+            return x_t
+        if guidance is not None and guidance.static:  # identity: tensors only, no host sync
+            weights = guidance_weights(times, guidance.max_guidance_weight)
+            for t, weight, conditioning in zip(times, weights, conditionings, strict=True):
+                step = functools.partial(velocity, conditioning=conditioning)
+                x_t = x_t + dt * guidance.velocity(step, x_t, t, weight)
+            return x_t
+        if guidance is not None and guidance.active:  # vjp
             for t, conditioning in zip(times.tolist(), conditionings, strict=True):
-
-                def velocity(x: Tensor, conditioning: Conditioning = conditioning) -> Tensor:
-                    return self._velocity(context, x, conditioning, positions, allowed, tables)
-
-                x_t = x_t + dt * guidance.velocity(velocity, x_t, t)
+                step = functools.partial(velocity, conditioning=conditioning)
+                x_t = x_t + dt * guidance.velocity(step, x_t, t)
             return x_t
         for conditioning in conditionings:  # openpi's float32 loop condition decided the count
-            x_t = x_t + dt * self._velocity(context, x_t, conditioning, positions, allowed, tables)
+            x_t = x_t + dt * velocity(x_t, conditioning)
         return x_t
 
     # -- language --------------------------------------------------------------------------------

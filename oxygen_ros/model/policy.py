@@ -65,6 +65,9 @@ class Pi05Policy:
             robot cannot serve.
     """
 
+    # the checkpoint's training-time RTC maximum delay (`load_policy` reads it; 0: none)
+    rtc_training_max_delay: int = 0
+
     def __init__(
         self,
         model: Pi05Model,
@@ -376,6 +379,7 @@ def load_policy(
             names torch's version, whether CUDA is available, and the fix).
     """
     from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
+    from .rtc_checkpoint import declared_rtc_training_max_delay
 
     resolve_device(device)  # a clear error before torch's bare one from deep inside the load
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
@@ -403,4 +407,7 @@ def load_policy(
         loaded.lerobot,
     )
     policy.format_reason = loaded.format_reason
+    policy.rtc_training_max_delay = declared_rtc_training_max_delay(
+        checkpoint_dir, loaded.config.action_horizon
+    )
     return policy

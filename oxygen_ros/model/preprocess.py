@@ -115,8 +115,9 @@ def pad_to_dim(x: np.ndarray, dim: int) -> np.ndarray:
         raise ValueError(f"cannot pad a vector of width {current} down to {dim}")
     if current == dim:
         return x
-    pad = [(0, 0)] * (x.ndim - 1) + [(0, dim - current)]
-    return np.pad(x, pad, constant_values=0)
+    out = np.zeros((*x.shape[:-1], dim), dtype=x.dtype)  # as np.pad, a fraction of its cost
+    out[..., :current] = x
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

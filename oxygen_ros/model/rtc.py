@@ -39,6 +39,25 @@ chunk overlapping the first ``end`` steps:
 
 The prefix KV is only read: guidance differentiates with respect to ``x_t`` alone, so no gradient
 flows into the KV (it holds none), and RTC costs action-expert work only.
+
+Identity guidance (``jacobian="identity"``)
+-------------------------------------------
+LeRobot's guided RTC, as its code runs, computes ``v`` before it turns on gradients, so its
+autograd "VJP" sees the identity: the correction is the weighted error itself,
+``v_guided = v - w * e``, the ``J = I`` case above (velocity held constant in ``x``). It costs a
+plain step plus a few element-wise operations, has no backward pass, and is free of host syncs, so
+the fixed-shape path (CUDA graphs) runs it. ``vjp`` keeps the paper's full pseudoinverse guidance
+(eager only).
+
+Training-time RTC (`TrainedPrefix`)
+-----------------------------------
+Black et al. (arXiv 2512.05964), LeRobot ``mode="trained"``: a checkpoint trained with a clean
+action prefix (``rtc_training_max_delay`` > 0: a random prefix of at most that many steps kept at
+time 0 and left out of the loss) needs no guidance. At inference the first ``d`` steps of the new
+chunk are overwritten with the previous chunk before and after every Euler step, and the action
+expert sees a time per token: 0 on that frozen prefix, ``t`` elsewhere. A delay above the
+checkpoint's maximum is outside what it was trained for: LeRobot raises; the engine falls back to
+guided RTC for that chunk (``engine.continuity``).
 """
 
 from __future__ import annotations
@@ -52,6 +71,7 @@ from torch import Tensor
 
 SCHEDULES = ("exp", "linear")
 CONTINUITY_MODES = ("none", "rtc")
+GUIDANCE = ("identity", "vjp")  # how guided RTC corrects the velocity (see the module docstring)
 
 
 def prefix_weights(horizon: int, frozen: int, end: int, schedule: str = "exp") -> Tensor:
@@ -89,6 +109,16 @@ def guidance_weight(t: float, max_weight: float) -> float:
     return float(min(max_weight, (t * t + (1.0 - t) ** 2) / denominator))
 
 
+def guidance_weights(times: Tensor, max_weight: float) -> Tensor:
+    """`guidance_weight` of every time in ``times`` [steps], float32 on their device, without a
+    host sync (the fixed-shape path computes them inside its graph)."""
+    t = times.double()
+    denominator = t * (1.0 - t)
+    weight = (t * t + (1.0 - t) ** 2) / denominator
+    clipped = torch.clamp(weight, max=float(max_weight))
+    return torch.where(denominator > 0, clipped, torch.full_like(t, float(max_weight))).float()
+
+
 @dataclasses.dataclass
 class RTCGuidance:
     """What a guided sampler inpaints towards.
@@ -98,13 +128,21 @@ class RTCGuidance:
     weights: broadcastable to the target, e.g. [horizon, action_dim]: the soft mask (per step)
         times which action dims count (the robot's, not the model's padding).
     max_guidance_weight: beta, the clip of the guidance weight.
+    jacobian: ``vjp`` (the paper's pseudoinverse guidance, one vector-Jacobian product per step)
+        or ``identity`` (the weighted error itself, as LeRobot's code runs; see the module
+        docstring).
     """
 
     target: Tensor
     weights: Tensor
     max_guidance_weight: float = 5.0
+    jacobian: str = "vjp"
 
     def __post_init__(self) -> None:
+        if self.jacobian not in GUIDANCE:
+            raise ValueError(
+                f"RTC guidance must be one of {', '.join(GUIDANCE)}, got {self.jacobian!r}"
+            )
         if not (math.isfinite(self.max_guidance_weight) and self.max_guidance_weight >= 0):
             raise ValueError(
                 f"max_guidance_weight must be a finite number >= 0, got {self.max_guidance_weight}"
@@ -117,9 +155,28 @@ class RTCGuidance:
         """False when nothing is guided (no overlap, or beta 0): the plain sampler is exact then."""
         return self.max_guidance_weight > 0 and bool((self.weights != 0).any())
 
-    def velocity(self, velocity_fn: Callable[[Tensor], Tensor], x_t: Tensor, t: float) -> Tensor:
+    @property
+    def static(self) -> bool:
+        """Whether the fixed-shape path can run it (identity: no backward pass, no host sync)."""
+        return self.jacobian == "identity"
+
+    def velocity(
+        self,
+        velocity_fn: Callable[[Tensor], Tensor],
+        x_t: Tensor,
+        t: float | Tensor,
+        weight: float | Tensor | None = None,
+    ) -> Tensor:
         """Guided openpi velocity ``v - w * J^T (W * (Y - A_hat))`` at ``x_t`` (see the module
-        docstring): one forward and one vector-Jacobian product of ``velocity_fn`` w.r.t. x_t."""
+        docstring). vjp: one forward and one vector-Jacobian product of ``velocity_fn`` w.r.t.
+        x_t; identity (J = I): one forward. ``weight`` defaults to `guidance_weight` of ``t``
+        (tensors for both keep the identity step free of host syncs)."""
+        if weight is None:
+            weight = guidance_weight(float(t), self.max_guidance_weight)
+        if self.jacobian == "identity":
+            v = velocity_fn(x_t)
+            error = self.weights * (self.target - (x_t - t * v))
+            return v - weight * error
         with torch.enable_grad():
             x = x_t.detach().requires_grad_(True)
             v = velocity_fn(x)
@@ -127,4 +184,27 @@ class RTCGuidance:
             error = self.weights * (self.target - estimate)
             (dv_error,) = torch.autograd.grad(v, x, grad_outputs=error)  # (dv/dx)^T e
         correction = error - t * dv_error
-        return v.detach() - guidance_weight(t, self.max_guidance_weight) * correction
+        return v.detach() - weight * correction
+
+
+@dataclasses.dataclass
+class TrainedPrefix:
+    """Training-time RTC for a checkpoint trained with a clean action prefix (module docstring).
+
+    target: [1, horizon, action_dim] model-space actions; the frozen steps hold the previous chunk
+        (the model's padding dims 0, as LeRobot pads), the rest any finite values.
+    frozen: bool [horizon], True on the first ``d`` steps (the delay as data, not as a shape).
+    """
+
+    target: Tensor
+    frozen: Tensor
+
+    def __post_init__(self) -> None:
+        if self.frozen.dtype != torch.bool or self.frozen.dim() != 1:
+            raise ValueError("TrainedPrefix.frozen must be a bool vector [horizon]")
+        if not torch.isfinite(self.target).all():
+            raise ValueError("RTC trained prefix holds NaN or Inf values")
+
+    def clamp(self, x_t: Tensor) -> Tensor:
+        """``x_t`` with the frozen steps overwritten by the target."""
+        return torch.where(self.frozen[:, None], self.target, x_t)

@@ -61,6 +61,7 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         subtask_conditioning=settings.subtask_conditioning,
         subtask_period_s=settings.subtask_period_s,
         subtask_max_tokens=settings.subtask_max_tokens,
+        rtc_guidance=settings.rtc_guidance,
     )
 
 
@@ -159,7 +160,19 @@ def load_engine(settings: NodeSettings, info: Log) -> OxygenEngine:
     config = engine_config(settings)
     if policy.num_steps is not None:
         config = dataclasses.replace(config, num_steps=policy.num_steps)
-    return build_engine(policy, config)
+    engine = build_engine(policy, config)
+    if engine.continuity is not None:
+        cfg = engine.config
+        info(
+            f"chunk_continuity rtc: {cfg.continuity_mode} RTC"
+            + (
+                f" (the checkpoint declares rtc_training_max_delay {cfg.rtc_training_max_delay};"
+                f" a longer delay falls back to {cfg.rtc_guidance} guidance)"
+                if cfg.continuity_mode == "trained"
+                else ""
+            )
+        )
+    return engine
 
 
 def describe_checkpoint(policy: Pi05Policy) -> list[str]:

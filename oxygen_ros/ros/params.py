@@ -50,6 +50,7 @@ CHUNK_CONTINUITY_MODES = (
     "rtc",
 )  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
+RTC_GUIDANCE = ("identity", "vjp")  # as model.rtc.GUIDANCE
 OVERRUN_POLICIES = ("adapt", "skip")
 LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as model.conventions.LEROBOT_VERSIONS
 LEROBOT_CAMERA_PREFIX = "observation.images."  # LeRobot's camera feature keys
@@ -391,11 +392,24 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "chunk_continuity",
         _T.PARAMETER_STRING,
         "none",
-        "none: every chunk is denoised from fresh noise | rtc: real-time chunking, each chunk is "
-        "denoised as an inpainting of the previous chunk's actions the controller still executes "
-        "(frozen over the measured inference delay in action_dt steps, softly guided over the rest "
-        "of the overlap); costs one vector-Jacobian product of the action expert per denoising "
-        "step and runs the eager sampler even with static_shapes/cuda_graphs",
+        "none: every chunk is denoised from fresh noise | rtc: real-time chunking, each chunk "
+        "continues the previous chunk as published (after the safety limits) over the steps the "
+        "robot executes before it arrives (the delay from the observation's stamp to the "
+        "publication, in action_dt steps): a checkpoint that declares rtc_training_max_delay runs "
+        "training-time RTC (that prefix frozen, no guidance; a longer delay falls back to guided "
+        "RTC), any other guided RTC (frozen prefix, soft decay over the rest of the overlap, see "
+        "rtc_guidance)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "rtc_guidance",
+        _T.PARAMETER_STRING,
+        "identity",
+        "chunk_continuity rtc, guided: identity: the correction is the weighted error itself "
+        "(LeRobot's guided RTC as its code runs; about the cost of a plain chunk, runs on the "
+        "static path / CUDA graphs) | vjp: the paper's pseudoinverse guidance, one "
+        "vector-Jacobian product of the action expert per denoising step (2.5-4x the plain "
+        "chunk, always the eager sampler)",
         CONFIGURE,
     ),
     ParamSpec(
@@ -618,6 +632,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(
             f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}"
         )
+    if name == "rtc_guidance" and value not in RTC_GUIDANCE:
+        raise SettingsError(f"rtc_guidance must be one of {', '.join(RTC_GUIDANCE)}, got {value!r}")
     if name == "rtc_schedule" and value not in RTC_SCHEDULES:
         raise SettingsError(
             f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}"
@@ -728,6 +744,7 @@ class NodeSettings:
     rtc_execution_horizon: int
     rtc_max_guidance_weight: float
     rtc_schedule: str
+    rtc_guidance: str
     autostart: bool
     # -- robot adapter and action space ----------------------------------------------------------
     robot: str

@@ -147,6 +147,7 @@ class TickLoop:
             EngineFault: the engine failed (counted); the next tick retries.
         """
         try:
+            engine.set_action_dt(settings.action_dt)  # a runtime change reaches RTC's delay
             chunk = engine.act(observation)
         except ValueError as exc:  # an observation the model cannot use: not the engine's failure
             self.counters.add("no_action_engine_rejected")
@@ -185,9 +186,19 @@ class TickLoop:
         except UnsafeChunkError as exc:
             self.counters.add("non_finite_output")
             self._warn("unsafe_chunk", f"not publishing frame {chunk.frame_id}: {exc}")
+            self._report_published(engine, chunk, None, stamp_ns)
             return True
         self._publish_chunk(settings, chunk, stamp, command, started)
+        self._report_published(engine, chunk, command.actions, stamp_ns)
         return True
+
+    def _report_published(
+        self, engine: OxygenEngine, chunk: ActionChunk, actions: Any, stamp_ns: int
+    ) -> None:
+        """Tell the engine's RTC what the controller now executes (the published, limited chunk,
+        or None: still the previous one) and the delay the robot saw: the observation's stamp to
+        now, on the node's clock (its age at the tick + prefill + action + limits + publish)."""
+        engine.chunk_published(chunk.frame_id, actions, (self._now_ns() - stamp_ns) / NS_PER_S)
 
     def _report_shortened_task(self, engine: OxygenEngine) -> None:
         """Count (``prompt_task_shortened``) and log, throttled, prompts whose task the tokenizer
@@ -288,6 +299,10 @@ class TickLoop:
         }
         if engine.subtasks is not None:
             self.subtask_stats = engine.subtasks.stats(engine.clock())
+        continuity = engine.continuity
+        if continuity is not None:  # RTC: the delay it freezes, and trained-mode refusals
+            self.engine_stats["engine_rtc_delay_steps"] = continuity.frozen_steps()
+            self.engine_stats["engine_rtc_trained_fallbacks"] = continuity.trained_fallbacks
 
     # -- language ---------------------------------------------------------------------------------
     def _submit_language(self, engine: OxygenEngine, settings: NodeSettings, now: float) -> None:

@@ -10,7 +10,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench action --preset pi05 --device cuda --dtype bfloat16 --cuda-graphs
                                                    # prefill + chunk latency, 1/2/3 cameras
     oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
-    oxygen-bench continuity --preset small         # chunk switches without and with RTC
+    oxygen-bench continuity --preset small         # chunk switches: none/identity/vjp/trained
     oxygen-bench hierarchy --preset tiny           # subtasks: none vs per call vs in the slack
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
@@ -44,7 +44,7 @@ from oxygen_ros.engine.scheduler import make_pool, make_runner
 from oxygen_ros.model.config import IMAGE_SLOTS
 from oxygen_ros.model.robots import ROBOTS, robot_adapter
 from oxygen_ros.tools.cli import positive_int
-from oxygen_ros.tools.continuity_workload import continuity_metrics, replan
+from oxygen_ros.tools.continuity_workload import Replanner, continuity_metrics
 from oxygen_ros.tools.hierarchy_workload import run_hierarchy
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
@@ -180,7 +180,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-dynamic", action="store_true", help="skip the eager (dynamic-shape) reference"
     )
     continuity = sub.add_parser(
-        "continuity", help="chunk switch discontinuity and jerk: none vs rtc, one run"
+        "continuity",
+        help="chunk switch discontinuity, jerk and action cost: none / identity / vjp / trained",
     )
     _common(continuity, "tiny")
     # as the node (torch_threads 1): steadier latency on a shared CPU
@@ -206,6 +207,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     continuity.add_argument("--max-guidance-weight", type=float, default=5.0, help="RTC beta")
     continuity.add_argument(
         "--schedule", default="exp", choices=["exp", "linear"], help="RTC soft-mask schedule"
+    )
+    continuity.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(CONTINUITY_BENCH_MODES),
+        choices=CONTINUITY_BENCH_MODES,
+        help="continuity modes, run in interleaved rounds (none first: the cost reference)",
+    )
+    continuity.add_argument(
+        "--rounds", type=positive_int, default=3, help="interleaved rounds the frames are split in"
+    )
+    continuity.add_argument(
+        "--training-max-delay",
+        type=int,
+        default=0,
+        help="trained mode: the rtc_training_max_delay it assumes (0: half the horizon); random "
+        "weights were never trained for it, so it measures cost and mechanics only",
     )
     hierarchy = sub.add_parser(
         "hierarchy",
@@ -874,82 +892,127 @@ def bench_summary(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+CONTINUITY_BENCH_MODES = ("none", "identity", "vjp", "trained")
+
+
+def _continuity_config(args: argparse.Namespace, mode: str, horizon: int) -> EngineConfig:
+    """The engine settings of one `bench_continuity` mode."""
+    max_delay = args.training_max_delay or horizon // 2
+    return EngineConfig(
+        num_steps=args.steps,
+        seed=args.seed,
+        chunk_continuity="none" if mode == "none" else "rtc",
+        action_dt=args.action_dt,
+        rtc_execution_horizon=args.execution_horizon,
+        rtc_max_guidance_weight=args.max_guidance_weight,
+        rtc_schedule=args.schedule,
+        rtc_guidance="vjp" if mode == "vjp" else "identity",
+        rtc_training_max_delay=max_delay if mode == "trained" else 0,
+        **_fast_path(args),
+    )
+
+
 def bench_continuity(args: argparse.Namespace) -> dict[str, object]:
-    """Both continuity modes on the same moving scene with the node's replanning rule: how far the
-    executed command jumps when a new chunk takes over, the executed stream's jerk, and what RTC
-    costs on the action path."""
+    """The continuity modes on the same moving scene with the node's replanning rule, in
+    interleaved rounds: how far the executed command jumps when a new chunk takes over, the
+    executed stream's jerk, and what each mode costs on the action path relative to none."""
     if args.frames < 2:
         raise SystemExit("--frames must be >= 2")
+    modes = list(dict.fromkeys(args.modes))
     policy = _policy(args)
-    modes: dict[str, dict[str, float]] = {}
-    for mode in ("none", "rtc"):
-        config = EngineConfig(
-            num_steps=args.steps,
-            seed=args.seed,
-            chunk_continuity=mode,
-            action_dt=args.action_dt,
-            rtc_execution_horizon=args.execution_horizon,
-            rtc_max_guidance_weight=args.max_guidance_weight,
-            rtc_schedule=args.schedule,
-            **_fast_path(args),
-        )
-        engine = OxygenEngine(policy, config)
-        try:
+    horizon = policy.config.action_horizon
+    if args.training_max_delay < 0 or args.training_max_delay >= horizon:
+        raise SystemExit(f"--training-max-delay must be in [0, {horizon})")
+    configs = {mode: _continuity_config(args, mode, horizon) for mode in modes}
+    engines = {mode: OxygenEngine(policy, config) for mode, config in configs.items()}
+    runs = {}
+    try:
+        for engine in engines.values():
             engine.warm_up(_observations(args, policy)[0])
-            chunks, action_ms = replan(
-                engine,
-                args.warmup + args.frames,
-                args.rate_hz,
-                args.cameras,
-                state_dim=_state_dim(policy),
-            )
-        finally:
-            engine.close()
-        modes[mode] = continuity_metrics(chunks, args.action_dt, skip=args.warmup) | {
-            "action_ms_p50": percentile(action_ms[args.warmup :], 50),
-            "action_ms_p99": percentile(action_ms[args.warmup :], 99),
+        runs = {
+            mode: Replanner(e, args.rate_hz, args.cameras, _state_dim(policy), args.action_dt)
+            for mode, e in engines.items()
         }
-    none, rtc = modes["none"], modes["rtc"]
-    ratio = none["switch_discontinuity_p50"] / max(rtc["switch_discontinuity_p50"], 1e-12)
+        total = args.warmup + args.frames
+        for r in range(args.rounds):
+            block = total * (r + 1) // args.rounds - total * r // args.rounds
+            for run in runs.values():
+                run.run(block)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    results: dict[str, dict[str, float]] = {}
+    for mode, run in runs.items():
+        results[mode] = continuity_metrics(run.chunks, args.action_dt, skip=args.warmup) | {
+            "action_ms_p50": percentile(run.action_ms[args.warmup :], 50),
+            "action_ms_p99": percentile(run.action_ms[args.warmup :], 99),
+            "action_cpu_ms_p50": percentile(run.action_cpu_ms[args.warmup :], 50),
+        }
+        continuity = engines[mode].continuity
+        if continuity is not None:
+            results[mode]["trained_fallbacks"] = continuity.trained_fallbacks
+    reference = results.get("none")
+    for row in results.values():
+        if reference is not None:
+            row["action_cost_vs_none"] = row["action_ms_p50"] / reference["action_ms_p50"]
+            row["action_cpu_vs_none"] = row["action_cpu_ms_p50"] / reference["action_cpu_ms_p50"]
+            row["switch_cut_vs_none"] = reference["switch_discontinuity_p50"] / max(
+                row["switch_discontinuity_p50"], 1e-12
+            )
+    config = next(iter(configs.values()))
     print(
         f"continuity: preset={args.preset} robot={args.robot} device={args.device} "
-        f"dtype={args.dtype} "
-        f"path={_path_name(config)} frames={args.frames} "
-        f"rate={args.rate_hz:g} Hz action_dt={args.action_dt:g} s "
-        f"horizon={policy.config.action_horizon} steps={args.steps} "
-        f"rtc: schedule={args.schedule} beta={args.max_guidance_weight:g} "
+        f"dtype={args.dtype} path={_path_name(config)} frames={args.frames} in {args.rounds} "
+        f"interleaved rounds rate={args.rate_hz:g} Hz action_dt={args.action_dt:g} s "
+        f"horizon={horizon} steps={args.steps} guided: schedule={args.schedule} "
+        f"beta={args.max_guidance_weight:g} "
         f"execution_horizon={args.execution_horizon or 'overlap'}"
+        + (
+            f"; trained: rtc_training_max_delay={configs['trained'].rtc_training_max_delay}"
+            if "trained" in configs
+            else ""
+        )
     )
     columns = [
+        "mode",
         "switch_discontinuity_p50",
         "switch_discontinuity_p99",
         "jerk_rms",
         "action_ms_p50",
         "action_ms_p99",
-        "switches",
+        "action_cost_vs_none",
+        "action_cpu_vs_none",
+        "switch_cut_vs_none",
         "switches_past_previous_end",
     ]
-    _print_table(
-        [{"metric": c, "none": none[c], "rtc": rtc[c]} for c in columns], ["metric", "none", "rtc"]
-    )
+    _print_table([{"mode": mode, **row} for mode, row in results.items()], columns)
     print(
-        f"RTC cuts the p50 switch discontinuity {ratio:.1f}x (target >= 5x); action path p50 "
-        f"{rtc['action_ms_p50']:.1f} ms vs {none['action_ms_p50']:.1f} ms "
-        f"(+{rtc['action_ms_p50'] - none['action_ms_p50']:.1f} ms)"
+        "action_cost_vs_none: wall-clock p50 ratio; action_cpu_vs_none: the same in the thread's "
+        "CPU time (the cost without the waits of a CPU shared with other work)"
     )
-    if rtc["switches_past_previous_end"]:
+    if "trained" in results:
         print(
-            f"{rtc['switches_past_previous_end']} of {rtc['switches']} RTC switches came after the "
-            "previous chunk had ended (latency beyond horizon x action_dt = "
-            f"{policy.config.action_horizon * args.action_dt:g} s): raise --action-dt or lower the "
-            "latency"
+            "trained: random weights were never trained with a clean prefix; the row measures "
+            "the mode's cost and mechanics (the frozen steps are the previous chunk), not the "
+            "quality of a trained checkpoint"
+            + (
+                f"; {results['trained']['trained_fallbacks']} chunks fell back to identity "
+                "guidance (delay above the maximum)"
+                if results["trained"].get("trained_fallbacks")
+                else ""
+            )
+        )
+    late = {m: r["switches_past_previous_end"] for m, r in results.items() if m != "none"}
+    if any(late.values()):
+        print(
+            f"switches after the previous chunk had ended: {late} (latency beyond horizon x "
+            f"action_dt = {horizon * args.action_dt:g} s): raise --action-dt or lower the latency"
         )
     out = {
         "preset": args.preset,
         "device": args.device,
         "workload": vars(args) | {"json": str(args.json)},
-        "modes": modes,
-        "discontinuity_ratio_p50": ratio,
+        "modes": results,
     }
     _write_json(args.json, out)
     return out

@@ -57,29 +57,48 @@ def sample_chunk(actions: np.ndarray, stamp: float, t: float, action_dt: float) 
     return actions[low] * (1.0 - frac) + actions[high] * frac
 
 
-def replan(
-    engine: OxygenEngine, frames: int, rate_hz: float, cameras: int, state_dim: int
-) -> tuple[list[TimedChunk], list[float]]:
+def takeover_time(arrival: float, action_dt: float) -> float:
+    """When the controller switches to a chunk that arrived at ``arrival``: its first step after."""
+    return math.ceil(arrival / action_dt - 1e-9) * action_dt
+
+
+class Replanner:
     """The node's loop on a simulated clock: a tick every 1/rate_hz s (a tick that cannot start on
     time starts when the previous chunk is done), each a fresh observation of the scene and a new
-    chunk; each chunk arrives after its measured action-path time. Returns the chunks and the
-    action-path times (ms)."""
-    period = 1.0 / rate_hz
-    chunks: list[TimedChunk] = []
-    action_ms: list[float] = []
-    busy_until = 0.0
-    for k in range(frames):
-        stamp = max(k * period, busy_until)
-        observation = moving_scene(stamp, cameras, state_dim)
-        started = time.perf_counter()
-        chunk = engine.act(observation)
-        latency = time.perf_counter() - started
-        action_ms.append(latency * 1e3)
-        busy_until = stamp + latency
-        chunks.append(
-            TimedChunk(stamp, stamp + latency, np.asarray(chunk.actions, dtype=np.float64))
-        )
-    return chunks, action_ms
+    chunk; each chunk arrives after its measured action-path time, and the delay the simulated
+    robot sees (the stamp to the controller's takeover) is reported to the engine as the node
+    reports its publishing delay (`OxygenEngine.chunk_published`). `run` continues where the last
+    call stopped, so a bench can interleave engines block by block (a machine whose speed drifts
+    then slows every engine alike); ``chunks``, ``action_ms`` (the action-path times) and
+    ``action_cpu_ms`` (the calling thread's CPU time in them: the cost without the waits of a
+    shared CPU, exact with torch single-threaded) grow."""
+
+    def __init__(
+        self, engine: OxygenEngine, rate_hz: float, cameras: int, state_dim: int, action_dt: float
+    ) -> None:
+        self.engine, self.period, self.action_dt = engine, 1.0 / rate_hz, action_dt
+        self.cameras, self.state_dim = cameras, state_dim
+        self.chunks: list[TimedChunk] = []
+        self.action_ms: list[float] = []
+        self.action_cpu_ms: list[float] = []
+        self._busy_until = 0.0
+
+    def run(self, frames: int) -> None:
+        """Replan ``frames`` more ticks."""
+        for _ in range(frames):
+            stamp = max(len(self.chunks) * self.period, self._busy_until)
+            observation = moving_scene(stamp, self.cameras, self.state_dim)
+            started, cpu = time.perf_counter(), time.thread_time()
+            chunk = self.engine.act(observation)
+            latency = time.perf_counter() - started
+            self.action_ms.append(latency * 1e3)
+            self.action_cpu_ms.append((time.thread_time() - cpu) * 1e3)
+            self._busy_until = stamp + latency
+            delay = takeover_time(stamp + latency, self.action_dt) - stamp
+            self.engine.chunk_published(chunk.frame_id, chunk.actions, delay)
+            self.chunks.append(
+                TimedChunk(stamp, stamp + latency, np.asarray(chunk.actions, dtype=np.float64))
+            )
 
 
 def continuity_metrics(
@@ -97,7 +116,7 @@ def continuity_metrics(
     jumps: list[np.ndarray] = []
     past_end = 0  # switches after the previous chunk's last action: nothing left to continue
     for previous, new in zip(chunks[skip:], chunks[skip + 1 :], strict=False):
-        t = math.ceil(new.arrival / action_dt - 1e-9) * action_dt
+        t = takeover_time(new.arrival, action_dt)
         past_end += t > previous.stamp + previous.actions.shape[0] * action_dt
         jumps.append(
             np.abs(
