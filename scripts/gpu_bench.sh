@@ -17,7 +17,8 @@
 #                engine: frames/s, tokens/s, ratio to isolated-sequential
 #   3. realtime  OxyGen under a 60 Hz timer, 2 cameras, a new narration every frame: achieved rate, p99
 #                frame latency, deadline misses, tokens/s, concurrent requests, peak GPU memory
-#   4. summary   all figures side by side with the targets -> $OUT/summary.json
+#   4. hierarchy subtasks: none vs decoded per call (PR #942) vs in the slack (same_frame)
+#   5. summary   all figures side by side with the targets -> $OUT/summary.json
 # A failing step is reported and the others still run; the exit status is non-zero if any failed.
 #
 # Environment overrides (defaults in brackets):
@@ -133,10 +134,13 @@ run_step engines 180 "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras
     --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --rounds 1 --json "$OUT/engines.json"
 run_step realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
     --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
+# pi0.5's hierarchy: no subtask vs PR #942's decode + re-prefill per call vs subtasks in the slack
+run_step hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --threads 0 --frames "$FRAMES" \
+    --warmup "$WARMUP" --rounds 1 --json "$OUT/hierarchy.json"
 run_step summary 60 "${BENCH[@]}" summary --dir "$OUT"
 
 echo
-echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json summary.json, *.log)"
+echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json hierarchy.json summary.json, *.log)"
 if [[ ${#FAILED[@]} -gt 0 ]]; then
     echo "FAILED steps: ${FAILED[*]}" >&2
     exit 1

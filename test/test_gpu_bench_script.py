@@ -40,7 +40,7 @@ def test_gpu_bench_script_dry_run_on_cpu(tmp_path):
         timeout=800,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    for name in ("action", "engines", "realtime", "summary"):
+    for name in ("action", "engines", "realtime", "hierarchy", "summary"):
         assert (out / f"{name}.json").is_file(), name
         assert (out / f"{name}.log").is_file(), name
     summary = json.loads((out / "summary.json").read_text())
@@ -58,6 +58,9 @@ def test_gpu_bench_script_dry_run_on_cpu(tmp_path):
     }
     engines = json.loads((out / "engines.json").read_text())
     assert engines["errors"] == {} and engines["workload"]["static_shapes"] is True
+    hierarchy = json.loads((out / "hierarchy.json").read_text())["modes"]
+    assert set(hierarchy) == {"none", "per_call", "oxygen"}
+    assert all(mode["frames_per_s"] > 0 for mode in hierarchy.values())
     log = (out / "gpu_bench.log").read_text()
     assert "MET" in log or "MISS" in log
 

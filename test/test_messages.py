@@ -39,6 +39,8 @@ ACTION_CHUNK_FIELDS = {
     "frame_ms": "float",
     "deadline_met": "boolean",
     "clipped_values": "uint32",
+    "subtask_id": "uint32",
+    "subtask": "string",
 }
 NARRATION_FIELDS = {
     "header": "std_msgs/Header",

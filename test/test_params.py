@@ -69,3 +69,42 @@ def test_check_value_checks_one_value_alone():
     check_value("rate_hz", 30.0)
     with pytest.raises(SettingsError, match="numbers"):
         check_value("joint_upper_limits", ["a"])
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(prompt_format="openpi2"), "unknown prompt format 'openpi2'"),
+        (dict(subtask_conditioning="always"), "subtask_conditioning must be one of"),
+        (dict(subtask_conditioning="prompt"), "'openpi' has none"),
+        (
+            dict(prompt_format="pi052", subtask_conditioning="same_frame"),
+            "use subtask_conditioning prompt",
+        ),
+        (
+            dict(prompt_format="mine", prompt_format_custom='{"name": "mine", "action": "{tsk}"}'),
+            r"unknown field\(s\) \['tsk'\]",
+        ),
+        (
+            dict(
+                prompt_format="opentau",
+                robot="libero",
+                joint_names=[f"j{i}" for i in range(8)],
+                action_joint_names=[f"a{i}" for i in range(7)],
+                camera_slots=["base_0_rgb", "left_wrist_0_rgb"],
+            ),
+            "without state bins",
+        ),
+    ],
+)
+def test_prompt_formats_are_checked_at_configure(changes, message):
+    with pytest.raises(SettingsError, match=message):
+        settings(**changes)
+
+
+def test_a_custom_prompt_format_from_the_params_yaml():
+    custom = "name: mine\nbase: openpi_subtask\nkinds:\n  subtask: {max_tokens: 8}\n"
+    s = settings(
+        prompt_format="mine", prompt_format_custom=custom, subtask_conditioning="same_frame"
+    )
+    assert s.format.name == "mine" and s.format.kind("subtask").max_tokens == 8

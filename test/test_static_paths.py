@@ -17,7 +17,7 @@ from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
-from oxygen_ros.engine.scheduler import make_pool
+from oxygen_ros.engine.scheduler import make_pool, new_request
 from oxygen_ros.engine.static_paths import (
     StaticActionChunk,
     StaticRunner,
@@ -214,15 +214,8 @@ def test_prefill_writes_exactly_the_valid_prefix_columns(policy):
 def make_requests(
     policy, specs: Sequence[tuple[str, str, int]], first_id: int = 1
 ) -> list[LanguageRequest]:
-    prompts = STATIC.kind_prompts
     return [
-        LanguageRequest(
-            first_id + i,
-            kind,
-            policy.tokenizer.encode_text(prompts[kind].format(text=text)),
-            SamplingParams(max_tokens=n),
-            policy.tokenizer,
-        )
+        new_request(policy, STATIC, first_id + i, kind, text, SamplingParams(max_tokens=n))
         for i, (kind, text, n) in enumerate(specs)
     ]
 

@@ -1,4 +1,11 @@
-"""Per-frame work shared by every engine: encode an observation into the KV pool, act on it."""
+"""Per-frame work shared by every engine: encode an observation into the KV pool, act on it.
+
+A frame's prompt (`prompts.FramePrompt`) may end in a causal tail (a subtask-conditioned action
+prompt such as openpi PR #942's ``{subtask}<eos>\\nAction: ``). `prefill_frame` either prefills it
+in one pass with openpi's causal mask, or (``append_tail``, the engine's ``same_frame``) prefills
+the shared bidirectional part and appends the tail's tokens causally on top of its KV, in the same
+segment: the two are the same computation, batched differently.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from torch import Tensor
 
 from ..model.pi05 import Prefix
 from ..model.policy import Pi05Policy
+from ..model.prompts import FramePrompt
 from ..model.rtc import RTCGuidance, TrainedPrefix
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
@@ -23,10 +31,25 @@ class FramePrefix:
     frame_id: int
     stamp: float
     segment: KVSegment
+    image_columns: int = 0  # valid image tokens at the start of the prefix
+    prompt_ids: tuple[int, ...] = ()  # the prompt's token ids (bos first)
+    shared: int = 0  # prompt ids in the shared bidirectional part (see `prompts.FramePrompt`)
+    subtask_id: int = 0  # the subtask the frame's prompt carries (0: none)
 
     @property
     def length(self) -> int:
         return self.segment.length
+
+    @property
+    def shared_length(self) -> int:
+        """Prefix tokens of the shared part: the images and the shared prompt ids."""
+        return self.image_columns + self.shared
+
+    @property
+    def last_shared_token(self) -> int:
+        """The id of the shared part's last token (a request reading the shared part re-feeds it
+        over the tokens before it: its hidden state and K/V come out as the prefill's)."""
+        return self.prompt_ids[self.shared - 1]
 
 
 def frame_noise(config, seed: int, frame_id: int, device: torch.device) -> Tensor:
@@ -49,35 +72,83 @@ def prefill_frame(
     frame_id: int,
     runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
+    prompt: FramePrompt | None = None,
+    append_tail: bool = False,
 ) -> FramePrefix:
     """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill.
 
-    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV, unless
-    the runner has no captured bucket for this observation (then the eager path does). On any
-    exception the frame's KV is released before the exception propagates.
+    prompt: the frame's prompt ids (default: openpi's action prompt of the observation). A prompt
+    with causal tokens is prefilled with openpi's causal mask; with ``append_tail`` its causal tail
+    after the shared part is instead appended on top of the shared part's KV (equal to rounding).
+
+    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV for a
+    bidirectional prompt, unless the runner has no captured bucket for this observation (then the
+    eager path does). On any exception the frame's KV is released before the exception propagates.
     """
     owner = f"frame {frame_id} prefix"
+    if prompt is None:
+        prompt = policy.frame_prompt(observation.state, observation.prompt)
+    head, tail = prompt, ()
+    if append_tail and prompt.shared < len(prompt.ids):
+        tail = prompt.ids[prompt.shared :]
+        causal = prompt.causal_from if prompt.causal_from is not None else len(prompt.ids)
+        head = FramePrompt(
+            prompt.ids[: prompt.shared],
+            prompt.shared,
+            causal if causal < prompt.shared else None,
+            prompt.subtask_id,
+        )
     segment = None
     try:
-        segment = runner.prefill(observation, owner) if runner is not None else None
+        if runner is not None and head.causal_from is None:
+            segment = runner.prefill(observation, owner, head.ids, reserve=len(tail))
         if segment is None:
-            inputs = policy.encode(observation.images, observation.state, observation.prompt)
+            inputs = policy.encode(observation.images, observation.state, observation.prompt, head)
             prefix = policy.model.prefill(
-                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+                inputs.images,
+                inputs.image_masks,
+                inputs.tokens,
+                inputs.token_masks,
+                inputs.token_causal,
             )
             # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is
             # real.
-            segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
+            segment = pool.allocate(int(prefix.num_valid[0]) + len(tail), owner=owner)
             pool.write(
                 segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values]
             )
+        if tail:
+            append_tokens(policy, pool, segment, tail)
         faults.check("prefill")
     except BaseException as error:
         tag_stage(error, "prefill")
         if segment is not None:
             pool.release(segment)
         raise
-    return FramePrefix(frame_id, observation.stamp, segment)
+    columns = len(policy.present_slots(observation.images)) * policy.config.image_tokens
+    return FramePrefix(
+        frame_id,
+        observation.stamp,
+        segment,
+        columns,
+        tuple(prompt.ids),
+        prompt.shared,
+        prompt.subtask_id,
+    )
+
+
+def append_tokens(
+    policy: Pi05Policy, pool: KVPool, segment: KVSegment, tokens: tuple[int, ...]
+) -> None:
+    """Run ``tokens`` causally over the segment's K/V (positions continuing after it) and append
+    their K/V to the segment (which has the room reserved)."""
+    model = policy.model
+    device = model.device
+    n = segment.length
+    ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
+    positions = (n + torch.arange(len(tokens), device=device))[None]
+    out = model.forward_text(pool.view(segment), ids, positions)
+    pool.write(segment, [k[0] for k in out.keys], [v[0] for v in out.values])
 
 
 def act_on_frame(
@@ -115,15 +186,17 @@ def timed_action(
     runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
     guidance: RTCGuidance | TrainedPrefix | None = None,
+    prompt: FramePrompt | None = None,
+    append_tail: bool = False,
 ) -> tuple[FramePrefix, ActionChunk]:
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
-    ``guidance``: see `act_on_frame`.
+    ``guidance``: see `act_on_frame`; ``prompt``, ``append_tail``: see `prefill_frame`.
 
     Transactional: on any exception (prefill or action) every block the frame took is back in the
     pool and the original exception propagates, tagged with its stage (`faults.stage_of`).
     """
     start = clock()
-    frame = prefill_frame(policy, pool, observation, frame_id, runner, faults)
+    frame = prefill_frame(policy, pool, observation, frame_id, runner, faults, prompt, append_tail)
     try:
         if runner is not None:
             # the static prefill never syncs by itself: charge its GPU time here
@@ -139,6 +212,11 @@ def timed_action(
         raise
     done = clock()
     chunk = ActionChunk(
-        frame_id, observation.stamp, actions, (prefilled - start) * 1e3, (done - prefilled) * 1e3
+        frame_id,
+        observation.stamp,
+        actions,
+        (prefilled - start) * 1e3,
+        (done - prefilled) * 1e3,
+        subtask_id=frame.subtask_id,
     )
     return frame, chunk

@@ -23,12 +23,6 @@ from .requests import LanguageRequest, RequestState
 from .static_paths import StaticRunner, TextRow
 from .types import TextDelta
 
-DEFAULT_KIND_PROMPTS: dict[str, str] = {
-    "narration": "\nNarrate: ",
-    "answer": "\nQuestion: {text}\nAnswer: ",
-    "memory": "\nMemory note: ",
-}
-
 
 class LanguageDecoder:
     """Stateless driver: all state lives in the requests and the pool.
@@ -66,40 +60,44 @@ class LanguageDecoder:
         if not requests:
             return []
         pool = self.pool
+        fed: list[list[int]] = []
         try:
             for r in requests:
-                r.frame_id = frame.frame_id
+                fed.append(r.attach_to(frame))
                 r.prefix = pool.retain(frame.segment)
                 r.own = pool.allocate(r.kv_tokens_needed, owner=f"request {r.request_id}")
                 r.state = RequestState.ACTIVE
             tokens = None
             if self.runner is not None:
                 rows = [
-                    TextRow([(frame.segment, frame.length)], r.prompt, frame.length, r.own)
-                    for r in requests
+                    TextRow([(frame.segment, r.read_len)], feed, r.read_len, r.own)
+                    for r, feed in zip(requests, fed, strict=True)
                 ]
                 tokens = self._static_step(requests, rows)
             if tokens is None:
-                tokens = self._eager_attach(requests, frame)
+                tokens = self._eager_attach(requests, frame, fed)
             self.faults.check("admission")
         except Exception as error:
             return self.fail(requests, error, "admission")
-        for r in requests:
-            r.position = frame.length + len(r.prompt)
+        for r, feed in zip(requests, fed, strict=True):
+            r.position = r.read_len + len(feed)
         return self._accept(requests, tokens)
 
-    def _eager_attach(self, requests: Sequence[LanguageRequest], frame: FramePrefix) -> list[int]:
+    def _eager_attach(
+        self, requests: Sequence[LanguageRequest], frame: FramePrefix, fed: Sequence[list[int]]
+    ) -> list[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
-        lengths = [len(r.prompt) for r in requests]
+        lengths = [len(feed) for feed in fed]
         width = max(lengths)
         tokens = torch.zeros(len(requests), width, dtype=torch.long)
         valid = torch.zeros(len(requests), width, dtype=torch.bool)
-        for i, r in enumerate(requests):
-            tokens[i, : lengths[i]] = torch.tensor(r.prompt)
+        for i, feed in enumerate(fed):
+            tokens[i, : lengths[i]] = torch.tensor(feed)
             valid[i, : lengths[i]] = True
-        context = pool.gather([[(frame.segment, frame.length)]] * len(requests))
-        positions = frame.length + torch.arange(width)[None].expand(len(requests), -1)
+        context = pool.gather([[(frame.segment, r.read_len)] for r in requests])
+        starts = torch.tensor([r.read_len for r in requests])
+        positions = starts[:, None] + torch.arange(width)[None]
         out = model.forward_text(context, tokens.to(device), positions.to(device), valid.to(device))
         last = torch.tensor(lengths) - 1
         logits = model.logits(out.hidden[torch.arange(len(requests)), last.to(device)])
@@ -121,7 +119,7 @@ class LanguageDecoder:
             if self.runner is not None:
                 rows = [
                     TextRow(
-                        [(r.prefix, r.prefix.length), (r.own, r.own.length)],
+                        [(r.prefix, r.read_len), (r.own, r.own.length)],
                         [r.pending_token],
                         r.position,
                         r.own,
@@ -167,7 +165,7 @@ class LanguageDecoder:
     def _eager_step(self, requests: Sequence[LanguageRequest]) -> list[int]:
         model, pool = self.policy.model, self.pool
         device = model.device
-        rows = [[(r.prefix, r.prefix.length), (r.own, r.own.length)] for r in requests]
+        rows = [[(r.prefix, r.read_len), (r.own, r.own.length)] for r in requests]
         context = pool.gather(rows)
         tokens = torch.tensor([[r.pending_token] for r in requests], device=device)
         positions = torch.tensor([[r.position] for r in requests], device=device)
@@ -183,7 +181,8 @@ class LanguageDecoder:
     ) -> list[int] | None:
         """Greedy rows take the step's on-device argmax; sampling rows draw from its logits. None:
         the frozen runner has no bucket for these rows (run the eager step)."""
-        sampled = [r.sampling.temperature > 0.0 for r in requests]
+        # the on-device argmax knows no suppressed ids: such rows pick from their logits
+        sampled = [r.sampling.temperature > 0.0 or bool(r.suppress) for r in requests]
         result = self.runner.text(rows, sampled)
         if result is None:
             return None

@@ -52,12 +52,19 @@ class LanguageRequest:
         prompt: list[int],
         sampling: SamplingParams,
         tokenizer: Pi05Tokenizer,
+        reads_shared: bool = False,
+        suppress: tuple[tuple[int, int], ...] = (),
     ) -> None:
+        """reads_shared: the request reads only the frame's shared prefix (`FramePrefix`), and
+        re-feeds its last token before ``prompt``; suppress: inclusive id ranges never sampled."""
         if kind not in LANGUAGE_KINDS:
             raise ValueError(f"unknown language kind {kind!r}; expected one of {LANGUAGE_KINDS}")
         self.request_id = request_id
         self.kind = kind
         self.prompt = prompt  # the kind's own text, prefilled on top of the shared prefix
+        self.reads_shared = reads_shared
+        self.suppress = suppress
+        self.read_len = 0  # prefix tokens of its frame it reads (set at admission)
         self.sampling = sampling
         self.state = RequestState.QUEUED
         self.frame_id: int | None = None
@@ -78,7 +85,17 @@ class LanguageRequest:
     @property
     def kv_tokens_needed(self) -> int:
         """Own-segment tokens: its prompt plus every generated token except the last (never fed)."""
-        return len(self.prompt) + self.sampling.max_tokens - 1
+        return len(self.prompt) + int(self.reads_shared) + self.sampling.max_tokens - 1
+
+    def attach_to(self, frame) -> list[int]:
+        """Read ``frame`` (a `frames.FramePrefix`): set what it reads; returns the tokens its
+        admission feeds (the kind text, after the shared part's last token when it reads that)."""
+        self.frame_id = frame.frame_id
+        if self.reads_shared:
+            self.read_len = frame.shared_length - 1
+            return [frame.last_shared_token, *self.prompt]
+        self.read_len = frame.length
+        return list(self.prompt)
 
     @property
     def text(self) -> str:
@@ -87,6 +104,10 @@ class LanguageRequest:
     def choose(self, logits: Tensor) -> int:
         """Pick the next token from float32 logits [model vocab]."""
         logits = logits[: self._vocab]
+        if self.suppress:
+            logits = logits.clone()
+            for low, high in self.suppress:
+                logits[low : high + 1] = float("-inf")
         if self.sampling.temperature == 0.0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float().cpu() / self.sampling.temperature, dim=-1)

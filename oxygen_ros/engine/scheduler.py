@@ -10,6 +10,10 @@ continuous batching of every active language request in the slack before the nex
         (or k steps over all of them in fixed mode, the paper's setting; with a deadline given,
         a step that does not fit before it is skipped and counted)
 
+In the subtask loop (``subtask_conditioning`` prompt | same_frame, `subtasks.SubtaskLoop`) the
+frame's prompt carries the newest subtask that finished before it, and a due subtask request is
+queued first in line, decoded like any other request: the action path never waits for it.
+
 Step latency is estimated per batch size and context length (``metrics.StepTimer``), admission
 prefills by their own token count. KV ownership is transactional: a fault in the action path
 returns the frame's blocks and propagates; a fault in a language stage ends the requests it hit
@@ -35,15 +39,17 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..model.policy import Pi05Policy
+from ..model.prompts import KindFormat, PromptFormat, check_conditioning, preset
 from ..model.rtc import CONTINUITY_MODES, GUIDANCE, SCHEDULES
 from .continuity import ChunkContinuity
-from .faults import NO_FAULTS, FaultInjector, describe, stage_of
+from .faults import NO_FAULTS, FaultInjector, describe, stage_of, tag_stage
 from .frames import FramePrefix, max_prefix_tokens, timed_action
 from .kv_cache import KVInvariantError, KVPool
-from .language import DEFAULT_KIND_PROMPTS, LanguageDecoder
+from .language import LanguageDecoder
 from .metrics import StepTimer
 from .requests import LanguageRequest, RequestState, SamplingParams
 from .static_paths import PLAIN, ChunkKind, StaticRunner
+from .subtasks import SubtaskLoop
 from .types import ActionChunk, Clock, FrameResult, FrameStats, Observation, TextDelta, WarmUpReport
 
 WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buckets and timings
@@ -66,9 +72,14 @@ class EngineConfig:
     deadline_margin_ms: float = 3.0
     seed: int = 0
     default_max_tokens: int = 30
-    kind_prompts: Mapping[str, str] = dataclasses.field(
-        default_factory=lambda: dict(DEFAULT_KIND_PROMPTS)
-    )
+    # The checkpoint's prompt format (model/prompts.py): a preset name or a PromptFormat.
+    prompt_format: str | PromptFormat = "openpi"
+    # Kind texts overriding the format's ("{text}" is the request's text); None: the format's.
+    kind_prompts: Mapping[str, str] | None = None
+    # pi0.5's hierarchy (engine/subtasks.py): "none" | "prompt" | "same_frame"
+    subtask_conditioning: str = "none"
+    subtask_period_s: float = 1.0  # a new subtask is decoded this often (and when the task changes)
+    subtask_max_tokens: int = 0  # 0: the format's limit for its subtask kind
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
     # capture those steps in CUDA graphs; implies static_shapes, CUDA only
@@ -141,11 +152,19 @@ class EngineConfig:
                 f"{self.rtc_execution_horizon}) "
                 f"and rtc_max_guidance_weight finite and >= 0 (got {self.rtc_max_guidance_weight})"
             )
-        if not self.kind_prompts:
-            raise ValueError("kind_prompts must name at least one language kind")
-        empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
-        if empty:
-            raise ValueError(f"kind prompts must not be empty: {empty}")
+        if self.kind_prompts is not None:
+            if not self.kind_prompts:
+                raise ValueError("kind_prompts must name at least one language kind")
+            empty = [k for k, v in self.kind_prompts.items() if not v.format(text="x").strip()]
+            if empty:
+                raise ValueError(f"kind prompts must not be empty: {empty}")
+        # an unknown preset or a mode the format cannot serve: PromptFormatError (a ValueError)
+        check_conditioning(self.format, self.subtask_conditioning)
+        if not (self.subtask_period_s >= 0 and self.subtask_max_tokens >= 0):
+            raise ValueError(
+                f"subtask_period_s (got {self.subtask_period_s}) and subtask_max_tokens (got "
+                f"{self.subtask_max_tokens}) must be >= 0"
+            )
 
     @property
     def uses_static_paths(self) -> bool:
@@ -158,6 +177,76 @@ class EngineConfig:
         if self.chunk_continuity == "none":
             return "none"
         return "trained" if self.rtc_training_max_delay > 0 else self.rtc_guidance
+
+    @property
+    def format(self) -> PromptFormat:
+        """The prompt format (`prompt_format` resolved)."""
+        fmt = self.prompt_format
+        return fmt if isinstance(fmt, PromptFormat) else preset(fmt)
+
+    @property
+    def hierarchy(self) -> bool:
+        """Whether the subtask loop runs (subtask_conditioning prompt or same_frame)."""
+        return self.subtask_conditioning != "none"
+
+    @property
+    def kinds(self) -> dict[str, KindFormat]:
+        """Every language kind a request may have, with its prompt: the format's, with
+        ``kind_prompts`` in their place when given (the subtask kind only in the subtask loop)."""
+        kinds = dict(self.format.kinds)
+        if self.kind_prompts is not None:
+            kinds = {k: KindFormat((v,), ours=True) for k, v in self.kind_prompts.items()} | {
+                k: v for k, v in kinds.items() if k == "subtask"
+            }
+        if not self.hierarchy:
+            kinds.pop("subtask", None)
+        return kinds
+
+
+def subtask_token_limit(policy: Pi05Policy, config: EngineConfig, prompt_tokens: int) -> int:
+    """A subtask's token limit: ``subtask_max_tokens`` (0: the format's, else 64), and no more than
+    the conditioned prompt (``prompt_tokens`` without a subtask) leaves of ``max_token_len``, so
+    that the next frames' prompt carries all of it."""
+    limit = config.subtask_max_tokens or config.kinds["subtask"].max_tokens or 64
+    return max(1, min(limit, policy.config.max_token_len - prompt_tokens))
+
+
+def new_request(
+    policy: Pi05Policy,
+    config: EngineConfig,
+    request_id: int,
+    kind: str,
+    text: str = "",
+    sampling: SamplingParams | None = None,
+    **fields: str,
+) -> LanguageRequest:
+    """A language request of ``kind`` in the engine's prompt format: its own text with ``text``
+    (a question) and ``fields`` (task, memory, previous), the format's token limit and suppressed
+    ids.
+
+    Raises:
+        ValueError: a kind the configuration does not have.
+    """
+    kinds = config.kinds
+    if kind not in kinds:
+        raise ValueError(f"unknown language kind {kind!r}; configured kinds: {sorted(kinds)}")
+    spec = kinds[kind]
+    sampling = sampling or SamplingParams(max_tokens=config.default_max_tokens)
+    if spec.max_tokens and sampling.max_tokens > spec.max_tokens:
+        sampling = dataclasses.replace(sampling, max_tokens=spec.max_tokens)
+    if config.kind_prompts is not None and kind in config.kind_prompts:
+        prompt = policy.tokenizer.encode_text(config.kind_prompts[kind].format(text=text))
+    else:
+        prompt = config.format.kind_ids(policy.tokenizer, kind, text=text, **fields)
+    return LanguageRequest(
+        request_id,
+        kind,
+        prompt,
+        sampling,
+        policy.tokenizer,
+        reads_shared=spec.reads == "shared",
+        suppress=spec.suppress,
+    )
 
 
 def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
@@ -277,9 +366,9 @@ class EngineBase:
     def _prepare_buckets(self, observation: Observation) -> int:
         """Step 1 of `warm_up`: create the buckets and freeze; returns how many were created."""
         cfg = self.config
-        tokenizer = self.policy.tokenizer
         kind_tokens = [
-            len(tokenizer.encode_text(p.format(text=""))) for p in cfg.kind_prompts.values()
+            len(request.prompt) + int(request.reads_shared)
+            for request in (new_request(self.policy, cfg, 0, kind) for kind in cfg.kinds)
         ]
         created = 0
         for runner, acts, batch in self._runners:
@@ -301,7 +390,7 @@ class EngineBase:
         """Step 3 of `warm_up`: frames with one or two short greedy requests each; returns the
         median prefill + action ms of the frames after the first (which pays the first calls)."""
         cfg = self.config
-        kind = next(iter(cfg.kind_prompts))
+        kind = _warm_up_kind(cfg)
         sampling = SamplingParams(max_tokens=4, temperature=0.0, seed=cfg.seed)
         action_ms = []
         for frame in range(frames):
@@ -404,29 +493,41 @@ class EngineBase:
             pool.check()
 
     # -- intake --------------------------------------------------------------------------------
-    def submit(self, kind: str, text: str = "", sampling: SamplingParams | None = None) -> int:
-        """Queue a language request; it reads the prefix of the frame at which it is admitted.
+    def submit(
+        self,
+        kind: str,
+        text: str = "",
+        sampling: SamplingParams | None = None,
+        **fields: str,
+    ) -> int:
+        """Queue a language request in the engine's prompt format; it reads the prefix of the
+        frame at which it is admitted. ``text``: a question; ``fields``: task, memory, previous.
 
         Returns the request id. A full queue refuses at once (a final delta with the reason).
         """
-        if kind not in self.config.kind_prompts:
-            raise ValueError(
-                f"unknown language kind {kind!r}; configured kinds: "
-                f"{sorted(self.config.kind_prompts)}"
-            )
-        sampling = sampling or SamplingParams(max_tokens=self.config.default_max_tokens)
-        prompt = self.policy.tokenizer.encode_text(self.config.kind_prompts[kind].format(text=text))
-        request = LanguageRequest(
-            self._next_request_id, kind, prompt, sampling, self.policy.tokenizer
+        return self._enqueue(kind, text, sampling, **fields).request_id
+
+    def _enqueue(
+        self,
+        kind: str,
+        text: str = "",
+        sampling: SamplingParams | None = None,
+        front: bool = False,
+        **fields: str,
+    ) -> LanguageRequest:
+        request = new_request(
+            self.policy, self.config, self._next_request_id, kind, text, sampling, **fields
         )
         self._next_request_id += 1
         if len(self._queue) >= self.config.max_queued_requests:
             self._outbox.append(
                 self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)")
             )
+        elif front:
+            self._queue.appendleft(request)
         else:
             self._queue.append(request)
-        return request.request_id
+        return request
 
     def _refuse(self, request: LanguageRequest, why: str) -> TextDelta:
         delta = request.finish("refused")
@@ -505,6 +606,12 @@ class EngineBase:
         return deltas
 
 
+def _warm_up_kind(config: EngineConfig) -> str:
+    """The kind warm-up requests use: narration when there is one (the usual load)."""
+    kinds = config.kinds
+    return "narration" if "narration" in kinds else next(iter(kinds))
+
+
 def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | None:
     if config.chunk_continuity != "rtc":
         return None
@@ -547,6 +654,13 @@ class OxygenEngine(EngineBase):
         self._active: list[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
         self.continuity = _continuity(policy, self.config)
+        fmt = self.config.format
+        if not policy.robot.discrete_state_input:
+            fmt.template(self.config.hierarchy, has_state=False)  # raises when it needs state bins
+        self.subtasks = (
+            SubtaskLoop(fmt, self.config.subtask_period_s) if self.config.hierarchy else None
+        )
+        self._last_prompt: tuple[np.ndarray, str] = (np.zeros(0), "")  # the newest frame's
         if self.pool.num_blocks < 2 * self._prefix_blocks:
             raise ValueError(
                 f"KV capacity {self.pool.num_blocks * self.pool.block_size} tokens cannot hold two "
@@ -582,13 +696,12 @@ class OxygenEngine(EngineBase):
             self.clock,
             self.runner,
         )
-        kind = next(iter(cfg.kind_prompts))
-        prompt = self.policy.tokenizer.encode_text(cfg.kind_prompts[kind].format(text=""))
+        kind = _warm_up_kind(cfg)
         sampling = SamplingParams(max_tokens=cfg.default_max_tokens)
         try:
             for size in sizes:
                 requests = [
-                    LanguageRequest(-1 - i, kind, prompt, sampling, self.policy.tokenizer)
+                    new_request(self.policy, cfg, -1 - i, kind, sampling=sampling)
                     for i in range(size)
                 ]
                 if (
@@ -616,6 +729,8 @@ class OxygenEngine(EngineBase):
 
     def _end_warm_up_requests(self) -> None:
         self.close()  # cancels what is still queued or active and lets the last frame go
+        if self.subtasks:
+            self.subtasks.reset()
         self.fixed_steps_skipped = 0
         if self.continuity:
             self.continuity.reset()  # the first real chunk is not guided by a warm-up chunk
@@ -641,7 +756,13 @@ class OxygenEngine(EngineBase):
             self._frame = None
         cfg = self.config
         guidance = self.continuity.guidance(observation) if self.continuity else None
+        started = self.clock()
         try:
+            try:
+                prompt = self._frame_prompt(observation)
+            except Exception as error:
+                tag_stage(error, "prefill")  # the prompt is the prefill's input (a bad state)
+                raise
             self._frame, chunk = timed_action(
                 self.policy,
                 self.pool,
@@ -653,13 +774,39 @@ class OxygenEngine(EngineBase):
                 self.runner,
                 self.faults,
                 guidance,
+                prompt,
+                cfg.subtask_conditioning == "same_frame",
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))
             raise
         if self.continuity:
             self.continuity.record(observation, chunk)
+        if self.subtasks:
+            self.subtasks.chunk_made(chunk, started)
         return chunk
+
+    def restart_subtask(self) -> None:
+        """Decode a new subtask from the next frame on, dropping the current one (no-op without
+        the subtask loop)."""
+        if self.subtasks:
+            self.subtasks.restart()
+
+    def _frame_prompt(self, observation: Observation):
+        """The frame's prompt in the engine's format; in the subtask loop, carrying the newest
+        subtask that finished before this frame (a changed task first restarts the loop)."""
+        cfg = self.config
+        if self.subtasks is None:
+            return self.policy.frame_prompt(observation.state, observation.prompt, cfg.format)
+        self._last_prompt = (observation.state, observation.prompt)
+        for request in self.subtasks.observe_task(observation.prompt):
+            delta = self.cancel(request.request_id)
+            if delta is not None:
+                delta.detail = "the task changed"
+                self._outbox.append(delta)
+        return self.policy.frame_prompt(
+            observation.state, observation.prompt, cfg.format, True, self.subtasks.conditioning()
+        )
 
     def set_action_dt(self, action_dt: float) -> None:
         """The controller's step changed (the node's runtime ``action_dt``): RTC's delay in steps
@@ -693,6 +840,8 @@ class OxygenEngine(EngineBase):
         (``admission``, ``decode_step``, or ``scheduler`` for the batch choice and stall checks).
         The other requests go on in later steps, and the action path (`act`) is not touched.
         """
+        # in the subtask loop a due subtask request goes first in line (queued like any other)
+        self._serve("scheduler", list, self._outbox, self._submit_subtask)
         out, self._outbox = self._outbox, []
         queued = list(self._queue)
 
@@ -704,7 +853,16 @@ class OxygenEngine(EngineBase):
         self._serve(
             "scheduler", lambda: list(self._active), out, lambda: self._steps(until, max_steps, out)
         )
+        if self.subtasks:
+            self._serve("scheduler", list, out, lambda: self._subtask_finished(out))
         return out
+
+    def _subtask_finished(self, out: list[TextDelta]) -> None:
+        """A subtask that finished in ``out`` becomes the current one (and may ask for a memory
+        note: PI052 writes one when the subtask changes)."""
+        memory = self.subtasks.finished(out, self.clock())
+        if memory is not None:
+            self.subtasks.memory_submitted(self._enqueue("memory", **memory))
 
     def _steps(self, until: float | None, max_steps: int | None, out: list[TextDelta]) -> None:
         """`decode`'s batched steps, then the stall check; deltas go to ``out``."""
@@ -753,15 +911,29 @@ class OxygenEngine(EngineBase):
         self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
         self._retire_finished()
 
+    def _submit_subtask(self) -> None:
+        """In the subtask loop, queue a subtask request (first in line) when one is due: greedy,
+        to eos or the format's limit, reading the newest frame."""
+        loop = self.subtasks
+        if loop is None or self._frame is None or not loop.due(self.clock()):
+            return
+        cfg = self.config
+        state, task = self._last_prompt
+        empty = self.policy.frame_prompt(state, task, cfg.format, True)  # its room in max_token_len
+        limit = subtask_token_limit(self.policy, cfg, len(empty.ids))
+        sampling = SamplingParams(max_tokens=limit, temperature=0.0, seed=cfg.seed)
+        request = self._enqueue("subtask", sampling=sampling, front=True, task=loop.task or "")
+        loop.submitted(request, self.clock())
+
     @staticmethod
     def _context(requests: list[LanguageRequest]) -> int:
         """Tokens the longest row of a decode step over ``requests`` reads (prefix + its own)."""
-        return max(r.prefix.length + r.own.length for r in requests)
+        return max(r.read_len + r.own.length for r in requests)
 
     def _batch_that_fits(self, until: float, now: float) -> int:
         """How many of the active requests (oldest first) one step can take before ``until``."""
         contexts = list(
-            itertools.accumulate((r.prefix.length + r.own.length for r in self._active), max)
+            itertools.accumulate((r.read_len + r.own.length for r in self._active), max)
         )
         size = len(self._active)
         while size > 0 and not self._fits(

@@ -585,21 +585,31 @@ class StaticRunner:
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots
 
-    def prefill(self, observation: Observation, owner: str) -> KVSegment | None:
+    def prefill(
+        self,
+        observation: Observation,
+        owner: str,
+        ids: Sequence[int] | None = None,
+        reserve: int = 0,
+    ) -> KVSegment | None:
         """Encode an observation into a new pool segment (one reference, held by the caller).
 
+        ids: the prompt's token ids, all bidirectional (default: openpi's action prompt of the
+        observation). reserve: extra tokens of room in the segment (a causal tail appended later).
         Returns the segment; None when frozen with no captured bucket for its cameras and prompt
         (run the eager prefill). On an exception the segment is released.
         """
         slots = self.policy.present_slots(observation.images)
-        tokens, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
-        n_tokens = int(mask.sum())
+        if ids is None:
+            ids = self.policy.frame_prompt(observation.state, observation.prompt).ids
+        tokens = np.asarray(ids, dtype=np.int64)
+        n_tokens = len(tokens)
         path = self._frame_prefill(slots, n_tokens)
         if path is None:
             return None
         self.stage_images(observation)
         n_valid = path.image_columns + n_tokens
-        segment = self.pool.allocate(n_valid, owner)
+        segment = self.pool.allocate(n_valid + reserve, owner)
         try:
             path.fill_padding()
             host = path.inputs.host_views

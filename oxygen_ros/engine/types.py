@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-LANGUAGE_KINDS = ("narration", "answer", "memory")
+from ..model.prompts import LANGUAGE_KINDS  # noqa: F401  (re-exported: the engine's kinds)
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock; engines time frames and steps with one (``time.perf_counter``)."""
@@ -43,6 +43,9 @@ class ActionChunk:
     actions: np.ndarray
     prefill_ms: float
     action_ms: float
+    subtask_id: int = 0  # the subtask that conditioned the chunk (0: none)
+    subtask: str = ""  # its text
+    subtask_age_s: float = 0.0  # from the start of the frame it was decoded from to this frame's
 
 
 @dataclasses.dataclass

@@ -200,24 +200,45 @@ class Pi05Model(nn.Module):
 
     @torch.no_grad()
     def prefill(
-        self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+        self,
+        images: Tensor,
+        image_masks: Tensor,
+        tokens: Tensor,
+        token_masks: Tensor,
+        token_causal: Tensor | None = None,
     ) -> Prefix:
-        """Encode one observation per batch row; the only pass that writes prefix KV."""
+        """Encode one observation per batch row; the only pass that writes prefix KV.
+
+        token_causal: [B, T] bool, prompt tokens that attend causally (openpi's ar=1: a prompt
+        format's causal tail, or a whole causal prompt); None: the prompt is bidirectional.
+        """
         embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        causal = None
+        if token_causal is not None:
+            causal = torch.cat([torch.zeros_like(valid[:, : -tokens.shape[1]]), token_causal], 1)
         # columns invalid in every row are never attended: drop them (exact)
         keep = valid.any(dim=0)
         embs, valid = embs[:, keep], valid[:, keep]
-        out = self.prefix_forward(embs, valid)
+        causal = causal[:, keep] if causal is not None else None
+        out = self.prefix_forward(embs, valid, causal=causal)
         return Prefix(KVContext(out.keys, out.values, valid), valid.sum(dim=1))
 
     def prefix_forward(
-        self, embs: Tensor, valid: Tensor, dense_mask: bool | None = None
+        self,
+        embs: Tensor,
+        valid: Tensor,
+        dense_mask: bool | None = None,
+        causal: Tensor | None = None,
     ) -> JointOutput:
         """The backbone over prefix embeddings [B, S, width] with validity [B, S]: bidirectional
         among valid tokens, positions counting valid tokens only (padding and masked cameras are
-        skipped). dense_mask: see `attention_bias`."""
+        skipped). causal: [B, S] bool, tokens that start a causal block (openpi's ar): token i sees
+        token j iff cumsum(causal)[j] <= cumsum(causal)[i]. dense_mask: see `attention_bias`."""
         positions = valid.long().cumsum(dim=1) - 1
         allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
+        if causal is not None:
+            cum = causal.long().cumsum(dim=1)
+            allowed = allowed & (cum[:, None, :] <= cum[:, :, None])
         return joint_forward(
             [Stream(self.backbone, embs)],
             positions,
@@ -457,9 +478,17 @@ class Pi05Model(nn.Module):
 
     @torch.no_grad()
     def sample_actions_uncached(
-        self, images, image_masks, tokens, token_masks, noise: Tensor, num_steps: int = 10
+        self,
+        images,
+        image_masks,
+        tokens,
+        token_masks,
+        noise: Tensor,
+        num_steps: int = 10,
+        token_causal: Tensor | None = None,
     ) -> Tensor:
-        """Reference: every denoising step re-runs prefix and suffix jointly, nothing cached."""
+        """Reference: every denoising step re-runs prefix and suffix jointly, nothing cached.
+        token_causal: see `prefill` (openpi's ar of the prompt tokens)."""
         prefix_embs, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         b, s = prefix_valid.shape
         horizon = noise.shape[1]
@@ -467,6 +496,8 @@ class Pi05Model(nn.Module):
             [prefix_valid, torch.ones(b, horizon, dtype=torch.bool, device=noise.device)], dim=1
         )
         ar = torch.zeros_like(pad)
+        if token_causal is not None:
+            ar[:, s - tokens.shape[1] : s] = token_causal
         ar[:, s] = True  # actions start a new block: the prefix cannot see them
         allowed, positions = self._openpi_masks(pad, ar)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)

@@ -2,9 +2,10 @@
 
 This is openpi's inference transform chain for pi0.5, in order: resize_with_pad to 224 and scale
 to [-1, 1]; the robot's state transform (:mod:`.robots`); quantile-normalise the state; tokenize
-``Task: ..., State: <bins>;\\nAction: `` (or the task alone for robots trained without the state in
-the prompt); and on the way out take the robot's action dimensions, quantile-unnormalise them and
-apply the robot's output transform (delta -> absolute, flips, gripper encoding).
+the prompt in the checkpoint's prompt format (:mod:`.prompts`; openpi's by default, with the state
+bins or, for robots trained without the state in the prompt, the task alone); and on the way out
+take the robot's action dimensions, quantile-unnormalise them and apply the robot's output
+transform (delta -> absolute, flips, gripper encoding).
 
 A LeRobot checkpoint (`lerobot_format`) runs LeRobot's chain instead, chosen by one value,
 `conventions.InputConventions`: its camera keys as image slots, its normaliser (float32, its own
@@ -26,6 +27,7 @@ from .device import resolve_device
 from .pi05 import Pi05Model
 from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
 from .preprocess_torch import lerobot_resize_with_pad, resize_with_pad_torch
+from .prompts import FramePrompt, PromptFormat, SubtaskText
 from .robots import DELTA_POSITION, RobotAdapter, robot_adapter
 from .tokenizer import Pi05Tokenizer
 
@@ -41,6 +43,7 @@ class PrefixInputs:
     image_masks: Tensor  # [1, slots] bool
     tokens: Tensor  # [1, T] int64
     token_masks: Tensor  # [1, T] bool
+    token_causal: Tensor | None = None  # [1, T] bool: causal prompt tokens (None: bidirectional)
 
 
 class Pi05Policy:
@@ -199,20 +202,6 @@ class Pi05Policy:
             return resize_with_pad_torch(images, size, size, out=out)
         return lerobot_resize_with_pad(images, size, size, self.conventions.border, out=out)
 
-    def prompt_tokens(self, state: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        """The pi0.5 prompt of a raw state and task text: int64 tokens and bool mask, both
-        [max_token_len], right-padded, with the bins of `prompt_state` (the task alone without).
-        A prompt over ``max_token_len`` has its task shortened, never its state
-        (`Pi05Tokenizer.encode_prompt`).
-
-        Raises:
-            ValueError: a state of the wrong width or with non-finite values; PromptTooLong (a
-                ValueError): a state that alone does not fit ``max_token_len``.
-        """
-        return self.tokenizer.encode_prompt(
-            prompt, self.prompt_state(state), self.config.max_token_len
-        )
-
     def prompt_state(self, state: np.ndarray) -> np.ndarray | None:
         """The state vector the prompt's bins are made of: the robot's state transform, then the
         checkpoint's normalisation (openpi's quantiles, or LeRobot's normaliser in float32), then,
@@ -233,22 +222,77 @@ class Pi05Policy:
             normalized = pad_to_dim(normalized, self.conventions.prompt_state_dim)
         return normalized
 
-    def check_task(self, task: str, state_dim: int) -> None:
+    def frame_prompt(
+        self,
+        state: np.ndarray,
+        prompt: str,
+        prompt_format: PromptFormat | None = None,
+        conditioned: bool = False,
+        subtask: SubtaskText | None = None,
+    ) -> FramePrompt:
+        """A frame's prompt ids for a raw robot state and task text in ``prompt_format`` (None:
+        openpi's), conditioned on ``subtask`` when ``conditioned`` (`Pi05Tokenizer.frame_prompt`).
+
+        Raises:
+            ValueError: a bad state, or a format that needs state bins this robot does not have.
+        """
+        return self.tokenizer.frame_prompt(
+            prompt,
+            self.prompt_state(state),
+            self.config.max_token_len,
+            prompt_format,
+            conditioned,
+            subtask,
+        )
+
+    def prompt_tokens(
+        self, state: np.ndarray, prompt: str, prompt_format: PromptFormat | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The robot's state transform, quantile normalisation and the action prompt: int64 tokens
+        and bool mask, both [max_token_len], right-padded. Robots trained without the state in the
+        prompt (``discrete_state_input`` false) get the format's state-free prompt (openpi's: the
+        task text alone); the state is still checked.
+
+        A prompt over ``max_token_len`` has its task shortened, never its state
+        (`Pi05Tokenizer.frame_prompt`).
+
+        Raises:
+            ValueError: a state of the wrong width or with non-finite values; PromptTooLong (a
+                ValueError): a state that alone does not fit ``max_token_len``.
+        """
+        return self.tokenizer.encode_prompt(
+            prompt, self.prompt_state(state), self.config.max_token_len, prompt_format
+        )
+
+    def check_task(
+        self,
+        task: str,
+        state_dim: int,
+        prompt_format: PromptFormat | None = None,
+        conditioned: bool = False,
+    ) -> None:
         """Refuse a task whose prompt would not fit ``max_token_len`` with a ``state_dim``-value
-        state (the worst case: `Pi05Tokenizer.check_task`), before it is ever used.
+        state (the worst case: `Pi05Tokenizer.check_task`) in ``prompt_format`` (None: openpi's;
+        ``conditioned``: its subtask-conditioned prompt), before it is ever used.
 
         Raises:
             PromptTooLong: naming the prompt's tokens and the model's limit.
         """
         in_prompt = self.prompt_state(np.zeros(state_dim))  # the width the prompt really gets
         width = None if in_prompt is None else len(in_prompt)
-        self.tokenizer.check_task(task, width, self.config.max_token_len)
+        self.tokenizer.check_task(
+            task, width, self.config.max_token_len, prompt_format, conditioned
+        )
 
     def encode(
-        self, images: Mapping[str, np.ndarray], state: np.ndarray, prompt: str
+        self,
+        images: Mapping[str, np.ndarray],
+        state: np.ndarray,
+        prompt: str,
+        frame_prompt: FramePrompt | None = None,
     ) -> PrefixInputs:
         """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task
-        text."""
+        text; ``frame_prompt``: the prompt ids to use instead of openpi's action prompt."""
         present_idx = self.present_slots(images)
         size = self.config.vision.image_size
         pixels = np.zeros((len(self.image_slots), 3, size, size), dtype=np.float32)
@@ -256,15 +300,19 @@ class Pi05Policy:
         for i in present_idx:
             pixels[i] = self.model_image(self.slot_image(images, i))
             present[i] = True
-        tokens, token_mask = self.prompt_tokens(state, prompt)
-        # prompts are right-padded: keep only real tokens for a batch of one
-        n = int(token_mask.sum())
+        if frame_prompt is None:
+            frame_prompt = self.frame_prompt(state, prompt)
         device = self.device
+        tokens = torch.tensor(frame_prompt.ids, dtype=torch.int64)[None].to(device)
+        causal = None
+        if frame_prompt.causal_from is not None:
+            causal = torch.from_numpy(frame_prompt.causal_mask())[None].to(device)
         return PrefixInputs(
             images=torch.from_numpy(pixels)[None].to(device),
             image_masks=torch.from_numpy(present)[None].to(device),
-            tokens=torch.from_numpy(tokens[:n])[None].to(device),
-            token_masks=torch.from_numpy(token_mask[:n])[None].to(device),
+            tokens=tokens,
+            token_masks=torch.ones_like(tokens, dtype=torch.bool),
+            token_causal=causal,
         )
 
     def robot_actions(self, model_actions: Tensor | np.ndarray, state: np.ndarray) -> np.ndarray:

@@ -1,11 +1,11 @@
-"""PaliGemma-style sentencepiece tokenizer with pi0.5's prompt format.
+"""PaliGemma-style sentencepiece tokenizer and the encoding of pi0.5 prompts.
 
 `Pi05Tokenizer` wraps a sentencepiece model file (PaliGemma's own `paligemma_tokenizer.model` for
 real checkpoints, or a tiny one from `oxygen_ros.tools.tiny_tokenizer` for the `tiny`/`small`
-presets) and builds prompts exactly as openpi's `PaligemmaTokenizer.tokenize` does for pi0.5,
-where the robot state enters the network only as discrete bins inside the prompt text:
-
-    "Task: {task}, State: {b0 b1 ...};\\nAction: "
+presets) and encodes a frame's prompt in a prompt format (`oxygen_ros.model.prompts`; the default
+``openpi`` is exactly openpi's `PaligemmaTokenizer.tokenize` for pi0.5, where the robot state enters
+the network only as discrete bins inside the prompt text). The format strings live in ``prompts``;
+this module owns the state bins, openpi's task cleaning and the length rule, for every format.
 
 A prompt longer than the model's ``max_token_len`` is never cut at its end (that would drop the
 state bins and the ``Action:`` cue): :func:`fit_task` shortens the task text, token by token, and
@@ -127,8 +127,16 @@ def discretize_state(state: np.ndarray) -> np.ndarray:
 
 def format_prompt(task: str, state: np.ndarray) -> str:
     """The pi0.5 prompt text for a task and a normalised state (openpi's exact format)."""
-    state_str = " ".join(map(str, discretize_state(state).tolist()))
-    return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
+    from .prompts import preset  # prompts imports this module's cleaning
+
+    return preset("openpi").action_text(task, discretize_state(state).tolist())
+
+
+def _format(prompt_format):
+    """``prompt_format``, or openpi's when None."""
+    from .prompts import DEFAULT_FORMAT, preset  # prompts imports this module's cleaning
+
+    return prompt_format or preset(DEFAULT_FORMAT)
 
 
 HF_TOKENIZER_MODEL = "tokenizer.model"  # the sentencepiece model in a Hugging Face tokenizer
@@ -221,21 +229,22 @@ class Pi05Tokenizer:
         return [int(i) for i in self._sp.EncodeAsIds(text)]
 
     def encode_prompt(
-        self, task: str, state: np.ndarray | None, max_len: int
+        self, task: str, state: np.ndarray | None, max_len: int, prompt_format=None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Tokenize a task (and state) exactly like openpi's ``PaligemmaTokenizer.tokenize``.
+        """Tokenize a task (and state) into a frame's action prompt, right-padded to ``max_len``.
 
-        With a state (pi0.5), the text is ``"Task: {task}, State: {bins};\\nAction: "``, encoded
-        with a leading bos. Pass the quantile-normalised, *unpadded* robot state: openpi tokenizes
-        before ``PadStatesAndActions``. With ``state=None`` the pi0 format is produced instead
-        (bos + cleaned task, then a separately encoded "\\n"): openpi's ``TokenizePrompt`` passes no
-        state for pi0.5 checkpoints trained with ``discrete_state_input=False`` (pi05_libero) too.
+        In the default ``openpi`` format this is exactly openpi's ``PaligemmaTokenizer.tokenize``:
+        with a state (pi0.5) ``"Task: {task}, State: {bins};\\nAction: "`` after a bos; with
+        ``state=None`` the pi0 format (bos + cleaned task, then a separately encoded "\\n"), which
+        openpi's ``TokenizePrompt`` uses for pi0.5 checkpoints trained with
+        ``discrete_state_input=False`` (pi05_libero) too. Pass the quantile-normalised, *unpadded*
+        robot state: openpi tokenizes before ``PadStatesAndActions``. Padding is id 0 (openpi pads
+        with ``False``; PaliGemma's pad id is 0 too) with a False mask. See `frame_prompt`.
 
         A prompt longer than ``max_len`` keeps its state and its end: the task text is shortened
         (`fit_task`; openpi would cut the end, state bins included). Each such prompt is counted in
         ``tasks_shortened`` and described by ``last_shortened``; nothing is logged here (callers
-        report it, throttled). Shorter prompts are padded with id 0 (openpi pads with ``False``;
-        PaliGemma's pad id is 0 too) and a False mask.
+        report it, throttled).
 
         Returns:
             tokens int64 [max_len] and mask bool [max_len] (True for real tokens).
@@ -244,57 +253,85 @@ class Pi05Tokenizer:
             PromptTooLong: the state and the format alone exceed ``max_len``.
             ValueError: ``max_len`` below 1, or a state `discretize_state` refuses.
         """
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        tokens = self._prompt_ids(task, state)
-        if len(tokens) > max_len:
-            task_ids = self.encode_text(clean_task(task))
-            tokens, dropped = fit_task(
-                task_ids, lambda ids: self._prompt_ids_for(ids, state), max_len
-            )
-            self.tasks_shortened += 1
-            self.last_shortened = TaskShortened(
-                len(task_ids) - dropped,
-                len(task_ids),
-                len(self._prompt_ids(task, state)),
-                len(tokens),
-                max_len,
-            )
-        n = len(tokens)
+        prompt = self.frame_prompt(task, state, max_len, prompt_format)
+        n = len(prompt.ids)
         ids = np.zeros(max_len, dtype=np.int64)
-        ids[:n] = tokens
+        ids[:n] = prompt.ids
         mask = np.zeros(max_len, dtype=bool)
         mask[:n] = True
         return ids, mask
 
-    def _prompt_ids(self, task: str, state: np.ndarray | None) -> list[int]:
-        """openpi's prompt ids (bos first) of a task text, with or without a state."""
-        if state is not None:
-            return [int(i) for i in self._sp.EncodeAsIds(format_prompt(task, state), add_bos=True)]
-        return [int(i) for i in self._sp.EncodeAsIds(clean_task(task), add_bos=True)] + (
-            self.encode_text("\n")
+    def frame_prompt(
+        self,
+        task: str,
+        state: np.ndarray | None,
+        max_len: int,
+        prompt_format=None,
+        conditioned: bool = False,
+        subtask=None,
+    ):
+        """A frame's prompt ids and attention layout (`prompts.FramePrompt`) in ``prompt_format``
+        (a `prompts.PromptFormat`; None: openpi's), conditioned on ``subtask`` when
+        ``conditioned``. ``state``: the normalised state, or None for robots trained without it.
+
+        A prompt longer than ``max_len`` has its task shortened (`fit_task`), never its state, its
+        subtask or the format's fixed text; counted in ``tasks_shortened``.
+
+        Raises:
+            PromptTooLong: the prompt without any task text exceeds ``max_len``.
+            ValueError: ``max_len`` < 1, a bad state, or a format that needs state bins without one.
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        fmt = _format(prompt_format)
+        bins = discretize_state(state).tolist() if state is not None else None
+
+        def render(text: str):
+            return fmt.frame_prompt(self, text, bins, conditioned, subtask)
+
+        prompt = render(task)
+        if len(prompt.ids) <= max_len:
+            return prompt
+        task_ids = self.encode_text(fmt.clean_task(task))
+        _, dropped = fit_task(task_ids, lambda ids: list(render(self.decode(ids)).ids), max_len)
+        fitted = render(self.decode(task_ids[: len(task_ids) - dropped]))
+        self.tasks_shortened += 1
+        self.last_shortened = TaskShortened(
+            len(task_ids) - dropped, len(task_ids), len(prompt.ids), len(fitted.ids), max_len
         )
+        return fitted
 
-    def _prompt_ids_for(self, task_ids: Sequence[int], state: np.ndarray | None) -> list[int]:
-        """The prompt around a task given by its ids (a prefix of an encoded task)."""
-        if state is None:  # the pi0 format is piecewise already: keep the ids as they are
-            return [self.bos_id, *task_ids, *self.encode_text("\n")]
-        return self._prompt_ids(self.decode(task_ids), state)
+    def _prompt_ids(
+        self, task: str, state: np.ndarray | None, prompt_format=None, conditioned: bool = False
+    ) -> list[int]:
+        """The action prompt's ids (bos first) of a task text, with or without a state
+        (``conditioned``: the subtask-conditioned prompt with an empty subtask)."""
+        bins = discretize_state(state).tolist() if state is not None else None
+        return list(_format(prompt_format).frame_prompt(self, task, bins, conditioned).ids)
 
-    def check_task(self, task: str, state_dim: int | None, max_len: int) -> None:
+    def check_task(
+        self,
+        task: str,
+        state_dim: int | None,
+        max_len: int,
+        prompt_format=None,
+        conditioned: bool = False,
+    ) -> None:
         """Refuse (at set time) a task whose prompt would need shortening: measured with the
         longest state text a ``state_dim``-value state can have (every value in the bin whose text
         takes the most tokens; with tokenizers that split digits, as PaliGemma's does, no state
-        takes more), or with no state (``None``: robots without the state in the prompt).
+        takes more), or with no state (``None``: robots without the state in the prompt), in
+        ``prompt_format`` (None: openpi's; ``conditioned``: its subtask-conditioned prompt, which
+        leaves the subtask the room the task leaves, see `engine.scheduler.subtask_token_limit`).
 
         Raises:
             PromptTooLong: naming the prompt's tokens, the state's share and ``max_len``.
         """
         state = None if state_dim is None else self.worst_state(state_dim)
-        need = len(self._prompt_ids(task, state))
+        need = len(self._prompt_ids(task, state, prompt_format, conditioned))
         if need <= max_len:
             return
-        fixed = len(self._prompt_ids_for([], state))
+        fixed = len(self._prompt_ids("", state, prompt_format, conditioned))
         what = f"a {state_dim}-value robot state" if state_dim is not None else "no state"
         if fixed > max_len:
             raise PromptTooLong(

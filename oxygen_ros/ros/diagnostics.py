@@ -208,6 +208,19 @@ class DiagnosticsReport:
                 f"{token_rate:.1f} tok/s",
                 _language_values(loop, counters, engine, token_rate),
             ),
+            *(
+                [
+                    status(
+                        f"{name}: subtask",
+                        "oxygen_ros",
+                        DiagnosticStatus.OK,
+                        loop.subtask_stats["subtask"] or "no subtask yet",
+                        loop.subtask_stats,
+                    )
+                ]
+                if loop.subtask_stats
+                else []
+            ),
             status(
                 f"{name}: kv memory",
                 "oxygen_ros",

@@ -57,6 +57,10 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         rtc_execution_horizon=settings.rtc_execution_horizon,
         rtc_max_guidance_weight=settings.rtc_max_guidance_weight,
         rtc_schedule=settings.rtc_schedule,
+        prompt_format=settings.format,
+        subtask_conditioning=settings.subtask_conditioning,
+        subtask_period_s=settings.subtask_period_s,
+        subtask_max_tokens=settings.subtask_max_tokens,
         rtc_guidance=settings.rtc_guidance,
     )
 
@@ -84,7 +88,12 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
     if policy.lerobot is not None:
         check_fits_lerobot(settings, policy)
     try:  # the task parameter, also when ~/instruction sets it
-        policy.check_task(settings.task, len(settings.joint_names))
+        policy.check_task(
+            settings.task,
+            len(settings.joint_names),
+            settings.format,
+            settings.subtask_conditioning != "none",
+        )
     except PromptTooLong as exc:
         raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc
     except ValueError as exc:  # a state width the robot's transform cannot take

@@ -33,6 +33,8 @@ def action_chunk_msg(
     deadline_met: bool,
     clipped_values: int,
     action_space: str = "position",
+    subtask_id: int = 0,
+    subtask: str = "",
 ) -> ActionChunkMsg:
     """An ``ActionChunk`` for ``actions`` [horizon, joints] computed from the observation at
     ``stamp``; ``action_space`` says what the values mean (see msg/ActionChunk.msg)."""
@@ -53,6 +55,8 @@ def action_chunk_msg(
     msg.deadline_met = bool(deadline_met)
     msg.clipped_values = int(clipped_values)
     msg.action_space = str(action_space)
+    msg.subtask_id = int(subtask_id)
+    msg.subtask = str(subtask)
     return msg
 
 

@@ -51,7 +51,8 @@ rclpy releases is handled in :mod:`.rclpy_compat`.
 Topics (``~`` = the node's name; relative input names follow the node's namespace):
   in   <camera_topics>        sensor_msgs/Image | CompressedImage  (sensor-data QoS)
        joint_states           sensor_msgs/JointState               (sensor-data QoS)
-       ~/instruction          std_msgs/String   sets the ``task`` parameter
+       ~/instruction          std_msgs/String   sets the ``task`` parameter (and starts a new
+                              subtask at once in the subtask loop)
        ~/ask                  std_msgs/String   asks a question (an ``answer`` request)
        ~/ask                  oxygen_ros/action/Ask  the same as an action: streamed feedback,
                               the answer as result, cancellable (see :mod:`.ask_action`)
@@ -60,6 +61,8 @@ Topics (``~`` = the node's name; relative input names follow the node's namespac
        ~/action_chunk         oxygen_ros/ActionChunk
        ~/narration            oxygen_ros/Narration (every text delta)
        ~/narration_text       std_msgs/String ("[kind] full text" when a request finishes)
+       ~/subtask              std_msgs/String (the current subtask, transient-local; with
+                              subtask_conditioning prompt | same_frame)
        ~/narration_marker     visualization_msgs/Marker (the same text, with narration_marker)
        /diagnostics           diagnostic_msgs/DiagnosticArray (1 Hz)
 
@@ -521,6 +524,7 @@ class OxygenNode(LifecycleNode):
         if not result.successful:
             self._refuse("instruction", "invalid", result.reason)
         else:
+            self._loop.restart_subtask = True  # a new subtask at once, even for the same task
             self.get_logger().info(f"task is now {task!r}")
 
     def _queue_full(self, topic: str) -> bool:

@@ -29,6 +29,10 @@ from .safety import SafetyFilter
 
 # record topics (chunks, full texts, markers, diagnostics) and text inputs (~/ask, ~/instruction)
 RECORD_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+# ~/subtask: the current subtask is state, not an event: a late subscriber gets the newest one.
+LATCHED_QOS = QoSProfile(
+    depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
+)
 TEXT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)  # never drop a text delta
 # Commands to a controller (~/joint_trajectory): ros2_control's JointTrajectoryController subscribes
 # with the system-default QoS (reliable, volatile in every RMW); a reliable, volatile publisher
@@ -73,6 +77,7 @@ class Outputs:
         self.chunk = node.create_lifecycle_publisher(ActionChunkMsg, "~/action_chunk", RECORD_QOS)
         self.narration = node.create_lifecycle_publisher(Narration, "~/narration", TEXT_QOS)
         self.text = node.create_lifecycle_publisher(String, "~/narration_text", RECORD_QOS)
+        self.subtask = node.create_lifecycle_publisher(String, "~/subtask", LATCHED_QOS)
         self.marker = (
             node.create_lifecycle_publisher(Marker, "~/narration_marker", RECORD_QOS)
             if settings.narration_marker
@@ -80,7 +85,14 @@ class Outputs:
         )
         self._all: list[Any] = [
             p
-            for p in (self.trajectory, self.chunk, self.narration, self.text, self.marker)
+            for p in (
+                self.trajectory,
+                self.chunk,
+                self.narration,
+                self.text,
+                self.subtask,
+                self.marker,
+            )
             if p is not None
         ]
 
@@ -103,6 +115,10 @@ class Outputs:
 
     def publish_delta(self, delta: TextDelta, stamp: Time) -> None:
         self.narration.publish(narration_msg(delta, stamp))
+
+    def publish_subtask(self, text: str) -> None:
+        """The new current subtask on ~/subtask (transient-local: late subscribers get it)."""
+        self.subtask.publish(String(data=text))
 
     def publish_finished(self, full_text: str, settings: NodeSettings, stamp: Time) -> None:
         """A finished request's "[kind] text" on ~/narration_text (and the marker, if enabled)."""
@@ -139,6 +155,8 @@ def chunk_record(
         deadline_met=deadline_met,
         clipped_values=command.clipped,
         action_space=command.action_space,
+        subtask_id=chunk.subtask_id,
+        subtask=chunk.subtask,
     )
 
 

@@ -29,6 +29,14 @@ from typing import Any
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
 from ..model.config import IMAGE_SLOTS
+from ..model.prompts import (
+    DEFAULT_FORMAT,
+    PromptFormat,
+    PromptFormatError,
+    check_conditioning,
+    resolve_format,
+)
+from ..model.prompts import PRESETS as PROMPT_PRESETS
 from ..model.robots import END_EFFECTOR, JOINT_ACTION_SPACES, ROBOTS, RobotAdapter, robot_adapter
 
 STATIC = "static"
@@ -493,6 +501,50 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "timer skips the periods a long tick overran)",
         RUNTIME,
     ),
+    # -- prompt format and the subtask loop (configure) -------------------------------------------
+    ParamSpec(
+        "prompt_format",
+        _T.PARAMETER_STRING,
+        DEFAULT_FORMAT,
+        f"the text format the checkpoint was trained with: {' | '.join(PROMPT_PRESETS)} (see the "
+        "README: which preset fits which checkpoint family), or the name of prompt_format_custom",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "prompt_format_custom",
+        _T.PARAMETER_STRING,
+        "",
+        "a custom prompt format as JSON or YAML text (name, base preset, templates, kinds; see "
+        "oxygen_ros/model/prompts.py custom_format); empty: none",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "subtask_conditioning",
+        _T.PARAMETER_STRING,
+        "none",
+        "pi0.5's hierarchy: none (no subtask) | prompt (every frame after a subtask finished is "
+        "prefilled with the format's subtask-conditioned action prompt) | same_frame (the newest "
+        "subtask's tokens are appended causally on the frame's shared prefix; exact for "
+        "openpi_subtask, opentau, brunofang)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "subtask_period_s",
+        _T.PARAMETER_DOUBLE,
+        1.0,
+        "seconds between subtask refreshes (decoded in the slack; also at once when the task "
+        "changes); 0: one subtask per task",
+        CONFIGURE,
+        (0.0, 86_400.0),
+    ),
+    ParamSpec(
+        "subtask_max_tokens",
+        _T.PARAMETER_INTEGER,
+        0,
+        "token limit of a subtask; 0: the format's (64 for #942, 128 for PI052)",
+        CONFIGURE,
+        (0, 4096),
+    ),
     # -- text in rviz ------------------------------------------------------------------------------
     ParamSpec(
         "narration_marker",
@@ -586,6 +638,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(
             f"rtc_schedule must be one of {', '.join(RTC_SCHEDULES)}, got {value!r}"
         )
+    if name == "prompt_format" and not value.strip():
+        raise SettingsError(f"prompt_format must name a preset ({', '.join(PROMPT_PRESETS)})")
     if name == "lerobot_version" and value not in LEROBOT_VERSIONS:
         raise SettingsError(
             f"lerobot_version must be one of {', '.join(LEROBOT_VERSIONS)}, got {value!r}"
@@ -700,6 +754,12 @@ class NodeSettings:
     max_consecutive_failures: int
     max_text_chars: int
     overrun_policy: str
+    # prompt format and the subtask loop
+    prompt_format: str
+    prompt_format_custom: str
+    subtask_conditioning: str
+    subtask_period_s: float
+    subtask_max_tokens: int
     # text in rviz
     narration_marker: bool
     narration_marker_frame: str
@@ -708,6 +768,11 @@ class NodeSettings:
     @property
     def period_s(self) -> float:
         return 1.0 / self.rate_hz
+
+    @property
+    def format(self) -> PromptFormat:
+        """The prompt format (checked by `from_values`)."""
+        return resolve_format(self.prompt_format, self.prompt_format_custom or None)
 
     @property
     def action_joint_indices(self) -> tuple[int, ...]:
@@ -778,6 +843,7 @@ class NodeSettings:
                     f"joint_lower_limits exceed joint_upper_limits for joints {crossed}"
                 )
         _check_robot(robot, v, cameras, joints, action_joints, limits)
+        _check_prompt_format(robot, v)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
         return cls(
@@ -839,6 +905,18 @@ def _check_robot(
                 f"only (never ~/joint_trajectory), so {', '.join(given)} cannot apply; leave them "
                 "empty"
             )
+
+
+def _check_prompt_format(robot: RobotAdapter, v: Mapping[str, Any]) -> None:
+    """The prompt format resolves (a custom one is valid), serves subtask_conditioning, and has a
+    prompt for this robot's state (bins or none)."""
+    try:
+        fmt = resolve_format(v["prompt_format"], v["prompt_format_custom"] or None)
+        check_conditioning(fmt, v["subtask_conditioning"])
+        if not robot.discrete_state_input:
+            fmt.template(v["subtask_conditioning"] != "none", has_state=False)
+    except PromptFormatError as exc:
+        raise SettingsError(f"prompt_format: {exc}") from None
 
 
 def _cameras(

@@ -92,6 +92,9 @@ class TickLoop:
         self.ages: dict[str, float | None] = {}
         self.engine_stats: dict[str, int] = {}
         self.chunks_published = 0
+        self.subtask_stats: dict[str, object] = {}  # the engine's subtask loop (empty without)
+        self.restart_subtask = False  # set by ~/instruction: a new subtask from the next frame
+        self._published_subtask: tuple[int, str] | None = None
         self.failing_ticks = 0  # consecutive ticks with an engine fault
         self._submitted = 0
         self._frame_stamp = Time()
@@ -107,6 +110,9 @@ class TickLoop:
             settings.task, settings.max_observation_age_s, self._now_ns()
         )
         self.ages = assembly.ages
+        if self.restart_subtask:
+            self.restart_subtask = False
+            engine.restart_subtask()
         fault = None
         if assembly.observation is None:
             self.counters.add(f"no_action_{assembly.reason}")
@@ -123,6 +129,7 @@ class TickLoop:
         deltas = self._cancelled(engine)
         decoded, decode_fault = self._decode(engine, started)
         self.publish_text(deltas + decoded, settings)
+        self._publish_subtask(engine)
         self._record_engine_stats(engine)
         return fault or decode_fault
 
@@ -256,6 +263,26 @@ class TickLoop:
             )
             return [], f"decode: {type(exc).__name__}: {exc}"
 
+    def _publish_subtask(self, engine: OxygenEngine) -> None:
+        """A new current subtask (or none, after a task change) on ~/subtask."""
+        loop = engine.subtasks
+        if loop is None:
+            return
+        current = loop.current
+        now = (current.text.subtask_id, current.text.text) if current else (0, "")
+        if now == self._published_subtask or (self._published_subtask is None and not current):
+            return
+        self._published_subtask = now
+        try:
+            self.faults.check("text_publish")
+            self.outputs.publish_subtask(now[1])
+        except Exception as exc:  # rclpy (or an injected fault): lose this update, not the tick
+            self.counters.add("text_publish_errors")
+            self._warn(
+                f"subtask_publish:{type(exc).__name__}",
+                f"could not publish the subtask: {type(exc).__name__}: {exc}",
+            )
+
     def _record_engine_stats(self, engine: OxygenEngine) -> None:
         memory = engine.memory()
         self.engine_stats = {
@@ -270,6 +297,8 @@ class TickLoop:
             "engine_fixed_steps_skipped": engine.fixed_steps_skipped,
             **{f"engine_faults {stage}": n for stage, n in engine.faults_by_stage.items()},
         }
+        if engine.subtasks is not None:
+            self.subtask_stats = engine.subtasks.stats(engine.clock())
         continuity = engine.continuity
         if continuity is not None:  # RTC: the delay it freezes, and trained-mode refusals
             self.engine_stats["engine_rtc_delay_steps"] = continuity.frozen_steps()

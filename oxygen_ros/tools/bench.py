@@ -11,6 +11,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
                                                    # prefill + chunk latency, 1/2/3 cameras
     oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
     oxygen-bench continuity --preset small         # chunk switches: none/identity/vjp/trained
+    oxygen-bench hierarchy --preset tiny           # subtasks: none vs per call vs in the slack
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (model/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -44,6 +45,7 @@ from oxygen_ros.model.config import IMAGE_SLOTS
 from oxygen_ros.model.robots import ROBOTS, robot_adapter
 from oxygen_ros.tools.cli import positive_int
 from oxygen_ros.tools.continuity_workload import Replanner, continuity_metrics
+from oxygen_ros.tools.hierarchy_workload import run_hierarchy
 from oxygen_ros.tools.make_checkpoint import random_policy
 from oxygen_ros.tools.workloads import (
     FrameSamples,
@@ -222,6 +224,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="trained mode: the rtc_training_max_delay it assumes (0: half the horizon); random "
         "weights were never trained for it, so it measures cost and mechanics only",
+    )
+    hierarchy = sub.add_parser(
+        "hierarchy",
+        help="pi0.5's subtask: none vs decoded per call (PR #942) vs in the slack (same_frame)",
+    )
+    _common(hierarchy, "tiny")
+    hierarchy.set_defaults(threads=1)  # as the node (torch_threads 1): steadier on a shared CPU
+    hierarchy.add_argument("--frames", type=int, default=60, help="measured frames per mode")
+    hierarchy.add_argument("--warmup", type=int, default=5, help="unmeasured frames per mode")
+    hierarchy.add_argument(
+        "--rounds", type=positive_int, default=2, help="interleaved rounds over the three modes"
+    )
+    hierarchy.add_argument(
+        "--prompt-format",
+        default="openpi_subtask",
+        choices=["openpi_subtask", "opentau", "brunofang"],
+        help="a format where same_frame is exact",
+    )
+    hierarchy.add_argument(
+        "--subtask-period-s", type=float, default=0.5, help="oxygen: seconds between subtasks"
+    )
+    hierarchy.add_argument(
+        "--subtask-tokens", type=int, default=0, help="subtask token limit (0: the format's, 64)"
+    )
+    hierarchy.add_argument(
+        "--period-ms",
+        type=float,
+        default=0.0,
+        help="oxygen: tick period (0: twice the none mode's median action path)",
     )
     summary = sub.add_parser(
         "summary", help="combine action/engines/realtime JSON of one run, check targets"
@@ -987,6 +1018,72 @@ def bench_continuity(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
+    """The three modes of ``hierarchy_workload`` on the same frames, one run; the targets as
+    ratios."""
+    policy = _policy(args)
+    config = EngineConfig(
+        num_steps=args.steps,
+        seed=args.seed,
+        prompt_format=args.prompt_format,
+        subtask_conditioning="same_frame",
+        subtask_period_s=args.subtask_period_s,
+        subtask_max_tokens=args.subtask_tokens,
+        **_fast_path(args),
+    )
+    modes, period = run_hierarchy(
+        policy,
+        _observations(args, policy),
+        config,
+        args.frames,
+        args.warmup,
+        args.rounds,
+        args.period_ms * 1e-3 or None,
+    )
+    none, per_call, oxygen = modes["none"], modes["per_call"], modes["oxygen"]
+    vs_none = oxygen["frames_per_s"] / none["frames_per_s"]
+    vs_per_call = oxygen["frames_per_s"] / per_call["frames_per_s"]
+    print(
+        f"hierarchy: preset={args.preset} robot={args.robot} device={args.device} "
+        f"format={args.prompt_format} "
+        f"frames={args.frames} rounds={args.rounds} threads={torch.get_num_threads()} "
+        f"subtask_period={args.subtask_period_s:g} s oxygen tick period={period * 1e3:.1f} ms"
+    )
+    columns = [
+        "frames_per_s",
+        "p50_action_ms",
+        "p99_action_ms",
+        "wall_frames_per_s",
+        "tokens_per_s",
+        "staleness_p50_ms",
+        "staleness_p99_ms",
+        "subtasks",
+        "conditioned_after_first",
+        "mean_subtask_tokens",
+    ]
+    _print_table(
+        [{"metric": c, **{name: modes[name][c] for name in modes}} for c in columns],
+        ["metric", *modes],
+    )
+    print(
+        f"oxygen / none action rate {vs_none:.2f}x (target >= 0.95); oxygen / per_call "
+        f"{vs_per_call:.1f}x (target >= 5 on tiny); chunks after the first subtask conditioned: "
+        f"{oxygen['conditioned_after_first']:.0%}"
+    )
+    out = {
+        "preset": args.preset,
+        "robot": args.robot,
+        "device": args.device,
+        "workload": vars(args) | {"json": str(args.json)},
+        "oxygen_period_ms": period * 1e3,
+        "modes": modes,
+        "oxygen_vs_none": vs_none,
+        "oxygen_vs_per_call": vs_per_call,
+    }
+    _write_json(args.json, out)
+    return out
+
+
 COMMANDS = {
     "engines": bench_engines,
     "model": bench_model,
@@ -996,6 +1093,7 @@ COMMANDS = {
     "action": bench_action,
     "summary": bench_summary,
     "continuity": bench_continuity,
+    "hierarchy": bench_hierarchy,
 }
 
 

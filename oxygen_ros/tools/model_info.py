@@ -54,6 +54,8 @@ from oxygen_ros.model.lerobot_format import (
 )
 from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.model.preprocess import NormStatsError, load_norm_stats
+from oxygen_ros.model.prompts import DEFAULT_FORMAT, PromptFormat, preset
+from oxygen_ros.model.prompts import PRESETS as PROMPT_PRESETS
 from oxygen_ros.model.tokenizer import Pi05Tokenizer, TokenizerError
 
 _PG = "paligemma_with_expert.paligemma.model."
@@ -89,7 +91,33 @@ def parameter_counts(config: Pi05Config) -> dict[str, int]:
     return counts
 
 
-def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> dict[str, Any]:
+def prompt_format_info(fmt: PromptFormat) -> dict[str, Any]:
+    """What a prompt format feeds the model: its pieces, which are shared / causal, its kinds."""
+    return {
+        "name": fmt.name,
+        "source": fmt.source,
+        "action": list(fmt.action),
+        "action_no_state": list(fmt.action_no_state) if fmt.action_no_state else None,
+        "subtask_action": list(fmt.subtask_action) if fmt.subtask_action else None,
+        "shared_pieces": fmt.causal_from,
+        "causal_prompt": fmt.causal_prompt,
+        "same_frame_exact": fmt.same_frame_exact,
+        "kinds": {
+            kind: {
+                "text": list(spec.text),
+                "reads": spec.reads,
+                "max_tokens": spec.max_tokens,
+                "suppress": [list(r) for r in spec.suppress],
+                "ours": spec.ours,
+            }
+            for kind, spec in fmt.kinds.items()
+        },
+    }
+
+
+def model_info(
+    config: Pi05Config, cameras: Sequence[int] = (1, 2, 3), prompt_format: str = DEFAULT_FORMAT
+) -> dict[str, Any]:
     """Everything the CLI prints, as a JSON-ready dict."""
     counts = parameter_counts(config)
     prefix_lengths = {n: n * config.image_tokens + config.max_token_len for n in cameras}
@@ -106,6 +134,7 @@ def model_info(config: Pi05Config, cameras: Sequence[int] = (1, 2, 3)) -> dict[s
         },
         "note": "prefix = cameras x image tokens + max_token_len prompt tokens "
         "(an upper bound: padding is dropped)",
+        "prompt_format": prompt_format_info(preset(prompt_format)),
     }
 
 
@@ -123,6 +152,18 @@ def format_info(info: dict[str, Any]) -> str:
     for cams, length in info["prefix_tokens"].items():
         size = info["prefix_kv_bytes_bfloat16"][cams]
         lines.append(f"  {cams} camera(s): prefix {length} tokens, KV {size / 2**20:,.2f} MiB bf16")
+    fmt = info["prompt_format"]
+    lines.append(f"prompt format {fmt['name']} ({fmt['source']})")
+    lines.append(f"  action prompt: {fmt['action']!r}")
+    if fmt["subtask_action"]:
+        exact = "exact" if fmt["same_frame_exact"] else "re-prefill only"
+        lines.append(
+            f"  subtask-conditioned: {fmt['subtask_action']!r}, shared pieces "
+            f"{fmt['shared_pieces']} (same_frame {exact})"
+        )
+    for kind, spec in fmt["kinds"].items():
+        ours = ", ours (no public checkpoint trained on it)" if spec["ours"] else ""
+        lines.append(f"  {kind}: {spec['text']!r} reads {spec['reads']}{ours}")
     return "\n".join(lines)
 
 
@@ -387,6 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"with --checkpoint: norm stats from DIR/{ASSETS_DIRNAME}/ID (default: the only one)",
     )
     parser.add_argument(
+        "--prompt-format",
+        default=DEFAULT_FORMAT,
+        choices=list(PROMPT_PRESETS),
+        help="with --preset: the prompt format to describe (default openpi)",
+    )
+    parser.add_argument(
         "--lerobot-version",
         choices=LEROBOT_VERSIONS,
         default="auto",
@@ -399,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("give --preset NAME or --checkpoint DIR")
         if args.tokenizer is not None or args.asset_id is not None:
             parser.error("--tokenizer and --asset-id need --checkpoint")
-        info = model_info(get_preset(args.preset))
+        info = model_info(get_preset(args.preset), prompt_format=args.prompt_format)
         print(json.dumps(info, indent=2) if args.json else format_info(info))
         return 0
     checks = check_checkpoint(

@@ -15,7 +15,8 @@ from oxygen_ros.engine import EngineBase, EngineConfig, OxygenEngine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.metrics import percentile
-from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
+from oxygen_ros.engine.requests import SamplingParams
+from oxygen_ros.engine.scheduler import new_request
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import IMAGE_SLOTS
 from oxygen_ros.model.policy import Pi05Policy
@@ -277,21 +278,15 @@ def component_times(
     decoder = LanguageDecoder(policy, pool, runner)
     requests = []
     for i in range(max(batch, 1)):
-        prompt = policy.tokenizer.encode_text(config.kind_prompts["narration"])
-        request = LanguageRequest(
-            i + 1, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer
-        )
+        request = new_request(policy, config, i + 1, "narration", "", SamplingParams(max_tokens=64))
         decoder.attach([request], frames[i % 2])
         requests.append(request)
     for _ in range(12):  # some own tokens, as mid-generation (max_tokens 64 is never reached)
         decoder.step(requests)
     step = time_ms(lambda: decoder.step(requests), policy, repeats)
-    prompt = policy.tokenizer.encode_text(config.kind_prompts["narration"])
 
     def admit_one() -> None:
-        request = LanguageRequest(
-            0, "narration", prompt, SamplingParams(max_tokens=64), policy.tokenizer
-        )
+        request = new_request(policy, config, 0, "narration", "", SamplingParams(max_tokens=64))
         decoder.attach([request], frames[0])
         decoder.release(request)
 

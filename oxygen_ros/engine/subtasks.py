@@ -1,0 +1,170 @@
+"""pi0.5's hierarchy at control rate: a subtask decoded in the slack steers every following chunk.
+
+`SubtaskLoop` is the engine's bookkeeping of the ``subtask`` language kind:
+
+* a subtask request is due every ``subtask_period_s`` (0: once per task) and at once when the task
+  changes (the old task's request is cancelled and its subtask forgotten: a chunk is never
+  conditioned on another task's subtask); it is a greedy request like any other, decoded in the
+  slack before each deadline, so it never delays a chunk;
+* when it finishes (at eos, or at its token limit) it becomes the *current* subtask, and the next
+  frame's prompt carries it (``subtask_conditioning``: ``prompt`` re-prefills the conditioned
+  prompt, ``same_frame`` appends its ids causally on top of the frame's shared prefix); a frame
+  never carries a subtask that finished after its own action;
+* with formats that keep a memory (PI052), a changed subtask asks for a memory note chained with
+  the previous one.
+
+Everything here is host bookkeeping: the engine owns the requests and the KV.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from ..model.prompts import PromptFormat, SubtaskText
+from .requests import LanguageRequest
+from .types import ActionChunk, TextDelta
+
+RECENT_FRAMES = 4096  # frame start times kept for the staleness of a subtask
+
+
+@dataclasses.dataclass(frozen=True)
+class Subtask:
+    """A finished subtask: what conditions the chunks after it."""
+
+    text: SubtaskText  # ids, text and the subtask id (counted from 1)
+    task: str  # the task it was decoded for
+    frame_id: int  # the frame whose prefix it read
+    born_s: float  # engine clock when that frame's action started
+    decode_ms: float  # from its submission to its final token
+
+
+class SubtaskLoop:
+    """The subtask kind's schedule and the current subtask of an engine (one thread)."""
+
+    def __init__(self, prompt_format: PromptFormat, period_s: float) -> None:
+        self.format = prompt_format
+        self.period_s = period_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a new run)."""
+        self.current: Subtask | None = None
+        self.task: str | None = None
+        self.refreshes = 0  # subtasks that finished
+        self.chunks_by_subtask: collections.Counter[int] = collections.Counter()
+        self.unconditioned_chunks = 0  # chunks of a task before its first subtask
+        self.memory_note = ""
+        self._request: LanguageRequest | None = None
+        self._submitted_s = 0.0
+        self._due_s: float | None = None  # None: due now
+        self._next_id = 1
+        self._memory: LanguageRequest | None = None
+        self._frame_start: collections.OrderedDict[int, float] = collections.OrderedDict()
+
+    def restart(self) -> None:
+        """Start a new subtask at the next frame, as if the task had changed (~/instruction)."""
+        self.task = None
+
+    def stats(self, now_s: float) -> dict[str, object]:
+        """What diagnostics show: the current subtask, its age, refreshes, decode time, chunks."""
+        current = self.current
+        recent = sorted(self.chunks_by_subtask.items())[-5:]
+        return {
+            "subtask": current.text.text if current else "",
+            "subtask_id": current.text.subtask_id if current else 0,
+            "subtask_age_s": now_s - current.born_s if current else 0.0,
+            "subtask_decode_ms": current.decode_ms if current else 0.0,
+            "subtask_refreshes": self.refreshes,
+            "subtask_in_flight": self._request is not None,
+            "chunks_unconditioned": self.unconditioned_chunks,
+            "chunks_per_subtask": " ".join(f"{i}:{n}" for i, n in recent),
+            "memory_note": self.memory_note,
+        }
+
+    # -- frames ----------------------------------------------------------------------------------
+    def observe_task(self, task: str) -> list[LanguageRequest]:
+        """The task of the next frame; on a change, the subtask (and memory) is restarted and the
+        requests still working for the old task are returned for cancelling."""
+        if task == self.task:
+            return []
+        stale = [r for r in (self._request, self._memory) if r is not None]
+        self.task, self.current, self._request, self._memory = task, None, None, None
+        self._due_s, self.memory_note = None, ""
+        return stale
+
+    def conditioning(self) -> SubtaskText | None:
+        """The subtask the next frame's prompt carries (None before the task's first)."""
+        return self.current.text if self.current is not None else None
+
+    def chunk_made(self, chunk: ActionChunk, started_s: float) -> None:
+        """Record a frame's start and label its chunk with the subtask that conditioned it."""
+        self._frame_start[chunk.frame_id] = started_s
+        while len(self._frame_start) > RECENT_FRAMES:
+            self._frame_start.popitem(last=False)
+        current = self.current
+        if current is None or chunk.subtask_id != current.text.subtask_id:
+            self.unconditioned_chunks += chunk.subtask_id == 0
+            return
+        chunk.subtask = current.text.text
+        chunk.subtask_age_s = started_s - current.born_s
+        self.chunks_by_subtask[current.text.subtask_id] += 1
+
+    # -- requests --------------------------------------------------------------------------------
+    def due(self, now_s: float) -> bool:
+        """Whether a new subtask request should be submitted now."""
+        if self._request is not None or self.task is None:
+            return False
+        return self._due_s is None or (self.period_s > 0 and now_s >= self._due_s)
+
+    def submitted(self, request: LanguageRequest, now_s: float) -> None:
+        self._request, self._submitted_s = request, now_s
+        self._due_s = now_s + self.period_s if self.period_s > 0 else float("inf")
+
+    @property
+    def in_flight(self) -> LanguageRequest | None:
+        return self._request
+
+    def finished(self, deltas: list[TextDelta], now_s: float) -> dict[str, str] | None:
+        """Take this step's deltas; when the subtask request finished with text, it becomes the
+        current subtask. Returns the fields of a memory request to submit (PI052: the subtask
+        changed), else None."""
+        memory = self._memory
+        if memory is not None and _final_of(memory, deltas):
+            if memory.finish_reason in ("eos", "length"):
+                self.memory_note = memory.text.strip()
+            self._memory = None
+        request = self._request
+        if request is None or not _final_of(request, deltas):
+            return None
+        self._request = None
+        if request.finish_reason not in ("eos", "length") or not request.tokens:
+            return None  # refused, stalled, cancelled or failed: the next one is due on schedule
+        previous = self.current
+        same = previous is not None and tuple(request.tokens) == previous.text.ids
+        subtask_id = previous.text.subtask_id if same else self._next_id
+        self._next_id += not same
+        self.current = Subtask(
+            SubtaskText(tuple(request.tokens), request.text.strip(), subtask_id),
+            self.task or "",
+            request.frame_id or 0,
+            self._frame_start.get(request.frame_id or 0, self._submitted_s),
+            (now_s - self._submitted_s) * 1e3,
+        )
+        self.refreshes += 1
+        if (
+            same
+            or previous is None
+            or not self.format.memory_on_subtask_change
+            or "memory" not in self.format.kinds
+            or self._memory is not None
+        ):
+            return None
+        return {"task": self.task or "", "memory": self.memory_note, "previous": previous.text.text}
+
+    def memory_submitted(self, request: LanguageRequest) -> None:
+        self._memory = request
+
+
+def _final_of(request: LanguageRequest, deltas: list[TextDelta]) -> bool:
+    return any(d.final and d.request_id == request.request_id for d in deltas)
