@@ -227,7 +227,8 @@ def test_resampling_is_float_bilinear_without_antialiasing(v04):
     assert row[:8].tolist() == [0, 255, 255, 0, 0, 255, 255, 0]
     image = np.broadcast_to(row[None, :, None], (896, 896, 3)).copy()
     policy = load_policy(v04)
-    assert (policy.model_image(image) == 1.0).all()
+    # 1.0 up to float32 rounding of the bilinear weights (as in the border test)
+    np.testing.assert_allclose(policy.model_image(image), 1.0, rtol=0, atol=1e-6)
     openpi = with_conventions(load_policy(v04), resample=OPENPI_CONVENTIONS.resample)
     inner = openpi.model_image(image)[:, 4:-4, 4:-4]
     assert np.abs(inner).max() < 0.02
