@@ -70,3 +70,11 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     from oxygen_ros.tools.make_checkpoint import make_checkpoint
 
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def synthetic_bag(tmp_path_factory: pytest.TempPathFactory):
+    """A 3 s synthetic rosbag2 (two cameras, joint states), written once per run; read-only."""
+    from oxygen_ros.tools.make_bag import write_synthetic_bag
+
+    return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)

@@ -12,6 +12,7 @@ The ROS environment (localhost discovery, a random domain id) comes from conftes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,20 @@ class Probe:
         self.node.destroy_node()
         self.context.try_shutdown()
         self._spinner.join(timeout=5)
+
+
+@contextlib.contextmanager
+def playing_probe(node: NodeProcess, bag: Path, input_topics: Sequence[str]) -> Iterator[Probe]:
+    """A Probe on ``input_topics`` that waits for ``node`` to be active and loops ``bag`` into it
+    inside the ``with`` block, then stops the playback and closes (the node tests' fixture)."""
+    probe = Probe(input_topics)
+    probe.wait_active(node)
+    playback = probe.play_in_background(bag)
+    try:
+        yield probe
+    finally:
+        playback.stop()
+        probe.close()
 
 
 class Playback:

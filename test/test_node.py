@@ -13,10 +13,17 @@ import time
 
 import pytest
 from lifecycle_msgs.msg import Transition
-from node_harness import STATE_ACTIVE, STATE_INACTIVE, NodeProcess, Probe, stamp_ns, wait_for
+from node_harness import (
+    STATE_ACTIVE,
+    STATE_INACTIVE,
+    NodeProcess,
+    playing_probe,
+    stamp_ns,
+    wait_for,
+)
 from std_msgs.msg import String
 
-from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_bag import camera_topic, joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -25,11 +32,6 @@ HORIZON = 5
 DT = 0.05
 ACTION_JOINTS = joint_names(6)  # the first 6 of the bag's 7 joints are driven
 INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
-
-
-@pytest.fixture(scope="module")
-def bag(tmp_path_factory):
-    return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +60,9 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def probe(node, bag):
-    probe = Probe(INPUT_TOPICS)
-    probe.wait_active(node)
-    playback = probe.play_in_background(bag)
-    yield probe
-    playback.stop()
-    probe.close()
+def probe(node, synthetic_bag):
+    with playing_probe(node, synthetic_bag, INPUT_TOPICS) as probe:
+        yield probe
 
 
 def test_chunks_arrive_with_configured_joints_horizon_and_observation_stamps(probe):

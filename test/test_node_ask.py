@@ -19,11 +19,11 @@ from __future__ import annotations
 import pytest
 from action_msgs.msg import GoalStatus
 from lifecycle_msgs.msg import Transition
-from node_harness import STATE_ACTIVE, AskClient, NodeProcess, Probe, wait_for
+from node_harness import STATE_ACTIVE, AskClient, NodeProcess, playing_probe, wait_for
 from std_msgs.msg import String
 from visualization_msgs.msg import Marker
 
-from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_bag import camera_topic, joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -31,11 +31,6 @@ MAX_TEXT_CHARS = 60
 MARKER_FRAME = "table"
 MARKER_POSITION = [0.5, -0.25, 1.5]
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def bag(tmp_path_factory):
-    return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +61,11 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def probe(node, bag):
-    probe = Probe([camera_topic("base"), camera_topic("wrist"), "/joint_states"])
-    probe.wait_active(node)
-    playback = probe.play_in_background(bag)
-    assert wait_for(lambda: len(probe.chunks) >= 3, WAIT_S), "no chunks from the node"
-    yield probe
-    playback.stop()
-    probe.close()
+def probe(node, synthetic_bag):
+    topics = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
+    with playing_probe(node, synthetic_bag, topics) as probe:
+        assert wait_for(lambda: len(probe.chunks) >= 3, WAIT_S), "no chunks from the node"
+        yield probe
 
 
 @pytest.fixture(scope="module")

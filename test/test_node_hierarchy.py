@@ -5,11 +5,11 @@ the loop, and ~/instruction starts a new subtask at once."""
 from __future__ import annotations
 
 import pytest
-from node_harness import NodeProcess, Probe, wait_for
+from node_harness import NodeProcess, playing_probe, wait_for
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
-from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_bag import camera_topic, joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -17,11 +17,6 @@ INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
 LATCHED = QoSProfile(
     depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
 )
-
-
-@pytest.fixture(scope="module")
-def bag(tmp_path_factory):
-    return write_synthetic_bag(tmp_path_factory.mktemp("bag") / "synthetic", duration_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +45,9 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def probe(node, bag):
-    probe = Probe(INPUT_TOPICS)
-    probe.wait_active(node)
-    playback = probe.play_in_background(bag)
-    yield probe
-    playback.stop()
-    probe.close()
+def probe(node, synthetic_bag):
+    with playing_probe(node, synthetic_bag, INPUT_TOPICS) as probe:
+        yield probe
 
 
 def subtask_chunks(probe):
