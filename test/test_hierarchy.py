@@ -1,7 +1,7 @@
-"""The subtask loop: same_frame equals re-prefilling the conditioned prompt, the subtask decodes
-exactly as the published format's greedy decode, a chunk carries a subtask only from the frame
-after it finished, a changed task restarts it, and formats that need state bins refuse robots
-without them."""
+"""The subtask loop: the conditioned prefill equals appending the subtask to the shared KV, the
+subtask decodes exactly as the published format's greedy decode, a chunk carries a subtask only
+from the frame after it finished, a changed task restarts it, and formats that need state bins
+refuse robots without them."""
 
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVPool
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
+from oxygen_ros.engine.scheduler import make_pool
+from oxygen_ros.engine.static_paths import StaticRunner
 from oxygen_ros.engine.subtasks import SubtaskLoop
 from oxygen_ros.engine.types import Observation
+from oxygen_ros.model.mot import KVContext
+from oxygen_ros.model.pi05 import Prefix
 from oxygen_ros.model.policy import load_policy
-from oxygen_ros.model.prompts import PromptFormatError, SubtaskText, preset
+from oxygen_ros.model.prompts import FramePrompt, PromptFormatError, SubtaskText, preset
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +55,49 @@ def pool_for(policy) -> KVPool:
     return KVPool(cfg.depth, cfg.num_kv_heads, cfg.head_dim, 4096, 16)
 
 
+def kv_append_chunk(policy, obs, prompt: FramePrompt, noise) -> torch.Tensor:
+    """The KV-append formulation (BrunoFANG, OpenTau): prefill the shared head, then run the
+    subtask tail as text tokens over its KV (positions continuing) and act on both."""
+    pool = pool_for(policy)
+    causal = prompt.causal_from if prompt.causal_from < prompt.shared else None  # brunofang's
+    head = FramePrompt(prompt.ids[: prompt.shared], prompt.shared, causal)
+    frame = prefill_frame(policy, pool, obs, 1, prompt=head)
+    context = pool.view(frame.segment)
+    n = frame.length
+    tail = prompt.ids[prompt.shared :]
+    out = policy.model.forward_text(
+        context, torch.tensor([list(tail)]), (n + torch.arange(len(tail)))[None]
+    )
+    keys = [torch.cat([k, new], dim=1) for k, new in zip(context.keys, out.keys, strict=True)]
+    values = [torch.cat([v, new], dim=1) for v, new in zip(context.values, out.values, strict=True)]
+    valid = torch.ones(1, n + len(tail), dtype=torch.bool)
+    prefix = Prefix(KVContext(keys, values, valid), torch.tensor([n + len(tail)]))
+    actions = policy.model.sample_actions(prefix, noise, 10)[0]
+    pool.release(frame.segment)
+    return actions
+
+
 @pytest.mark.parametrize("name", ["openpi_subtask", "opentau", "brunofang"])
-def test_same_frame_equals_reprefill_and_the_uncached_reference(policy, name):
+def test_the_conditioned_prefill_equals_kv_append_and_the_uncached_reference(policy, name):
+    """The frame's one prefill of a subtask-conditioned prompt (head unmasked, causal tail), on the
+    eager and the static path, equals appending the subtask's tokens to the shared prefix's KV
+    and openpi's one pass over everything."""
     fmt = preset(name)
     obs = observation(1)
     subtask = SubtaskText(tuple(policy.tokenizer.encode_text("grasp the cup")), "grasp the cup", 1)
     prompt = policy.frame_prompt(obs.state, obs.prompt, fmt, True, subtask)
     assert prompt.causal_from is not None
-    pool = pool_for(policy)
+    pool = make_pool(policy, EngineConfig(static_shapes=True))
+    runner = StaticRunner(policy, pool)
     noise = frame_noise(policy.config, 0, 1, policy.device)
     chunks = {}
-    for mode, append in (("same_frame", True), ("reprefill", False)):
-        frame = prefill_frame(policy, pool, obs, 1, prompt=prompt, append_tail=append)
+    for path, static in (("eager", None), ("static", runner)):
+        frame = prefill_frame(policy, pool, obs, 1, static, prompt=prompt)
         assert frame.length == 2 * policy.config.image_tokens + len(prompt.ids)
-        chunks[mode] = act_on_frame(policy, pool, frame, noise, 10)
+        chunks[path] = act_on_frame(policy, pool, frame, noise, 10, static)
         pool.release(frame.segment)
+    assert runner.num_paths == 2 and runner.fallbacks == 0  # the static path ran the causal tail
+    chunks["kv_append"] = kv_append_chunk(policy, obs, prompt, noise)
     inputs = policy.encode(obs.images, obs.state, obs.prompt, prompt)
     reference = policy.model.sample_actions_uncached(
         inputs.images,
@@ -76,9 +108,10 @@ def test_same_frame_equals_reprefill_and_the_uncached_reference(policy, name):
         10,
         inputs.token_causal,
     )[0]
-    torch.testing.assert_close(chunks["same_frame"], chunks["reprefill"], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(chunks["eager"], chunks["kv_append"], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(chunks["static"], chunks["eager"], atol=2e-5, rtol=1e-4)
     # one pass over everything (openpi's masks) vs cached: the scaled weights amplify rounding
-    torch.testing.assert_close(chunks["same_frame"], reference, atol=5e-4, rtol=1e-3)
+    torch.testing.assert_close(chunks["eager"], reference, atol=5e-4, rtol=1e-3)
     # the causal tail matters: a bidirectional prompt with the same ids gives another chunk
     inputs_bi = policy.encode(
         obs.images, obs.state, obs.prompt, prompt.__class__(prompt.ids, len(prompt.ids))
@@ -171,7 +204,7 @@ def test_the_action_changes_to_the_subtask_on_the_frame_after_it_finished(policy
     obs = observation(first + 1)
     empty = policy.frame_prompt(obs.state, obs.prompt, preset("openpi_subtask"), True)
     pool = pool_for(policy)
-    frame = prefill_frame(policy, pool, obs, first + 2, prompt=empty, append_tail=True)
+    frame = prefill_frame(policy, pool, obs, first + 2, prompt=empty)
     noise = frame_noise(policy.config, 0, first + 2, policy.device)
     unconditioned = policy.robot_actions(act_on_frame(policy, pool, frame, noise, 10), obs.state)
     pool.release(frame.segment)
@@ -343,16 +376,20 @@ def test_the_static_paths_run_the_subtask_loop_as_the_eager_ones(policy):
     for static in (False, True):
         engine = hierarchy_engine(policy, static_shapes=static)
         try:
+            if static:  # captures every prompt bucket a conditioned prompt may need, then freezes
+                engine.warm_up(observation(0))
             results = run(engine, 6)
             runs[static] = (
                 [(r.action.subtask_id, r.action.actions) for r in results],
                 engine.subtasks.current.text.ids,
             )
             if static:
-                assert engine.runner is not None and engine.static_fallbacks == 0
+                assert engine.runner.frozen and engine.captures_during_frames == 0
+                assert engine.static_fallbacks == 0
         finally:
             engine.close()
     assert runs[True][1] == runs[False][1]  # the same subtask tokens
     for (id_a, a), (id_b, b) in zip(runs[False][0], runs[True][0], strict=True):
         assert id_a == id_b
-        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+        # padded prompt buckets reorder the sums; the scaled weights and robot units amplify it
+        np.testing.assert_allclose(a, b, atol=5e-4, rtol=1e-4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oxygen_ros.model.config import PRESETS, get_preset
-from oxygen_ros.model.layers import apply_rope, rope_tables
+from oxygen_ros.model.layers import apply_rope, causal_tail_start, rope_tables
 from oxygen_ros.model.mot import KVContext, Stream, joint_forward
 from oxygen_ros.model.pi05 import Pi05Model, flow_schedule
 
@@ -209,3 +209,42 @@ def test_presets_build_on_meta_device(name):
     with torch.device("meta"):
         model = Pi05Model(get_preset(name))
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_a_causal_tail_start_is_found_only_for_one_unpadded_row():
+    ones = torch.ones(1, 6, dtype=torch.bool)
+    tail = torch.tensor([[False, False, False, False, True, True]])
+    assert causal_tail_start(ones, tail) == 4
+    assert causal_tail_start(ones, torch.zeros_like(tail)) is None  # nothing causal
+    assert causal_tail_start(ones, torch.ones_like(tail)) is None  # no bidirectional head
+    gaps = torch.tensor([[False, True, False, False, True, True]])
+    assert causal_tail_start(ones, gaps) is None  # a causal token inside the head
+    padded = ones.clone()
+    padded[0, 3] = False
+    assert causal_tail_start(padded, tail) is None
+    assert causal_tail_start(ones.expand(2, -1), tail.expand(2, -1)) is None
+
+
+def test_a_prefill_with_a_causal_tail_equals_the_full_mask(model):
+    """The split pass (head unmasked, tail rows masked) writes the K/V of the full-mask pass."""
+    generator = torch.Generator().manual_seed(0)
+    width = model.config.backbone.width
+    embs = torch.randn(1, 40, width, generator=generator)
+    valid = torch.ones(1, 40, dtype=torch.bool)
+    causal = torch.zeros(1, 40, dtype=torch.bool)
+    causal[0, 29:] = True
+    split = model.prefix_forward(embs, valid, causal=causal)
+    full = model.prefix_forward(embs, valid, dense_mask=False, causal=causal)
+    bidirectional = model.prefix_forward(embs, valid)
+    head_only = model.prefix_forward(embs[:, :29], valid[:, :29])
+    assert split.hidden == [] and len(split.keys) == model.config.backbone.depth
+    for a, b, h in zip(
+        split.keys + split.values,
+        full.keys + full.values,
+        head_only.keys + head_only.values,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)  # kernels differ: rounding
+        torch.testing.assert_close(a[:, :29], h, atol=1e-5, rtol=1e-4)  # the head ignores the tail
+    # the tail is causal: in the layers after the first its K/V differ from a bidirectional pass
+    assert (split.values[-1][:, 29:] - bidirectional.values[-1][:, 29:]).abs().max() > 1e-3

@@ -1,10 +1,10 @@
 """Per-frame work shared by every engine: encode an observation into the KV pool, act on it.
 
 A frame's prompt (`prompts.FramePrompt`) may end in a causal tail (a subtask-conditioned action
-prompt such as openpi PR #942's ``{subtask}<eos>\\nAction: ``). `prefill_frame` either prefills it
-in one pass with openpi's causal mask, or (``append_tail``, the engine's ``same_frame``) prefills
-the shared bidirectional part and appends the tail's tokens causally on top of its KV, in the same
-segment: the two are the same computation, batched differently.
+prompt such as openpi PR #942's ``{subtask}<eos>\\nAction: ``). The frame's one prefill computes it
+with openpi's mask: the images and the shared prompt bidirectional, the tail causal on top of them
+(the subtask's tokens appended to the shared prefix, positions continuing). Requests that read the
+shared part (the subtask request) decode from the same prefill.
 """
 
 from __future__ import annotations
@@ -73,37 +73,27 @@ def prefill_frame(
     runner: StaticRunner | None = None,
     faults: FaultInjector = NO_FAULTS,
     prompt: FramePrompt | None = None,
-    append_tail: bool = False,
 ) -> FramePrefix:
     """Encode one observation and write its prefix KV into ``pool`` — the frame's only prefill.
 
-    prompt: the frame's prompt ids (default: openpi's action prompt of the observation). A prompt
-    with causal tokens is prefilled with openpi's causal mask; with ``append_tail`` its causal tail
-    after the shared part is instead appended on top of the shared part's KV (equal to rounding).
+    prompt: the frame's prompt ids (default: openpi's action prompt of the observation); its
+    causal tail, if any, attends causally (openpi's ar mask).
 
-    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV for a
-    bidirectional prompt, unless the runner has no captured bucket for this observation (then the
-    eager path does). On any exception the frame's KV is released before the exception propagates.
+    With a ``runner`` (static shapes / CUDA graphs) the fixed-shape path writes the same KV, unless
+    the runner has no captured bucket for this observation and prompt length (then the eager path
+    does). On any exception the frame's KV is released before the exception propagates.
     """
     owner = f"frame {frame_id} prefix"
     if prompt is None:
         prompt = policy.frame_prompt(observation.state, observation.prompt)
-    head, tail = prompt, ()
-    if append_tail and prompt.shared < len(prompt.ids):
-        tail = prompt.ids[prompt.shared :]
-        causal = prompt.causal_from if prompt.causal_from is not None else len(prompt.ids)
-        head = FramePrompt(
-            prompt.ids[: prompt.shared],
-            prompt.shared,
-            causal if causal < prompt.shared else None,
-            prompt.subtask_id,
-        )
     segment = None
     try:
-        if runner is not None and head.causal_from is None:
-            segment = runner.prefill(observation, owner, head.ids, reserve=len(tail))
+        if runner is not None:
+            segment = runner.prefill(observation, owner, prompt.ids, prompt.causal_from)
         if segment is None:
-            inputs = policy.encode(observation.images, observation.state, observation.prompt, head)
+            inputs = policy.encode(
+                observation.images, observation.state, observation.prompt, prompt
+            )
             prefix = policy.model.prefill(
                 inputs.images,
                 inputs.image_masks,
@@ -113,12 +103,10 @@ def prefill_frame(
             )
             # A batch of one keeps only valid tokens (see Pi05Model.prefill), so every column is
             # real.
-            segment = pool.allocate(int(prefix.num_valid[0]) + len(tail), owner=owner)
+            segment = pool.allocate(int(prefix.num_valid[0]), owner=owner)
             pool.write(
                 segment, [k[0] for k in prefix.context.keys], [v[0] for v in prefix.context.values]
             )
-        if tail:
-            append_tokens(policy, pool, segment, tail)
         faults.check("prefill")
     except BaseException as error:
         tag_stage(error, "prefill")
@@ -135,20 +123,6 @@ def prefill_frame(
         prompt.shared,
         prompt.subtask_id,
     )
-
-
-def append_tokens(
-    policy: Pi05Policy, pool: KVPool, segment: KVSegment, tokens: tuple[int, ...]
-) -> None:
-    """Run ``tokens`` causally over the segment's K/V (positions continuing after it) and append
-    their K/V to the segment (which has the room reserved)."""
-    model = policy.model
-    device = model.device
-    n = segment.length
-    ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
-    positions = (n + torch.arange(len(tokens), device=device))[None]
-    out = model.forward_text(pool.view(segment), ids, positions)
-    pool.write(segment, [k[0] for k in out.keys], [v[0] for v in out.values])
 
 
 def act_on_frame(
@@ -187,16 +161,15 @@ def timed_action(
     faults: FaultInjector = NO_FAULTS,
     guidance: RTCGuidance | TrainedPrefix | None = None,
     prompt: FramePrompt | None = None,
-    append_tail: bool = False,
 ) -> tuple[FramePrefix, ActionChunk]:
     """Prefill + action for one frame, timed; the caller owns the returned frame's reference.
-    ``guidance``: see `act_on_frame`; ``prompt``, ``append_tail``: see `prefill_frame`.
+    ``guidance``: see `act_on_frame`; ``prompt``: see `prefill_frame`.
 
     Transactional: on any exception (prefill or action) every block the frame took is back in the
     pool and the original exception propagates, tagged with its stage (`faults.stage_of`).
     """
     start = clock()
-    frame = prefill_frame(policy, pool, observation, frame_id, runner, faults, prompt, append_tail)
+    frame = prefill_frame(policy, pool, observation, frame_id, runner, faults, prompt)
     try:
         if runner is not None:
             # the static prefill never syncs by itself: charge its GPU time here

@@ -370,6 +370,11 @@ class EngineBase:
             len(request.prompt) + int(request.reads_shared)
             for request in (new_request(self.policy, cfg, 0, kind) for kind in cfg.kinds)
         ]
+        # a subtask-conditioned prompt grows up to the model's prompt length
+        shortest = len(
+            self.policy.frame_prompt(observation.state, observation.prompt, cfg.format).ids
+        )
+        longest = self.policy.config.max_token_len if cfg.hierarchy else shortest
         created = 0
         for runner, acts, batch in self._runners:
             created += runner.warm_up(
@@ -379,6 +384,7 @@ class EngineBase:
                 text_tokens=max(kind_tokens) + cfg.default_max_tokens,
                 attach_tokens=kind_tokens if batch else (),
                 chunk_kinds=static_chunk_kinds(cfg),
+                prompt_lengths=(shortest, longest),
             )
             runner.freeze()
         return created
@@ -775,7 +781,6 @@ class OxygenEngine(EngineBase):
                 self.faults,
                 guidance,
                 prompt,
-                cfg.subtask_conditioning == "same_frame",
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))

@@ -183,7 +183,13 @@ class StaticPrefill(_StaticStep):
         device = pool.keys.device
         self.images = images  # [n_present, 3, size, size] float32 in [-1, 1], shared per slot set
         self.inputs = PackedInts(
-            [("tokens", (1, prompt_len)), ("write", (self.columns,)), ("n_tokens", (1,))], device
+            [
+                ("tokens", (1, prompt_len)),
+                ("write", (self.columns,)),
+                ("n_tokens", (1,)),
+                ("causal_from", (1,)),
+            ],
+            device,
         )
         self._token_index = torch.arange(prompt_len, device=device)
         self._image_valid = torch.ones(1, self.image_columns, dtype=torch.bool, device=device)
@@ -194,15 +200,21 @@ class StaticPrefill(_StaticStep):
         host["tokens"][:] = 0
         host["write"][:] = self.pool.scratch_slots(self.columns)
         host["n_tokens"][0] = self.prompt_len
+        host["causal_from"][0] = self.prompt_len
 
     def _forward(self) -> None:
         model = self.model
         image_emb = model.embed_present_images(self.images).reshape(1, self.image_columns, -1)
         embs = torch.cat([image_emb, model.embed_tokens(self.inputs["tokens"])], dim=1)
-        # the prompt's padding is at its end
+        # the prompt's padding is at its end; its ids from causal_from on are a causal tail
         prompt_valid = self._token_index[None] < self.inputs["n_tokens"][:, None]
+        prompt_causal = self._token_index[None] >= self.inputs["causal_from"][:, None]
+        no_image_causal = torch.zeros_like(self._image_valid)
         out = model.prefix_forward(
-            embs, torch.cat([self._image_valid, prompt_valid], dim=1), dense_mask=False
+            embs,
+            torch.cat([self._image_valid, prompt_valid], dim=1),
+            dense_mask=False,
+            causal=torch.cat([no_image_causal, prompt_causal & prompt_valid], dim=1),
         )
         self._write_kv(out.keys, out.values, self.inputs["write"])
 
@@ -590,12 +602,12 @@ class StaticRunner:
         observation: Observation,
         owner: str,
         ids: Sequence[int] | None = None,
-        reserve: int = 0,
+        causal_from: int | None = None,
     ) -> KVSegment | None:
         """Encode an observation into a new pool segment (one reference, held by the caller).
 
-        ids: the prompt's token ids, all bidirectional (default: openpi's action prompt of the
-        observation). reserve: extra tokens of room in the segment (a causal tail appended later).
+        ids: the prompt's token ids (default: openpi's action prompt of the observation).
+        causal_from: index of the first id of a causal tail (None: every id is bidirectional).
         Returns the segment; None when frozen with no captured bucket for its cameras and prompt
         (run the eager prefill). On an exception the segment is released.
         """
@@ -609,13 +621,14 @@ class StaticRunner:
             return None
         self.stage_images(observation)
         n_valid = path.image_columns + n_tokens
-        segment = self.pool.allocate(n_valid + reserve, owner)
+        segment = self.pool.allocate(n_valid, owner)
         try:
             path.fill_padding()
             host = path.inputs.host_views
             host["tokens"][0, :n_tokens] = tokens[:n_tokens]
             host["write"][:n_valid] = self.pool.next_slots(segment, n_valid)
             host["n_tokens"][0] = n_tokens
+            host["causal_from"][0] = n_tokens if causal_from is None else causal_from
             self._upload("prefill", path.inputs)
             self._replay(path)
             self.pool.claim(segment, n_valid)
@@ -725,6 +738,7 @@ class StaticRunner:
         text_tokens: int = 0,
         attach_tokens: Sequence[int] = (),
         chunk_kinds: Sequence[ChunkKind] = (PLAIN,),
+        prompt_lengths: Sequence[int] = (),
     ) -> int:
         """Create (and on CUDA capture) the buckets a workload like ``observation`` will use, so no
         capture lands inside a real-time frame: every bucket runs once on harmless inputs that read
@@ -734,24 +748,35 @@ class StaticRunner:
         chunks a frame may continue with (`chunk_kind`). max_batch: the most concurrent text
         rows. text_tokens: tokens a request appends after admission (its prompt
         plus generated ones). attach_tokens: lengths of the kind prompts prefilled at admission.
+        prompt_lengths: the shortest and longest frame prompts (default: openpi's action prompt
+        of ``observation``); every prompt bucket between them is created, with its action chunks.
         """
         before = self.num_paths
         frozen, self.frozen = self.frozen, False  # creating buckets here is what warm-up is for
         slots = self.policy.present_slots(observation.images)
-        _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
-        prefill = self.prefill_path(slots, int(mask.sum()))
-        n_valid = prefill.image_columns + int(mask.sum())
-        self._run_padding("prefill", prefill)
-        if num_steps is not None:
-            for kind in chunk_kinds:
-                self._run_padding("action", self.action_path(n_valid, num_steps, kind))
+        if not prompt_lengths:
+            _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
+            prompt_lengths = (int(mask.sum()),)
+        shortest, longest = min(prompt_lengths), max(prompt_lengths)
+        lengths = [shortest] + [
+            b
+            for b in self.prompt_buckets
+            if shortest < b <= bucket_for(longest, self.prompt_buckets)
+        ]
+        for length in lengths:
+            prefill = self.prefill_path(slots, length)
+            self._run_padding("prefill", prefill)
+            if num_steps is not None:
+                for kind in chunk_kinds:
+                    n = prefill.image_columns + min(length, longest)
+                    self._run_padding("action", self.action_path(n, num_steps, kind))
+        n_valid = prefill.image_columns + shortest
         if max_batch > 0:
             top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
             batches = [b for b in self.batch_buckets if b <= top]
             step = self.context_bucket
-            contexts = range(
-                round_up(n_valid, step), round_up(n_valid + text_tokens, step) + 1, step
-            )
+            widest = prefill.image_columns + longest + text_tokens
+            contexts = range(round_up(n_valid, step), round_up(widest, step) + 1, step)
             shapes = {(b, 1, c) for b in batches for c in contexts}
             # admissions come a few at a time; a larger burst captures its bucket when it happens
             shapes |= {(b, k, n_valid) for b in batches if b <= 4 for k in attach_tokens}

@@ -7,9 +7,10 @@
   conditioned on another task's subtask); it is a greedy request like any other, decoded in the
   slack before each deadline, so it never delays a chunk;
 * when it finishes (at eos, or at its token limit) it becomes the *current* subtask, and the next
-  frame's prompt carries it (``subtask_conditioning``: ``prompt`` re-prefills the conditioned
-  prompt, ``same_frame`` appends its ids causally on top of the frame's shared prefix); a frame
-  never carries a subtask that finished after its own action;
+  frame's prompt carries it (``subtask_conditioning``: ``prompt`` lays out the format's
+  conditioned prompt, ``same_frame`` appends its ids causally on top of the frame's shared prefix;
+  both in the frame's one prefill, see `frames.prefill_frame`); a frame never carries a subtask
+  that finished after its own action;
 * with formats that keep a memory (PI052), a changed subtask asks for a memory note chained with
   the previous one.
 

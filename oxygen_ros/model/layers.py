@@ -174,13 +174,44 @@ def attention_bias(
     return bias.repeat(1, groups, 1)[:, None]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+def causal_tail_start(valid: Tensor, causal: Tensor) -> int | None:
+    """Where a single row's prefix splits into a bidirectional head and a causal tail, or None.
+
+    valid, causal: bool [1, S] (causal: openpi's ar, see `Pi05Model.prefix_forward`). The split
+    exists when every column is valid and the causal columns are a suffix: head tokens then see
+    the head only and each tail token sees the head and the tail up to itself. Reads the
+    tensors on the host (eager paths only).
+    """
+    if valid.shape[0] != 1 or not bool(valid.all()):
+        return None
+    flags = causal[0].tolist()
+    start = len(flags) - flags[::-1].index(False) if False in flags else 0
+    if start in (0, len(flags)) or any(flags[:start]):
+        return None
+    return start
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    scale: float,
+    head: int | None = None,
+) -> Tensor:
     """Grouped-query attention (multi-query at pi0.5 sizes) with a float32-accumulated softmax.
 
     q: [B, H, T, D]; k, v: [B, KVH, S, D]; bias: from `attention_bias`. Returns [B, T, H*D].
     The H/KVH query heads of a group attend to the same keys, so they are folded into the query
     axis and one fused kernel handles the group without copying keys per head.
+
+    head: a bidirectional head followed by a causal tail (`causal_tail_start`): the first ``head``
+    queries see exactly the first ``head`` keys and run without a mask; ``bias`` then holds the
+    tail queries' rows only. Same result as the full mask, with the fused kernel for the head.
     """
+    if head is not None:
+        front = attention(q[:, :, :head], k[:, :, :head], v[:, :, :head], None, scale)
+        return torch.cat([front, attention(q[:, :, head:], k, v, bias, scale)], dim=1)
     b, h, t, d = q.shape
     kvh = k.shape[1]
     q = q.reshape(b, kvh, (h // kvh) * t, d)

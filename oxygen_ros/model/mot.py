@@ -162,6 +162,7 @@ class AttentionTables:
     cos: Tensor  # [B, 1, T, head_dim]
     signed_sin: Tensor  # see layers.rope_tables
     bias: Tensor | None
+    head: int | None = None  # a bidirectional head before a causal tail (see layers.attention)
 
 
 def attention_tables(
@@ -171,15 +172,18 @@ def attention_tables(
     rope_base: float,
     dtype: torch.dtype,
     dense_mask: bool | None = None,
+    head: int | None = None,
 ) -> AttentionTables:
     """Build the tables once; a loop that repeats a pass with the same layout (the denoising steps)
-    reuses them."""
+    reuses them. head: the pass is a prefix whose first ``head`` tokens are bidirectional and the
+    rest a causal tail (`layers.causal_tail_start`): the mask then covers the tail rows only."""
     cos, signed_sin = rope_tables(positions, cfg.head_dim, rope_base, dtype)
-    return AttentionTables(
-        cos,
-        signed_sin,
-        attention_bias(allowed, cfg.num_heads // cfg.num_kv_heads, dtype, dense_mask),
-    )
+    groups = cfg.num_heads // cfg.num_kv_heads
+    if head is not None:
+        return AttentionTables(
+            cos, signed_sin, attention_bias(allowed[:, head:], groups, dtype, False), head
+        )
+    return AttentionTables(cos, signed_sin, attention_bias(allowed, groups, dtype, dense_mask))
 
 
 def joint_forward(
@@ -190,6 +194,7 @@ def joint_forward(
     rope_base: float,
     dense_mask: bool | None = None,
     tables: AttentionTables | None = None,
+    kv_only: bool = False,
 ) -> JointOutput:
     """Run all layers over the concatenated streams.
 
@@ -198,6 +203,8 @@ def joint_forward(
     allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
     dense_mask: see `attention_bias`; False keeps the pass free of host syncs (CUDA-graph capture).
     tables: `attention_tables` of (positions, allowed), when the caller already built them.
+    kv_only: return the K/V only (``hidden`` empty): the last layer's queries, attention and MLP
+        feed nothing but the hidden states, so a prefill skips them (exact).
     """
     first = streams[0].expert.cfg
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
@@ -209,30 +216,33 @@ def joint_forward(
 
     for layer_idx in range(first.depth):
         layers = [s.expert.layers[layer_idx] for s in streams]
+        last_kv = kv_only and layer_idx == first.depth - 1
         qs, ks, vs, gates = [], [], [], []
         for layer, x, stream in zip(layers, hidden, streams, strict=False):
             normed, gate = stream.normalize(layer.input_layernorm, x)
             gates.append(gate)
             t = x.shape[1]
-            qs.append(layer.self_attn.q_proj(normed).view(batch, t, heads, head_dim))
+            if not last_kv:
+                qs.append(layer.self_attn.q_proj(normed).view(batch, t, heads, head_dim))
             ks.append(layer.self_attn.k_proj(normed).view(batch, t, kv_heads, head_dim))
             vs.append(layer.self_attn.v_proj(normed).view(batch, t, kv_heads, head_dim))
-        q = _join(qs).transpose(1, 2)  # [B, H, T, D]
         k = _join(ks).transpose(1, 2)  # [B, KVH, T, D]
         v = _join(vs)  # [B, T, KVH, D]
         if tables is None:
-            tables = attention_tables(first, positions, allowed, rope_base, q.dtype, dense_mask)
-        q = apply_rope(q, tables.cos, tables.signed_sin)
+            tables = attention_tables(first, positions, allowed, rope_base, k.dtype, dense_mask)
         k = apply_rope(k, tables.cos, tables.signed_sin)
         new_keys.append(k.transpose(1, 2))
         new_values.append(v)
+        if last_kv:
+            return JointOutput(hidden=[], keys=new_keys, values=new_values)
+        q = apply_rope(_join(qs).transpose(1, 2), tables.cos, tables.signed_sin)  # [B, H, T, D]
 
         if context is not None:
             k_all = torch.cat([context.keys[layer_idx].to(k.dtype).transpose(1, 2), k], dim=2)
             v_all = torch.cat([context.values[layer_idx].to(v.dtype), v], dim=1)
         else:
             k_all, v_all = k, v
-        out = attention(q, k_all, v_all.transpose(1, 2), tables.bias, head_dim**-0.5)
+        out = attention(q, k_all, v_all.transpose(1, 2), tables.bias, head_dim**-0.5, tables.head)
 
         start = 0
         for i, (layer, stream) in enumerate(zip(layers, streams, strict=False)):

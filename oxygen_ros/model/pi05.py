@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Pi05Config
-from .layers import sincos_time_embedding
+from .layers import causal_tail_start, sincos_time_embedding
 from .mot import (
     AttentionTables,
     Conditioning,
@@ -230,15 +230,24 @@ class Pi05Model(nn.Module):
         dense_mask: bool | None = None,
         causal: Tensor | None = None,
     ) -> JointOutput:
-        """The backbone over prefix embeddings [B, S, width] with validity [B, S]: bidirectional
-        among valid tokens, positions counting valid tokens only (padding and masked cameras are
-        skipped). causal: [B, S] bool, tokens that start a causal block (openpi's ar): token i sees
-        token j iff cumsum(causal)[j] <= cumsum(causal)[i]. dense_mask: see `attention_bias`."""
+        """The backbone's K/V over prefix embeddings [B, S, width] with validity [B, S] (no hidden
+        states: a prefill needs none): bidirectional among valid tokens, positions counting valid
+        tokens only (padding and masked cameras are skipped). causal: [B, S] bool, tokens that
+        start a causal block (openpi's ar): token i sees token j iff cumsum(causal)[j] <=
+        cumsum(causal)[i]. dense_mask: see `attention_bias`."""
         positions = valid.long().cumsum(dim=1) - 1
         allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
+        tables = None
         if causal is not None:
             cum = causal.long().cumsum(dim=1)
             allowed = allowed & (cum[:, None, :] <= cum[:, :, None])
+            # a bidirectional head + causal tail (a subtask-conditioned prompt) masks the tail only
+            head = causal_tail_start(valid, causal) if dense_mask is None else None
+            if head is not None:
+                cfg = self.config.backbone
+                tables = attention_tables(
+                    cfg, positions, allowed, self.config.rope_base, embs.dtype, head=head
+                )
         return joint_forward(
             [Stream(self.backbone, embs)],
             positions,
@@ -246,6 +255,8 @@ class Pi05Model(nn.Module):
             None,
             self.config.rope_base,
             dense_mask,
+            tables,
+            kv_only=True,
         )
 
     # -- actions ---------------------------------------------------------------------------------

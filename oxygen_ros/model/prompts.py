@@ -42,7 +42,8 @@ import numpy as np
 
 LANGUAGE_KINDS = ("narration", "answer", "memory", "subtask")
 # How a decoded subtask conditions the actions (engine/subtasks.py): not at all (no subtask loop),
-# by re-prefilling the conditioned prompt, or by appending its ids on the frame's shared prefix.
+# by the format's conditioned prompt, or (exact formats only) by its ids appended causally on the
+# frame's shared prefix. Either way it is the frame's one prefill.
 SUBTASK_CONDITIONING = ("none", "prompt", "same_frame")
 EOS_PIECE = "<eos>"
 SUBTASK_IDS_PIECE = "{subtask}"

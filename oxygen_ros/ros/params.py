@@ -524,8 +524,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "none",
         "pi0.5's hierarchy: none (no subtask) | prompt (every frame after a subtask finished is "
         "prefilled with the format's subtask-conditioned action prompt) | same_frame (the newest "
-        "subtask's tokens are appended causally on the frame's shared prefix; exact for "
-        "openpi_subtask, opentau, brunofang)",
+        "subtask's tokens are appended causally on the frame's shared prefix, in the same "
+        "prefill; only where that is exact: openpi_subtask, opentau, brunofang)",
         CONFIGURE,
     ),
     ParamSpec(
