@@ -136,7 +136,7 @@ run_step realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --camer
     --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
 # pi0.5's hierarchy: no subtask vs PR #942's decode + re-prefill per call vs subtasks in the slack
 run_step hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --threads 0 --frames "$FRAMES" \
-    --warmup "$WARMUP" --rounds 1 --json "$OUT/hierarchy.json"
+    --warmup "$WARMUP" --json "$OUT/hierarchy.json"
 run_step summary 60 "${BENCH[@]}" summary --dir "$OUT"
 
 echo

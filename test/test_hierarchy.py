@@ -359,7 +359,7 @@ def test_bench_hierarchy_writes_every_mode(tmp_path):
     from oxygen_ros.tools import bench
 
     out = tmp_path / "hierarchy.json"
-    args = ["hierarchy", "--frames", "6", "--rounds", "1", "--warmup", "1", "--steps", "2"]
+    args = ["hierarchy", "--frames", "6", "--warmup", "1", "--steps", "2"]
     assert bench.main([*args, "--subtask-tokens", "3", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     modes = result["modes"]

@@ -234,9 +234,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     hierarchy.add_argument("--frames", type=int, default=60, help="measured frames per mode")
     hierarchy.add_argument("--warmup", type=int, default=5, help="unmeasured frames per mode")
     hierarchy.add_argument(
-        "--rounds", type=positive_int, default=2, help="interleaved rounds over the three modes"
-    )
-    hierarchy.add_argument(
         "--prompt-format",
         default="openpi_subtask",
         choices=["openpi_subtask", "opentau", "brunofang"],
@@ -1037,7 +1034,6 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
         config,
         args.frames,
         args.warmup,
-        args.rounds,
         args.period_ms * 1e-3 or None,
     )
     none, per_call, oxygen = modes["none"], modes["per_call"], modes["oxygen"]
@@ -1046,7 +1042,7 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
     print(
         f"hierarchy: preset={args.preset} robot={args.robot} device={args.device} "
         f"format={args.prompt_format} "
-        f"frames={args.frames} rounds={args.rounds} threads={torch.get_num_threads()} "
+        f"frames={args.frames} (interleaved frame by frame) threads={torch.get_num_threads()} "
         f"subtask_period={args.subtask_period_s:g} s oxygen tick period={period * 1e3:.1f} ms"
     )
     columns = [
@@ -1060,6 +1056,7 @@ def bench_hierarchy(args: argparse.Namespace) -> dict[str, object]:
         "subtasks",
         "conditioned_after_first",
         "mean_subtask_tokens",
+        "static_fallbacks",
     ]
     _print_table(
         [{"metric": c, **{name: modes[name][c] for name in modes}} for c in columns],

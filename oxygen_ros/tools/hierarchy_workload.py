@@ -17,6 +17,7 @@ of the frame it was decoded from and the start of the frame whose chunk it condi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 
 import numpy as np
@@ -25,8 +26,8 @@ from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.metrics import percentile
-from oxygen_ros.engine.requests import SamplingParams
-from oxygen_ros.engine.scheduler import make_pool, new_request, subtask_token_limit
+from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
+from oxygen_ros.engine.scheduler import make_pool, make_runner, new_request, subtask_token_limit
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.policy import Pi05Policy
 from oxygen_ros.model.prompts import FramePrompt, SubtaskText
@@ -79,42 +80,74 @@ class NoneMode:
         samples.action_ms.append(chunk.prefill_ms + chunk.action_ms)
         samples.subtask_ids.append(0)
 
+    @property
+    def static_fallbacks(self) -> int:
+        return self.engine.static_fallbacks
+
     def close(self) -> None:
         self.engine.close()
 
 
 class PerCallMode:
-    """openpi PR #942's way: decode, re-prefill, act, every frame."""
+    """openpi PR #942's way: decode, re-prefill, act, every frame (on the same static / CUDA-graph
+    paths as the engines when the config asks for them)."""
 
     def __init__(self, policy: Pi05Policy, config: EngineConfig) -> None:
         self.policy, self.config = policy, config
         self.pool = make_pool(policy, config)
-        self.decoder = LanguageDecoder(policy, self.pool)
+        self.runner = make_runner(policy, self.pool, config)
+        self.decoder = LanguageDecoder(policy, self.pool, self.runner)
         self.frame_id = 0
 
-    def frame(self, observation: Observation, samples: ModeSamples) -> None:
-        policy, cfg, fmt = self.policy, self.config, self.config.format
-        self.frame_id += 1
-        start = time.perf_counter()
-        full = policy.frame_prompt(observation.state, observation.prompt, fmt, True)
-        shared = FramePrompt(full.ids[: full.shared], full.shared)  # "...;\nSubtask: "
-        frame = prefill_frame(policy, self.pool, observation, self.frame_id, prompt=shared)
-        limit = subtask_token_limit(policy, cfg, len(full.ids))
-        request = new_request(
-            policy,
-            cfg,
+    def _subtask_request(self, observation: Observation, prompt_tokens: int) -> LanguageRequest:
+        limit = subtask_token_limit(self.policy, self.config, prompt_tokens)
+        return new_request(
+            self.policy,
+            self.config,
             self.frame_id,
             "subtask",
             sampling=SamplingParams(max_tokens=limit),
             task=observation.prompt,
         )
+
+    def warm_up(self, observation: Observation) -> None:
+        """Capture the static buckets its frames use (no-op on the eager paths), then freeze."""
+        if self.runner is None:
+            return
+        full = self.policy.frame_prompt(
+            observation.state, observation.prompt, self.config.format, True
+        )
+        request = self._subtask_request(observation, len(full.ids))
+        attach = len(request.prompt) + int(request.reads_shared)
+        self.runner.warm_up(
+            observation,
+            num_steps=self.config.num_steps,
+            max_batch=1,
+            text_tokens=attach + request.sampling.max_tokens,
+            attach_tokens=(attach,),
+            prompt_lengths=(full.shared, self.policy.config.max_token_len),
+        )
+        self.runner.freeze()
+
+    @property
+    def static_fallbacks(self) -> int:
+        return self.runner.fallbacks if self.runner is not None else 0
+
+    def frame(self, observation: Observation, samples: ModeSamples) -> None:
+        policy, cfg, fmt, runner = self.policy, self.config, self.config.format, self.runner
+        self.frame_id += 1
+        start = time.perf_counter()
+        full = policy.frame_prompt(observation.state, observation.prompt, fmt, True)
+        shared = FramePrompt(full.ids[: full.shared], full.shared)  # "...;\nSubtask: "
+        frame = prefill_frame(policy, self.pool, observation, self.frame_id, runner, prompt=shared)
+        request = self._subtask_request(observation, len(full.ids))
         steps = self.decoder.run_to_completion(request, frame, [])
         self.pool.release(frame.segment)
         subtask = SubtaskText(tuple(request.tokens), request.text, self.frame_id)
         prompt = policy.frame_prompt(observation.state, observation.prompt, fmt, True, subtask)
-        frame = prefill_frame(policy, self.pool, observation, self.frame_id, prompt=prompt)
+        frame = prefill_frame(policy, self.pool, observation, self.frame_id, runner, prompt=prompt)
         noise = frame_noise(policy.config, cfg.seed, self.frame_id, policy.device)
-        actions = act_on_frame(policy, self.pool, frame, noise, cfg.num_steps)
+        actions = act_on_frame(policy, self.pool, frame, noise, cfg.num_steps, runner)
         policy.robot_actions(actions, observation.state)
         self.pool.release(frame.segment)
         samples.action_ms.append((time.perf_counter() - start) * 1e3)
@@ -173,6 +206,10 @@ class OxygenMode:
             if delta.kind == "subtask" and delta.final and delta.finish_reason in ("eos", "length"):
                 samples.subtask_tokens.append(delta.token_count)
 
+    @property
+    def static_fallbacks(self) -> int:
+        return self.engine.static_fallbacks
+
     def close(self) -> None:
         self.engine.close()
 
@@ -183,12 +220,12 @@ def run_hierarchy(
     config: EngineConfig,
     frames: int,
     warmup: int,
-    rounds: int,
     period_s: float | None,
 ) -> tuple[dict[str, dict[str, float]], float]:
-    """Each mode on the same frames, interleaved in ``rounds`` so drifting machine speed hits all
-    alike. ``period_s``: the oxygen loop's tick period (None: twice the none mode's median action
-    path, measured in its warm-up). Returns the summaries by mode and the period used."""
+    """Each mode on the same frames, interleaved frame by frame (none, per_call, oxygen on one
+    observation, then the next), so that drifting machine speed hits all alike. ``period_s``: the
+    oxygen loop's tick period (None: twice the none mode's median action path, measured in its
+    warm-up). Returns the summaries by mode and the period used."""
     none = NoneMode(policy, config)
     per_call = PerCallMode(policy, config)
     modes: dict[str, NoneMode | PerCallMode | OxygenMode] = {"none": none, "per_call": per_call}
@@ -197,30 +234,34 @@ def run_hierarchy(
         probe = ModeSamples()
         for i in range(max(warmup, 3)):
             none.frame(observations[i % len(observations)], probe)
+        per_call.warm_up(observations[0])
         for i in range(warmup):
             per_call.frame(observations[i % len(observations)], ModeSamples())
         period = period_s or 2e-3 * float(np.median(probe.action_ms))
-        modes["oxygen"] = OxygenMode(policy, config, period)
-        modes["oxygen"].engine.warm_up(observations[0])
+        oxygen = modes["oxygen"] = OxygenMode(policy, config, period)
+        oxygen.engine.warm_up(observations[0])
         for i in range(warmup):
-            modes["oxygen"].frame(observations[i % len(observations)], ModeSamples())
-        modes["oxygen"].clock.pause()  # its subtask ages count its own rounds only
+            oxygen.frame(observations[i % len(observations)], ModeSamples())
+        oxygen.clock.pause()  # its subtask ages count its own frames only
         samples = {name: ModeSamples() for name in MODES}
-        per_round = max(1, frames // rounds)
-        index = 0
-        for _ in range(rounds):
+        gc.collect()
+        for i in range(frames):
+            observation = observations[i % len(observations)]
             for name in MODES:
                 mode, target = modes[name], samples[name]
-                if isinstance(mode, OxygenMode):
-                    mode.clock.resume()
+                if mode is oxygen:
+                    oxygen.clock.resume()
                 start = time.perf_counter()
-                for i in range(per_round):
-                    mode.frame(observations[(index + i) % len(observations)], target)
+                mode.frame(observation, target)
                 target.wall_s += time.perf_counter() - start
-                if isinstance(mode, OxygenMode):
-                    mode.clock.pause()
-            index += per_round
-        return {name: samples[name].summary() for name in MODES}, period
+                if mode is oxygen:
+                    oxygen.clock.pause()
+        # frame steps that found no captured static bucket (0 on the eager paths)
+        summaries = {
+            name: samples[name].summary() | {"static_fallbacks": modes[name].static_fallbacks}
+            for name in MODES
+        }
+        return summaries, period
     finally:
         for mode in modes.values():
             mode.close()
