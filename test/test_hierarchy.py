@@ -355,18 +355,23 @@ def test_questions_use_the_formats_question_turn(policy):
         engine.close()
 
 
-def test_bench_hierarchy_writes_every_mode(tmp_path):
+@pytest.mark.parametrize("path", ["dynamic", "static"])
+def test_bench_hierarchy_writes_every_mode(tmp_path, path):
     from oxygen_ros.tools import bench
 
     out = tmp_path / "hierarchy.json"
     args = ["hierarchy", "--frames", "6", "--warmup", "1", "--steps", "2"]
-    assert bench.main([*args, "--subtask-tokens", "3", "--json", str(out)]) == 0
+    if path == "static":  # every mode's warm-up captures what its frames use
+        args.append("--static-shapes")
+    # 12 tokens: a conditioned prompt outgrows the unconditioned one's prompt bucket
+    assert bench.main([*args, "--subtask-tokens", "12", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     modes = result["modes"]
     assert set(modes) == {"none", "per_call", "oxygen"}
     assert all(mode["frames_per_s"] > 0 for mode in modes.values())
     assert modes["per_call"]["subtasks"] == 6 and modes["none"]["subtasks"] == 0
-    assert modes["per_call"]["mean_subtask_tokens"] <= 3
+    assert modes["per_call"]["mean_subtask_tokens"] <= 12
+    assert all(mode["static_fallbacks"] == 0 for mode in modes.values())
     if modes["oxygen"]["subtasks"]:
         assert modes["oxygen"]["conditioned_after_first"] == 1.0
 
