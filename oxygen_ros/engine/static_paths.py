@@ -758,24 +758,25 @@ class StaticRunner:
             _, mask = self.policy.prompt_tokens(observation.state, observation.prompt)
             prompt_lengths = (int(mask.sum()),)
         shortest, longest = min(prompt_lengths), max(prompt_lengths)
-        lengths = [shortest] + [
-            b
-            for b in self.prompt_buckets
-            if shortest < b <= bucket_for(longest, self.prompt_buckets)
-        ]
-        for length in lengths:
-            prefill = self.prefill_path(slots, length)
+        first, last = (bucket_for(n, self.prompt_buckets) for n in (shortest, longest))
+        buckets = [b for b in self.prompt_buckets if first <= b <= last]
+        for bucket in buckets:
+            prefill = self.prefill_path(slots, bucket)
             self._run_padding("prefill", prefill)
-            if num_steps is not None:
+        image_columns = prefill.image_columns
+        if num_steps is not None:
+            prompts = {shortest} | {min(b, longest) for b in buckets}
+            for context in sorted(
+                {round_up(image_columns + n, self.context_bucket) for n in prompts}
+            ):
                 for kind in chunk_kinds:
-                    n = prefill.image_columns + min(length, longest)
-                    self._run_padding("action", self.action_path(n, num_steps, kind))
-        n_valid = prefill.image_columns + shortest
+                    self._run_padding("action", self.action_path(context, num_steps, kind))
+        n_valid = image_columns + shortest
         if max_batch > 0:
             top = bucket_for(min(max_batch, self.batch_buckets[-1]), self.batch_buckets)
             batches = [b for b in self.batch_buckets if b <= top]
             step = self.context_bucket
-            widest = prefill.image_columns + longest + text_tokens
+            widest = image_columns + longest + text_tokens
             contexts = range(round_up(n_valid, step), round_up(widest, step) + 1, step)
             shapes = {(b, 1, c) for b in batches for c in contexts}
             # admissions come a few at a time; a larger burst captures its bucket when it happens
