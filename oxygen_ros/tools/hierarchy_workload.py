@@ -162,7 +162,7 @@ class PerCallMode:
 
 class PausableClock:
     """``time.perf_counter`` that stands still while paused: the oxygen engine's subtask ages do
-    not count the other modes' rounds."""
+    not count the time the other modes' frames take."""
 
     def __init__(self) -> None:
         self._paused_at: float | None = None
