@@ -185,8 +185,8 @@ def causal_tail_start(valid: Tensor, causal: Tensor) -> int | None:
     if valid.shape[0] != 1 or not bool(valid.all()):
         return None
     flags = causal[0].tolist()
-    start = len(flags) - flags[::-1].index(False) if False in flags else 0
-    if start in (0, len(flags)) or any(flags[:start]):
+    start = flags.index(True) if True in flags else len(flags)
+    if start in (0, len(flags)) or not all(flags[start:]):
         return None
     return start
 
