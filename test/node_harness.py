@@ -152,6 +152,9 @@ class Probe:
             self._record_stamps(topic)
         self.ask = node.create_publisher(String, f"/{target}/ask", 10)
         self.instruction = node.create_publisher(String, f"/{target}/instruction", 10)
+        # Created before the node spins: rclpy 9 (Kilted) registers an ActionClient with its node
+        # before the client is fully built, so a spinning executor can meet it half-made.
+        self.ask_action = ActionClient(node, Ask, f"/{target}/ask")
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(node)
         self._spinner = threading.Thread(target=self.executor.spin, daemon=True)
@@ -338,7 +341,7 @@ class AskClient:
     def __init__(self, probe: Probe, wait_s: float = 30.0) -> None:
         target = probe.target
         self.wait_s = wait_s
-        self.client = ActionClient(probe.node, Ask, f"/{target}/ask")
+        self.client = probe.ask_action
         assert self.client.wait_for_server(timeout_sec=wait_s), "no Ask action server on the node"
         self.lock = threading.Lock()
         self.feedback = {}  # goal uuid bytes -> [(delta, token_count)]

@@ -179,10 +179,16 @@ class Gate:
 
 
 class RosPair:
-    """A server node and a client node spun by one multi-threaded executor in a thread."""
+    """A server node and a client node spun by one multi-threaded executor in a thread.
 
-    def __init__(self, server_node, client_node, name):
+    The client node joins the executor only once its action client is built: rclpy 9 (Kilted)
+    registers an ActionClient with its node before the client is complete, so an executor already
+    spinning the node could meet it half-made.
+    """
+
+    def __init__(self, server_node, client_node, executor, name):
         self.server_node, self.client_node, self.name = server_node, client_node, name
+        self.executor = executor
         self.owned = []  # action servers and clients, destroyed after the executor stops
 
     def server(self, gate=None):
@@ -195,8 +201,10 @@ class RosPair:
 
         from oxygen_ros.action import Ask
 
+        assert self.client_node not in self.executor.get_nodes(), "one client per pair"
         client = ActionClient(self.client_node, Ask, self.name)
         self.owned.append(client)
+        self.executor.add_node(self.client_node)
         assert client.wait_for_server(timeout_sec=WAIT_S), "the Ask action server never appeared"
         return client
 
@@ -213,10 +221,9 @@ def ros_pair():
     client_node = rclpy.create_node(f"ask_client_{suffix}", context=context)
     executor = MultiThreadedExecutor(num_threads=4, context=context)
     executor.add_node(server_node)
-    executor.add_node(client_node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
-    pair = RosPair(server_node, client_node, f"ask_{suffix}")
+    pair = RosPair(server_node, client_node, executor, f"ask_{suffix}")
     try:
         yield pair
     finally:
