@@ -41,9 +41,25 @@ from visualization_msgs.msg import Marker
 
 from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk, Narration
+from oxygen_ros.tools.make_bag import camera_topic, joint_names
 from oxygen_ros.tools.replay import BagPlayer
 
 NODE = "oxygen_node"
+# What `make_bag.write_synthetic_bag` publishes: two cameras and the joint states.
+SYNTHETIC_INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
+
+
+def synthetic_bag_params(checkpoint: Path) -> dict[str, Any]:
+    """Node parameters wiring the synthetic bag (its base and wrist cameras into the base and
+    left-wrist slots, its 7 joints) to the model in ``checkpoint``; a test adds its own."""
+    return {
+        "checkpoint_dir": str(checkpoint),
+        "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+        "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+        "joint_names": joint_names(7),
+    }
+
+
 STATE_UNCONFIGURED, STATE_INACTIVE, STATE_ACTIVE = 1, 2, 3
 
 

@@ -13,7 +13,14 @@ import time
 
 import pytest
 from lifecycle_msgs.msg import Transition
-from node_harness import STATE_ACTIVE, STATE_UNCONFIGURED, NodeProcess, Probe, wait_for
+from node_harness import (
+    STATE_ACTIVE,
+    STATE_UNCONFIGURED,
+    SYNTHETIC_INPUT_TOPICS,
+    NodeProcess,
+    Probe,
+    wait_for,
+)
 from safetensors.torch import load_file, save_file
 
 from oxygen_ros.model.checkpoint import build_model, init_random_weights
@@ -111,7 +118,7 @@ def test_lerobot_folder_in_the_node_over_dds(tiny_checkpoint, tmp_path):
     bag = write_synthetic_bag(tmp_path / "bag", duration_s=3.0)
     name = "oxygen_lerobot"
     process = NodeProcess(_params(broken["pi0"][0]), tmp_path, name=name)
-    probe = Probe([camera_topic("base"), camera_topic("wrist"), "/joint_states"], target=name)
+    probe = Probe(SYNTHETIC_INPUT_TOPICS, target=name)
     try:
         # autostart on a pi0 folder: configure fails, the node stays up and says why
         assert wait_for(lambda: "configure failed" in process.log(), 60), process.log()[-3000:]

@@ -16,14 +16,16 @@ from lifecycle_msgs.msg import Transition
 from node_harness import (
     STATE_ACTIVE,
     STATE_INACTIVE,
+    SYNTHETIC_INPUT_TOPICS,
     NodeProcess,
     playing_probe,
     stamp_ns,
+    synthetic_bag_params,
     wait_for,
 )
 from std_msgs.msg import String
 
-from oxygen_ros.tools.make_bag import camera_topic, joint_names
+from oxygen_ros.tools.make_bag import joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -31,18 +33,14 @@ RATE_HZ = 15.0
 HORIZON = 5
 DT = 0.05
 ACTION_JOINTS = joint_names(6)  # the first 6 of the bag's 7 joints are driven
-INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
 
 
 @pytest.fixture(scope="module")
 def node(tiny_checkpoint, tmp_path_factory):
     process = NodeProcess(
-        {
-            "checkpoint_dir": str(tiny_checkpoint),
+        synthetic_bag_params(tiny_checkpoint)
+        | {
             "rate_hz": RATE_HZ,
-            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-            "joint_names": joint_names(7),
             "action_joint_names": ACTION_JOINTS,
             "action_horizon": HORIZON,
             "action_dt": DT,
@@ -61,7 +59,7 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe(node, synthetic_bag):
-    with playing_probe(node, synthetic_bag, INPUT_TOPICS) as probe:
+    with playing_probe(node, synthetic_bag, SYNTHETIC_INPUT_TOPICS) as probe:
         yield probe
 
 

@@ -19,11 +19,17 @@ from __future__ import annotations
 import pytest
 from action_msgs.msg import GoalStatus
 from lifecycle_msgs.msg import Transition
-from node_harness import STATE_ACTIVE, AskClient, NodeProcess, playing_probe, wait_for
+from node_harness import (
+    STATE_ACTIVE,
+    SYNTHETIC_INPUT_TOPICS,
+    AskClient,
+    NodeProcess,
+    playing_probe,
+    synthetic_bag_params,
+    wait_for,
+)
 from std_msgs.msg import String
 from visualization_msgs.msg import Marker
-
-from oxygen_ros.tools.make_bag import camera_topic, joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -36,12 +42,9 @@ WAIT_S = 30.0
 @pytest.fixture(scope="module")
 def node(tiny_checkpoint, tmp_path_factory):
     process = NodeProcess(
-        {
-            "checkpoint_dir": str(tiny_checkpoint),
+        synthetic_bag_params(tiny_checkpoint)
+        | {
             "rate_hz": 10.0,
-            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-            "joint_names": joint_names(7),
             "max_observation_age_s": 1.0,
             "narration_period_s": 0.0,
             "answer_max_tokens": 6,
@@ -62,8 +65,7 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe(node, synthetic_bag):
-    topics = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
-    with playing_probe(node, synthetic_bag, topics) as probe:
+    with playing_probe(node, synthetic_bag, SYNTHETIC_INPUT_TOPICS) as probe:
         assert wait_for(lambda: len(probe.chunks) >= 3, WAIT_S), "no chunks from the node"
         yield probe
 

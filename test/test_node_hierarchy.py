@@ -5,15 +5,20 @@ the loop, and ~/instruction starts a new subtask at once."""
 from __future__ import annotations
 
 import pytest
-from node_harness import NodeProcess, playing_probe, wait_for
+from node_harness import (
+    SYNTHETIC_INPUT_TOPICS,
+    NodeProcess,
+    playing_probe,
+    synthetic_bag_params,
+    wait_for,
+)
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
-from oxygen_ros.tools.make_bag import camera_topic, joint_names
+from oxygen_ros.tools.make_bag import joint_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
 LATCHED = QoSProfile(
     depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
 )
@@ -22,12 +27,9 @@ LATCHED = QoSProfile(
 @pytest.fixture(scope="module")
 def node(tiny_checkpoint, tmp_path_factory):
     process = NodeProcess(
-        {
-            "checkpoint_dir": str(tiny_checkpoint),
+        synthetic_bag_params(tiny_checkpoint)
+        | {
             "rate_hz": 10.0,
-            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-            "joint_names": joint_names(7),
             "action_joint_names": joint_names(6),
             "action_horizon": 5,
             "max_observation_age_s": 1.0,
@@ -46,7 +48,7 @@ def node(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe(node, synthetic_bag):
-    with playing_probe(node, synthetic_bag, INPUT_TOPICS) as probe:
+    with playing_probe(node, synthetic_bag, SYNTHETIC_INPUT_TOPICS) as probe:
         yield probe
 
 

@@ -16,11 +16,18 @@ import time
 import pytest
 import rclpy
 from action_msgs.msg import GoalStatus
-from node_harness import AskClient, NodeProcess, Probe, wait_for
+from node_harness import (
+    SYNTHETIC_INPUT_TOPICS,
+    AskClient,
+    NodeProcess,
+    Probe,
+    synthetic_bag_params,
+    wait_for,
+)
 from rclpy.executors import SingleThreadedExecutor
 
 from oxygen_ros.ros import shutdown
-from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_bag import write_synthetic_bag
 
 WAIT_S = 30.0
 
@@ -45,12 +52,9 @@ def _quiet_for(probe: Probe, seconds: float, timeout: float) -> bool:
 @pytest.mark.slow
 def test_sigint_ends_open_goals_aborted_cancelled_and_exits_0(tiny_checkpoint, bag, tmp_path):
     node = NodeProcess(
-        {
-            "checkpoint_dir": str(tiny_checkpoint),
+        synthetic_bag_params(tiny_checkpoint)
+        | {
             "rate_hz": 10.0,
-            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
-            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
-            "joint_names": joint_names(7),
             "max_observation_age_s": 0.5,
             "narration_period_s": 0.0,
             "decode_mode": "fixed",
@@ -59,7 +63,7 @@ def test_sigint_ends_open_goals_aborted_cancelled_and_exits_0(tiny_checkpoint, b
         },
         tmp_path,
     )
-    probe = Probe([camera_topic("base"), camera_topic("wrist"), "/joint_states"])
+    probe = Probe(SYNTHETIC_INPUT_TOPICS)
     try:
         probe.wait_active(node)
         ask = AskClient(probe, WAIT_S)
