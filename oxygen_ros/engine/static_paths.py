@@ -193,6 +193,7 @@ class StaticPrefill(_StaticStep):
         )
         self._token_index = torch.arange(prompt_len, device=device)
         self._image_valid = torch.ones(1, self.image_columns, dtype=torch.bool, device=device)
+        self._image_causal = torch.zeros_like(self._image_valid)  # images are never causal
         super().__init__(model, pool, use_graph, graph_pool)
 
     def fill_padding(self) -> None:
@@ -209,12 +210,11 @@ class StaticPrefill(_StaticStep):
         # the prompt's padding is at its end; its ids from causal_from on are a causal tail
         prompt_valid = self._token_index[None] < self.inputs["n_tokens"][:, None]
         prompt_causal = self._token_index[None] >= self.inputs["causal_from"][:, None]
-        no_image_causal = torch.zeros_like(self._image_valid)
         out = model.prefix_forward(
             embs,
             torch.cat([self._image_valid, prompt_valid], dim=1),
             dense_mask=False,
-            causal=torch.cat([no_image_causal, prompt_causal & prompt_valid], dim=1),
+            causal=torch.cat([self._image_causal, prompt_causal & prompt_valid], dim=1),
         )
         self._write_kv(out.keys, out.values, self.inputs["write"])
 
