@@ -148,6 +148,7 @@ class Probe:
         self.diagnostics: dict[str, str] = {}
         self.diagnostics_count = 0
         self.input_stamps: set = set()
+        self.input_topics_heard: set[str] = set()  # input topics with at least one message
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         node = self.node
         node.create_subscription(ActionChunk, f"/{target}/action_chunk", self._on_chunk, reliable)
@@ -212,6 +213,7 @@ class Probe:
             sec, nanosec = struct.unpack_from(f"{order}iI", raw, 4)
             with self.lock:
                 self.input_stamps.add(sec * 1_000_000_000 + nanosec)
+                self.input_topics_heard.add(topic)
 
         from oxygen_ros.tools.replay import message_class, qos_for
 
@@ -227,6 +229,11 @@ class Probe:
         qos = qos_for(msg_type)
         qos = QoSProfile(depth=100, reliability=qos.reliability)
         self.node.create_subscription(message_class(msg_type), topic, on_raw, qos, raw=True)
+
+    def heard_all(self, topics: Sequence[str]) -> bool:
+        """Whether every one of ``topics`` has delivered a message to this probe."""
+        with self.lock:
+            return set(topics) <= self.input_topics_heard
 
     def chunks_since(self, since: float) -> list[ActionChunk]:
         with self.lock:
