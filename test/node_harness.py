@@ -258,18 +258,26 @@ class Probe:
         return int(self.fresh_diagnostics(timeout).get(key, 0))
 
     # -- services ---------------------------------------------------------------------------------
-    def call(self, srv_type: Any, name: str, request: Any, timeout: float = 20.0) -> Any:
+    def call(
+        self, srv_type: Any, name: str, request: Any, timeout: float = 20.0, tries: int = 1
+    ) -> Any:
+        """Call service ``name`` once; a query that changes nothing may pass ``tries`` > 1 to send
+        the request again when a share of ``timeout`` passes without a reply (DDS matches a new
+        client's request path before its reply path, so a reply can be lost on a fresh client)."""
         client = self.node.create_client(srv_type, name)
         try:
             assert client.wait_for_service(timeout_sec=timeout), f"service {name} not available"
-            future = client.call_async(request)
-            assert wait_for(future.done, timeout), f"no reply from {name} within {timeout} s"
-            return future.result()
+            for _ in range(tries):
+                future = client.call_async(request)
+                if wait_for(future.done, timeout / tries):
+                    return future.result()
+            raise AssertionError(f"no reply from {name} within {timeout} s ({tries} tries)")
         finally:
             self.node.destroy_client(client)
 
     def get_state(self) -> int:
-        return self.call(GetState, f"/{self.target}/get_state", GetState.Request()).current_state.id
+        reply = self.call(GetState, f"/{self.target}/get_state", GetState.Request(), tries=4)
+        return reply.current_state.id
 
     def change_state(self, transition_id: int, timeout: float = 60.0) -> bool:
         request = ChangeState.Request(transition=Transition(id=transition_id))
@@ -289,7 +297,10 @@ class Probe:
 
     def get_parameter(self, name: str) -> Any:
         reply = self.call(
-            GetParameters, f"/{self.target}/get_parameters", GetParameters.Request(names=[name])
+            GetParameters,
+            f"/{self.target}/get_parameters",
+            GetParameters.Request(names=[name]),
+            tries=4,
         )
         return parameter_value_to_python(reply.values[0])
 
