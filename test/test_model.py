@@ -150,6 +150,36 @@ def test_positions_skip_masked_camera(model):
     assert prefix.context.length == int(prefix.num_valid[0])  # masked slot dropped from storage
 
 
+@pytest.mark.parametrize("row", [0, 1], ids=["adjacent slots", "a gap and padding"])
+def test_a_batch_of_one_embeds_exactly_the_columns_a_batch_keeps(model, row):
+    """A batch of one embeds only its present images and valid tokens: the same embeddings,
+    validity and causal flags, bit for bit, as embedding every slot and dropping the columns
+    invalid in the row (row 1: a masked middle camera and a padded prompt)."""
+    images, image_masks, tokens, token_masks, _ = observation()
+    one = slice(row, row + 1)
+    causal = torch.zeros_like(token_masks[one])
+    causal[:, 5:] = True  # a causal tail (padding included: dropped with it)
+    args = (images[one], image_masks[one], tokens[one], token_masks[one])
+    embs, valid = model.embed_prefix(*args)
+    flags = torch.cat([torch.zeros_like(valid[:, : -tokens.shape[1]]), causal], 1)
+    keep = valid[0]
+    got_embs, got_valid, got_causal = model._embed_kept_prefix(
+        images[row], image_masks[row], tokens[one], token_masks[one], causal
+    )
+    torch.testing.assert_close(got_embs, embs[:, keep], atol=0, rtol=0)
+    assert got_valid.all() and got_valid.shape == (1, int(keep.sum()))
+    assert torch.equal(got_causal, flags[:, keep])
+    # and the prefill of the row alone equals that row of the batch's prefill
+    alone = model.prefill(*args, causal)
+    batch = model.prefill(images, image_masks, tokens, token_masks)
+    columns = batch.context.valid[row]
+    plain = model.prefill(*args)
+    assert int(plain.num_valid[0]) == int(batch.num_valid[row]) == int(alone.num_valid[0])
+    for a, b in zip(plain.context.keys, batch.context.keys, strict=True):
+        torch.testing.assert_close(a[0], b[row, columns], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(alone.context.keys[-1], plain.context.keys[-1])  # the tail counts
+
+
 def hugging_face_rope(x, positions, base):
     """transformers' Gemma rotary embedding, written out literally (rotate_half convention)."""
     d = x.shape[-1]

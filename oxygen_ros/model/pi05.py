@@ -212,16 +212,55 @@ class Pi05Model(nn.Module):
         token_causal: [B, T] bool, prompt tokens that attend causally (openpi's ar=1: a prompt
         format's causal tail, or a whole causal prompt); None: the prompt is bidirectional.
         """
-        embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
-        causal = None
-        if token_causal is not None:
-            causal = torch.cat([torch.zeros_like(valid[:, : -tokens.shape[1]]), token_causal], 1)
-        # columns invalid in every row are never attended: drop them (exact)
-        keep = valid.any(dim=0)
-        embs, valid = embs[:, keep], valid[:, keep]
-        causal = causal[:, keep] if causal is not None else None
+        if images.shape[0] == 1:
+            embs, valid, causal = self._embed_kept_prefix(
+                images[0], image_masks[0], tokens, token_masks, token_causal
+            )
+        else:
+            embs, valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+            causal = None
+            if token_causal is not None:
+                causal = torch.cat(
+                    [torch.zeros_like(valid[:, : -tokens.shape[1]]), token_causal], 1
+                )
+            # columns invalid in every row are never attended: drop them (exact)
+            keep = valid.any(dim=0)
+            embs, valid = embs[:, keep], valid[:, keep]
+            causal = causal[:, keep] if causal is not None else None
         out = self.prefix_forward(embs, valid, causal=causal)
         return Prefix(KVContext(out.keys, out.values, valid), valid.sum(dim=1))
+
+    def _embed_kept_prefix(
+        self,
+        images: Tensor,
+        image_masks: Tensor,
+        tokens: Tensor,
+        token_masks: Tensor,
+        token_causal: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A batch of one's prefix embeddings of the columns `prefill` keeps, and nothing else:
+        the present images (a slice when their slots are adjacent, as usual) and the valid
+        prompt tokens -> embeddings [1, S, width], validity (all True) and causal flags [1, S].
+        The same values as embedding every slot and dropping the invalid columns."""
+        slots = [i for i, present in enumerate(image_masks.tolist()) if present]
+        parts = []
+        if slots:
+            adjacent = slots == list(range(slots[0], slots[-1] + 1))
+            present = images[slots[0] : slots[-1] + 1] if adjacent else images[slots]
+            parts.append(
+                self.embed_present_images(present).reshape(1, -1, self.config.backbone.width)
+            )
+        kept_tokens = token_masks[0]
+        all_tokens = bool(kept_tokens.all())
+        parts.append(self.embed_tokens(tokens if all_tokens else tokens[:, kept_tokens]))
+        embs = torch.cat(parts, dim=1)
+        valid = torch.ones(embs.shape[:2], dtype=torch.bool, device=embs.device)
+        causal = None
+        if token_causal is not None:
+            tail = token_causal if all_tokens else token_causal[:, kept_tokens]
+            image_columns = embs.shape[1] - tail.shape[1]
+            causal = torch.cat([tail.new_zeros(1, image_columns), tail], dim=1)
+        return embs, valid, causal
 
     def prefix_forward(
         self,
