@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from oxygen_ros.model.config import PRESETS, get_preset
-from oxygen_ros.model.layers import apply_rope, causal_tail_start, rope_tables
+from oxygen_ros.model.layers import (
+    apply_rope,
+    attention_bias,
+    causal_tail_bias,
+    causal_tail_start,
+    rope_tables,
+)
 from oxygen_ros.model.mot import KVContext, Stream, joint_forward
 from oxygen_ros.model.pi05 import Pi05Model, flow_schedule
 
@@ -253,6 +259,20 @@ def test_a_causal_tail_start_is_found_only_for_one_unpadded_row():
     padded[0, 3] = False
     assert causal_tail_start(padded, tail) is None
     assert causal_tail_start(ones.expand(2, -1), tail.expand(2, -1)) is None
+
+
+@pytest.mark.parametrize(("head", "length", "groups"), [(4, 6, 1), (5, 12, 2), (30, 40, 8)])
+def test_the_causal_tail_bias_is_the_openpi_mask_of_the_tail_rows(head, length, groups):
+    """`causal_tail_bias` holds the tail rows of `attention_bias` over openpi's ar mask (head
+    bidirectional, every tail token a causal block of its own)."""
+    causal = torch.zeros(1, length, dtype=torch.bool)
+    causal[0, head:] = True
+    cum = causal.long().cumsum(dim=1)
+    allowed = cum[:, None, :] <= cum[:, :, None]
+    expected = attention_bias(allowed[:, head:], groups, torch.float32, False)
+    got = causal_tail_bias(head, length, groups, torch.float32, torch.device("cpu"))
+    assert torch.equal(got, expected)
+    assert got is causal_tail_bias(head, length, groups, torch.float32, torch.device("cpu"))
 
 
 def test_a_prefill_with_a_causal_tail_equals_the_full_mask(model):

@@ -7,6 +7,7 @@ attention softmax runs in float32, masked logits are filled with openpi's additi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -172,6 +173,22 @@ def attention_bias(
         ~allowed, MASK_VALUE
     )
     return bias.repeat(1, groups, 1)[:, None]
+
+
+@functools.lru_cache(maxsize=32)
+def causal_tail_bias(
+    head: int, length: int, groups: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """The additive mask of a causal tail's queries (see `attention`'s ``head``): in a prefix of
+    ``length`` tokens, tail token i (at ``head + i``) sees the head and the tail up to itself ->
+    [1, 1, groups * (length - head), length], as `attention_bias` lays out those rows.
+
+    Cached (never written to): a frame's subtask-conditioned prompt keeps its layout for as long
+    as its subtask stays, so most frames build nothing.
+    """
+    blocked = torch.ones(length - head, length, dtype=torch.bool, device=device).triu(head + 1)
+    bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, MASK_VALUE)
+    return bias.repeat(groups, 1)[None, None]
 
 
 def causal_tail_start(valid: Tensor, causal: Tensor) -> int | None:

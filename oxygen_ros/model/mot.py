@@ -24,6 +24,7 @@ from .layers import (
     apply_rope,
     attention,
     attention_bias,
+    causal_tail_bias,
     gated_residual,
     rope_tables,
 )
@@ -168,28 +169,32 @@ class AttentionTables:
 def attention_tables(
     cfg: GemmaConfig,
     positions: Tensor,
-    allowed: Tensor,
+    allowed: Tensor | None,
     rope_base: float,
     dtype: torch.dtype,
     dense_mask: bool | None = None,
     head: int | None = None,
 ) -> AttentionTables:
     """Build the tables once; a loop that repeats a pass with the same layout (the denoising steps)
-    reuses them. head: the pass is a prefix whose first ``head`` tokens are bidirectional and the
-    rest a causal tail (`layers.causal_tail_start`): the mask then covers the tail rows only."""
+    reuses them. head: the pass is one row of prefix whose first ``head`` tokens are bidirectional
+    and the rest a causal tail (`layers.causal_tail_start`): the mask then covers the tail rows
+    only and follows from the layout alone (``allowed`` is not read, and may be None)."""
     cos, signed_sin = rope_tables(positions, cfg.head_dim, rope_base, dtype)
     groups = cfg.num_heads // cfg.num_kv_heads
     if head is not None:
+        length = positions.shape[1]
         return AttentionTables(
-            cos, signed_sin, attention_bias(allowed[:, head:], groups, dtype, False), head
+            cos, signed_sin, causal_tail_bias(head, length, groups, dtype, positions.device), head
         )
+    if allowed is None:
+        raise ValueError("attention tables need the allowed mask unless the pass has a causal tail")
     return AttentionTables(cos, signed_sin, attention_bias(allowed, groups, dtype, dense_mask))
 
 
 def joint_forward(
     streams: Sequence[Stream],
     positions: Tensor,
-    allowed: Tensor,
+    allowed: Tensor | None,
     context: KVContext | None,
     rope_base: float,
     dense_mask: bool | None = None,
@@ -200,7 +205,8 @@ def joint_forward(
 
     positions: [B, T] RoPE positions of the new tokens (T = sum of stream lengths, streams in
         order).
-    allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees.
+    allowed: bool [B, T, C + T] which cached (first C) and new (last T) tokens each new token sees
+        (read only to build the tables: None when ``tables`` are given).
     dense_mask: see `attention_bias`; False keeps the pass free of host syncs (CUDA-graph capture).
     tables: `attention_tables` of (positions, allowed), when the caller already built them.
     kv_only: return the K/V only (``hidden`` empty): the last layer's queries, attention and MLP

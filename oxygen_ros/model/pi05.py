@@ -275,18 +275,22 @@ class Pi05Model(nn.Module):
         start a causal block (openpi's ar): token i sees token j iff cumsum(causal)[j] <=
         cumsum(causal)[i]. dense_mask: see `attention_bias`."""
         positions = valid.long().cumsum(dim=1) - 1
-        allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
-        tables = None
-        if causal is not None:
-            cum = causal.long().cumsum(dim=1)
-            allowed = allowed & (cum[:, None, :] <= cum[:, :, None])
-            # a bidirectional head + causal tail (a subtask-conditioned prompt) masks the tail only
-            head = causal_tail_start(valid, causal) if dense_mask is None else None
-            if head is not None:
-                cfg = self.config.backbone
-                tables = attention_tables(
-                    cfg, positions, allowed, self.config.rope_base, embs.dtype, head=head
-                )
+        head = None
+        if causal is not None and dense_mask is None:
+            head = causal_tail_start(valid, causal)
+        allowed, tables = None, None
+        if head is not None:
+            # a bidirectional head + causal tail (a subtask-conditioned prompt): only the tail rows
+            # are masked, by `layers.causal_tail_bias`
+            cfg = self.config.backbone
+            tables = attention_tables(
+                cfg, positions, None, self.config.rope_base, embs.dtype, head=head
+            )
+        else:
+            allowed = valid[:, None, :].expand(-1, valid.shape[1], -1)
+            if causal is not None:
+                cum = causal.long().cumsum(dim=1)
+                allowed = allowed & (cum[:, None, :] <= cum[:, :, None])
         return joint_forward(
             [Stream(self.backbone, embs)],
             positions,
