@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from oxygen_ros.model.config import PRESETS, get_preset
 from oxygen_ros.model.layers import (
@@ -120,6 +121,35 @@ def test_images_and_prompt_attend_bidirectionally(model):
     tokens2[0, last_valid] = (tokens2[0, last_valid] + 1) % model.config.vocab_size
     b = model.prefill(images, image_masks, tokens2, token_masks)
     assert not torch.allclose(a.context.keys[-1][:, 0], b.context.keys[-1][:, 0])
+
+
+def test_the_step_schedule_is_made_once_and_again_when_a_weight_it_reads_changes():
+    """Every chunk reuses the first chunk's times and adaRMS conditionings; a weight they read
+    that changes in place, or is replaced (moved, cast), makes them again."""
+    model = random_model()
+    images, image_masks, tokens, token_masks, noise = observation(batch=1)
+    prefix = model.prefill(images, image_masks, tokens, token_masks)
+    cpu, dt = torch.device("cpu"), torch.tensor(-0.1)
+    times, first = model.step_schedule(10, cpu)
+    assert model.step_schedule(10, cpu)[1] is first
+    assert model.step_schedule(5, cpu)[1] is not first
+
+    def check_against_fresh_conditionings() -> Tensor:
+        actions = model.sample_actions(prefix, noise, num_steps=10)
+        fresh = model.denoise(prefix.context, prefix.num_valid, noise, times, dt)
+        torch.testing.assert_close(actions, fresh, atol=0, rtol=0)
+        return actions
+
+    before = check_against_fresh_conditionings()
+    with torch.no_grad():
+        model.expert.layers[0].input_layernorm.dense.weight.mul_(2.0)  # in place
+    assert model.step_schedule(10, cpu)[1] is not first
+    changed = check_against_fresh_conditionings()
+    assert not torch.allclose(changed, before)
+    second = model.step_schedule(10, cpu)[1]
+    model.time_mlp_in.weight.data = model.time_mlp_in.weight.data * 0.5  # replaced, as a cast
+    assert model.step_schedule(10, cpu)[1] is not second
+    assert not torch.allclose(check_against_fresh_conditionings(), changed)
 
 
 def test_prefix_never_attends_to_action_tokens(model):

@@ -68,18 +68,19 @@ class GemmaStack(nn.Module):
         self.layers = nn.ModuleList(GemmaLayer(cfg, adaptive, eps) for _ in range(cfg.depth))
         self.norm = AdaRMSNorm(cfg.width, cfg.width, eps) if adaptive else RMSNorm(cfg.width, eps)
 
-    def condition(self, cond: Tensor, dtype: torch.dtype) -> Conditioning:
-        """The modulation of every adaptive norm for conditions [N, width]: one dense call each."""
+    def adaptive_norms(self) -> list[AdaRMSNorm]:
+        """Every adaRMS norm of the stack, in layer order, the final norm last (none in the
+        backbone)."""
         norms = [
             norm
             for layer in self.layers
             for norm in (layer.input_layernorm, layer.post_attention_layernorm)
         ]
-        return {
-            norm: norm.modulate(cond, dtype)
-            for norm in norms + [self.norm]
-            if isinstance(norm, AdaRMSNorm)
-        }
+        return [norm for norm in norms + [self.norm] if isinstance(norm, AdaRMSNorm)]
+
+    def condition(self, cond: Tensor, dtype: torch.dtype) -> Conditioning:
+        """The modulation of every adaptive norm for conditions [N, width]: one dense call each."""
+        return {norm: norm.modulate(cond, dtype) for norm in self.adaptive_norms()}
 
 
 Conditioning = dict[nn.Module, Modulation]

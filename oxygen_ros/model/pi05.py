@@ -134,10 +134,39 @@ class Pi05Model(nn.Module):
         # which framework's flow-matching times `sample_actions` visits (a key of FLOW_SCHEDULES);
         # set by the policy from the checkpoint's input conventions
         self.flow_times = "openpi"
+        # `step_schedule`'s results by (steps, framework, device), with the weights they came from
+        self._step_schedules: dict[tuple, tuple[tuple, Tensor, list[Conditioning]]] = {}
 
     def time_schedule(self, num_steps: int) -> list[Tensor]:
         """The float32 flow times of ``num_steps`` Euler steps in this model's framework."""
         return FLOW_SCHEDULES[self.flow_times](num_steps)
+
+    def step_schedule(
+        self, num_steps: int, device: torch.device
+    ) -> tuple[Tensor, list[Conditioning]]:
+        """The times of ``num_steps`` Euler steps on ``device`` (`time_schedule`) and every step's
+        adaRMS conditioning (`step_conditionings`).
+
+        They depend on the schedule and the weights only, so every chunk reuses the first chunk's;
+        they are made again when a weight they read changed in place, moved or was cast.
+        """
+        key = (num_steps, self.flow_times, device)
+        weights = self._conditioning_weights()
+        cached = self._step_schedules.get(key)
+        if cached is None or cached[0] != weights:
+            times = torch.stack(self.time_schedule(num_steps)).to(device)
+            conditionings = self.step_conditionings(times, self.config.action_horizon)
+            cached = self._step_schedules[key] = (weights, times, conditionings)
+        return cached[1], cached[2]
+
+    def _conditioning_weights(self) -> tuple[tuple[int, int], ...]:
+        """Where each weight of the time MLP and the adaRMS dense layers lives, and its in-place
+        version: what `step_schedule`'s results were made of."""
+        modules = [self.time_mlp_in, self.time_mlp_out]
+        modules += [norm.dense for norm in self.expert.adaptive_norms()]
+        return tuple(
+            (p.data_ptr(), p._version) for m in modules for p in (m.weight, m.bias) if p is not None
+        )
 
     # -- parts ---------------------------------------------------------------------------------
     @property
@@ -413,9 +442,13 @@ class Pi05Model(nn.Module):
         guidance: real-time chunking (``model.rtc``), see `denoise`. None, or a guidance with
         nothing to guide, runs the plain sampler unchanged.
         """
-        times = torch.stack(self.time_schedule(num_steps)).to(noise.device)
+        times, conditionings = self.step_schedule(num_steps, noise.device)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
-        return self.denoise(prefix.context, prefix.num_valid, noise, times, dt, guidance)
+        if isinstance(guidance, TrainedPrefix):
+            conditionings = None  # its frozen tokens are conditioned on time 0 (see `denoise`)
+        return self.denoise(
+            prefix.context, prefix.num_valid, noise, times, dt, guidance, None, conditionings
+        )
 
     @torch.no_grad()
     def denoise(
@@ -427,6 +460,7 @@ class Pi05Model(nn.Module):
         dt: Tensor,
         guidance: RTCGuidance | TrainedPrefix | None = None,
         dense_mask: bool | None = None,
+        conditionings: list[Conditioning] | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
         valid tokens: one step per row of ``times``, each adding ``dt`` times the velocity.
@@ -442,15 +476,22 @@ class Pi05Model(nn.Module):
             * `TrainedPrefix`: the frozen steps are the target before and after every step and
               their tokens are conditioned on time 0 (no host sync either).
         dense_mask: see `attention_bias`.
+        conditionings: the step conditionings of ``times`` when the caller has them
+            (`step_schedule`); None: made here. Not with a `TrainedPrefix`, which conditions its
+            frozen tokens on time 0.
         """
         b, horizon = noise.shape[:2]
         if guidance is not None and times.dim() != 1:
             raise ValueError("RTC guidance needs one time per step (times [steps])")
         trained = guidance if isinstance(guidance, TrainedPrefix) else None
-        # one per step, batch-broadcast
-        conditionings = self.step_conditionings(
-            times, horizon, trained.frozen if trained is not None else None
-        )
+        if conditionings is None:  # one per step, batch-broadcast
+            conditionings = self.step_conditionings(
+                times, horizon, trained.frozen if trained is not None else None
+            )
+        elif trained is not None:
+            raise ValueError(
+                "a TrainedPrefix conditions its frozen tokens itself: no conditionings"
+            )
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
         tables = attention_tables(
             self.expert.cfg,
