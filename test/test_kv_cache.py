@@ -81,6 +81,20 @@ def test_fragmented_pool_still_serves_reads_correctly():
     assert {s for s in p.usage_by_owner()} == {"a", "c", "d", "e"}
 
 
+def test_an_allocation_takes_the_first_free_run_long_enough():
+    """Past a hole too short for it, a segment takes the start of the first run that holds it
+    (and a one-block segment fills the first hole)."""
+    p = pool(capacity=128, block=8)  # 16 blocks
+    first = p.allocate(8, "a")
+    hole = p.allocate(16, "b")  # blocks 1-2
+    p.allocate(8, "c")  # block 3
+    p.release(hole)  # free: 1, 2, 4..15
+    assert p.allocate(24, "d").blocks == [4, 5, 6]  # the 2-block hole is too short
+    assert p.allocate(8, "e").blocks == [1]
+    assert p.allocate(16, "f").blocks == [7, 8]  # block 2 alone is too short
+    assert first.blocks == [0]
+
+
 def test_check_passes_a_consistent_pool_and_names_unowned_or_miscounted_segments():
     p = pool()  # 16 blocks of 8
     frame = p.allocate(20, "frame 1 prefix")  # 3 blocks

@@ -152,15 +152,18 @@ class KVPool:
         return segment
 
     def _take_contiguous(self, need: int) -> list[int] | None:
+        """The first ``need`` blocks of the first run of consecutive free blocks that has them,
+        taken from the (sorted) free list; None when no run is long enough. Stops as soon as a run
+        is long enough, so a mostly free pool is not scanned to its end."""
         free = self._free
         run_start = 0
-        for i in range(1, len(free) + 1):
-            if i == len(free) or free[i] != free[i - 1] + 1:
-                if i - run_start >= need:
-                    blocks = free[run_start : run_start + need]
-                    del free[run_start : run_start + need]
-                    return blocks
+        for i in range(len(free)):
+            if i > run_start and free[i] != free[i - 1] + 1:
                 run_start = i
+            if i + 1 - run_start == need:
+                blocks = free[run_start : i + 1]
+                del free[run_start : i + 1]
+                return blocks
         return None
 
     def _take_lowest(self, need: int) -> list[int]:
