@@ -134,7 +134,7 @@ class Pi05Model(nn.Module):
         # which framework's flow-matching times `sample_actions` visits (a key of FLOW_SCHEDULES);
         # set by the policy from the checkpoint's input conventions
         self.flow_times = "openpi"
-        # `step_schedule`'s results by (steps, framework, device), with the weights they came from
+        # `step_schedule`'s results by (steps, framework), with the device and weights they used
         self._step_schedules: dict[tuple, tuple[tuple, Tensor, list[Conditioning]]] = {}
 
     def time_schedule(self, num_steps: int) -> list[Tensor]:
@@ -150,13 +150,13 @@ class Pi05Model(nn.Module):
         They depend on the schedule and the weights only, so every chunk reuses the first chunk's;
         they are made again when a weight they read changed in place, moved or was cast.
         """
-        key = (num_steps, self.flow_times, device)
-        weights = self._conditioning_weights()
+        key = (num_steps, self.flow_times)
+        made_of = (device, self._conditioning_weights())
         cached = self._step_schedules.get(key)
-        if cached is None or cached[0] != weights:
+        if cached is None or cached[0] != made_of:
             times = torch.stack(self.time_schedule(num_steps)).to(device)
             conditionings = self.step_conditionings(times, self.config.action_horizon)
-            cached = self._step_schedules[key] = (weights, times, conditionings)
+            cached = self._step_schedules[key] = (made_of, times, conditionings)
         return cached[1], cached[2]
 
     def _conditioning_weights(self) -> tuple[tuple[int, int], ...]:

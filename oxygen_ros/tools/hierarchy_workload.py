@@ -224,9 +224,9 @@ def run_hierarchy(
 ) -> tuple[dict[str, dict[str, float]], float]:
     """Each mode on the same frames, interleaved frame by frame (none, per_call, oxygen on one
     observation, then the next, the order rotating so that no mode always follows the same one),
-    so that drifting machine speed hits all alike. ``period_s``: the
-    oxygen loop's tick period (None: twice the none mode's median action path, measured in its
-    warm-up). Returns the summaries by mode and the period used."""
+    so that drifting machine speed hits all alike. ``period_s``: the oxygen loop's tick period
+    (None: twice the none mode's median action path, measured in its warm-up). Returns the
+    summaries by mode and the period used."""
     none = NoneMode(policy, config)
     per_call = PerCallMode(policy, config)
     modes: dict[str, NoneMode | PerCallMode | OxygenMode] = {"none": none, "per_call": per_call}
@@ -248,7 +248,8 @@ def run_hierarchy(
         gc.collect()
         for i in range(frames):
             observation = observations[i % len(observations)]
-            for name in MODES[i % 3 :] + MODES[: i % 3]:  # each mode in each place in turn
+            turn = i % len(MODES)  # each mode takes each place in turn
+            for name in MODES[turn:] + MODES[:turn]:
                 mode, target = modes[name], samples[name]
                 if mode is oxygen:
                     oxygen.clock.resume()
