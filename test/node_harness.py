@@ -47,6 +47,8 @@ from oxygen_ros.tools.replay import BagPlayer
 NODE = "oxygen_node"
 # What `make_bag.write_synthetic_bag` publishes: two cameras and the joint states.
 SYNTHETIC_INPUT_TOPICS = [camera_topic("base"), camera_topic("wrist"), "/joint_states"]
+# a ChangeState label that names no lifecycle transition (the probe's harmless first request)
+UNKNOWN_TRANSITION = "oxygen_ros_harness_no_such_transition"
 
 
 def synthetic_bag_params(checkpoint: Path) -> dict[str, Any]:
@@ -259,21 +261,38 @@ class Probe:
 
     # -- services ---------------------------------------------------------------------------------
     def call(
-        self, srv_type: Any, name: str, request: Any, timeout: float = 20.0, tries: int = 1
+        self,
+        srv_type: Any,
+        name: str,
+        request: Any,
+        timeout: float = 20.0,
+        tries: int = 1,
+        prime: Any = None,
     ) -> Any:
-        """Call service ``name`` once; a query that changes nothing may pass ``tries`` > 1 to send
-        the request again when a share of ``timeout`` passes without a reply (DDS matches a new
-        client's request path before its reply path, so a reply can be lost on a fresh client)."""
+        """Call service ``name`` on a fresh client. DDS matches a new client's request path before
+        its reply path, so a reply to its first request can be lost:
+
+        * a query that changes nothing passes ``tries`` > 1 to send it again each time a share of
+          ``timeout`` passes without a reply;
+        * a call that changes something passes ``prime``, a request of the same service that
+          changes nothing; it is sent (and resent) until answered, and the real request, sent once,
+          then goes out on a client whose replies are known to arrive."""
         client = self.node.create_client(srv_type, name)
         try:
             assert client.wait_for_service(timeout_sec=timeout), f"service {name} not available"
-            for _ in range(tries):
-                future = client.call_async(request)
-                if wait_for(future.done, timeout / tries):
-                    return future.result()
-            raise AssertionError(f"no reply from {name} within {timeout} s ({tries} tries)")
+            if prime is not None:
+                self._send(client, name, prime, timeout, tries=4)
+            return self._send(client, name, request, timeout, tries)
         finally:
             self.node.destroy_client(client)
+
+    @staticmethod
+    def _send(client: Any, name: str, request: Any, timeout: float, tries: int) -> Any:
+        for _ in range(tries):
+            future = client.call_async(request)
+            if wait_for(future.done, timeout / tries):
+                return future.result()
+        raise AssertionError(f"no reply from {name} within {timeout} s ({tries} tries)")
 
     def get_state(self) -> int:
         reply = self.call(GetState, f"/{self.target}/get_state", GetState.Request(), tries=4)
@@ -281,11 +300,17 @@ class Probe:
 
     def change_state(self, transition_id: int, timeout: float = 60.0) -> bool:
         request = ChangeState.Request(transition=Transition(id=transition_id))
-        return self.call(ChangeState, f"/{self.target}/change_state", request, timeout).success
+        # a label no transition has: answered with success False, the state machine untouched
+        no_transition = ChangeState.Request(transition=Transition(label=UNKNOWN_TRANSITION))
+        service = f"/{self.target}/change_state"
+        return self.call(ChangeState, service, request, timeout, prime=no_transition).success
 
     def set_parameters(self, *parameters: Parameter) -> list[SetParametersResult]:
         request = SetParameters.Request(parameters=[p.to_parameter_msg() for p in parameters])
-        return list(self.call(SetParameters, f"/{self.target}/set_parameters", request).results)
+        service = f"/{self.target}/set_parameters"
+        return list(
+            self.call(SetParameters, service, request, prime=SetParameters.Request()).results
+        )
 
     def set(
         self, name: str, value: Any, type_: Parameter.Type | None = None
