@@ -499,12 +499,16 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
 
 
 def _lifecycle_state(feeder) -> int:
+    """The node's state over its get_state service (asked again when a fresh client's first
+    reply is lost, see `node_harness.Probe.call`)."""
     client = feeder.create_client(GetState, "/oxygen_loop_test/get_state")
     try:
         assert client.wait_for_service(timeout_sec=5)
-        future = client.call_async(GetState.Request())
-        assert wait_for(future.done, 5)
-        return future.result().current_state.id
+        for _ in range(4):
+            future = client.call_async(GetState.Request())
+            if wait_for(future.done, 2.5):
+                return future.result().current_state.id
+        raise AssertionError("no reply from get_state within 10 s (4 tries)")
     finally:
         feeder.destroy_client(client)
 
