@@ -174,6 +174,22 @@ def test_static_action_path_is_bit_exact_without_padding(policy):
     )
 
 
+def test_a_static_chunk_follows_a_weight_change_in_its_step_conditionings(tiny_checkpoint):
+    """The static chunk keeps every step's adaRMS conditioning in buffers of its own (a captured
+    graph reads them). After an in-place change to a weight they are made of, its next chunk uses
+    the new values: bit for bit the eager chunk's."""
+    policy = scaled_policy(tiny_checkpoint)  # its own copy: this test changes a weight
+    pool, runner, dynamic, static = unpadded_frames(policy)
+    noise = frame_noise(policy.config, 0, 2, policy.device)
+    before = act_on_frame(policy, pool, static, noise, 10, runner)
+    with torch.no_grad():
+        policy.model.expert.layers[0].post_attention_layernorm.dense.bias.add_(0.5)
+    after = act_on_frame(policy, pool, static, noise, 10, runner)
+    assert runner.fallbacks == 0
+    assert torch.equal(after, act_on_frame(policy, pool, dynamic, noise, 10))
+    assert not torch.allclose(after, before)
+
+
 def snapshot(pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
     return pool.keys.clone(), pool.values.clone()
 

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.mot import KVContext
+from ..model.mot import Conditioning, KVContext
 from ..model.pi05 import Pi05Model
 from ..model.policy import Pi05Policy
 from ..model.rtc import RTCGuidance, TrainedPrefix
@@ -268,6 +268,17 @@ class StaticActionChunk(_StaticStep):
         # the checkpoint framework's times (openpi's float32 accumulation, or LeRobot's)
         self._times = torch.stack(model.time_schedule(num_steps)).to(device)
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
+        # every step's adaRMS conditioning (`Pi05Model.step_schedule`) in this chunk's own buffers,
+        # refreshed in place by `load` when the model remakes them, so a captured graph keeps
+        # reading live tensors; training-time RTC conditions its frozen tokens inside the step
+        self._num_steps = num_steps
+        self._schedule_source: list[Conditioning] | None = None
+        self._conditionings: list[Conditioning] | None = None
+        if kind[0] != "trained":
+            self._schedule_source = model.step_schedule(num_steps, device)[1]
+            self._conditionings = [
+                {norm: m.clone() for norm, m in step.items()} for step in self._schedule_source
+            ]
         self._context_index = torch.arange(context, device=device)
         # the previous chunk and its mask; built once here, so no check runs inside a capture
         self.target = torch.zeros_like(self.noise)
@@ -291,7 +302,9 @@ class StaticActionChunk(_StaticStep):
             (self.weights if self.kind[0] == "identity" else self.frozen).zero_()
 
     def load(self, guidance: RTCGuidance | TrainedPrefix | None) -> None:
-        """Copy a frame's guidance (of this bucket's kind) into the buffers."""
+        """Copy a frame's guidance (of this bucket's kind) into the buffers, and the model's step
+        conditionings if it remade them."""
+        self._refresh_conditionings()
         if guidance is None:
             return
         self.target.copy_(guidance.target.reshape(self.target.shape))
@@ -299,6 +312,18 @@ class StaticActionChunk(_StaticStep):
             self.frozen.copy_(guidance.frozen)
         else:
             self.weights.copy_(guidance.weights.expand_as(self.weights))
+
+    def _refresh_conditionings(self) -> None:
+        """Copy the model's step conditionings into this chunk's buffers when it has remade them
+        (a weight they read changed)."""
+        if self._conditionings is None:
+            return
+        source = self.model.step_schedule(self._num_steps, self.device)[1]
+        if source is not self._schedule_source:
+            for own, fresh in zip(self._conditionings, source, strict=True):
+                for norm, modulation in own.items():
+                    modulation.copy_(fresh[norm])
+            self._schedule_source = source
 
     def _forward(self) -> None:
         pool, gather, n_valid = self.pool, self.inputs["gather"], self.inputs["n_valid"]
@@ -308,7 +333,14 @@ class StaticActionChunk(_StaticStep):
         context = KVContext(list(keys.unbind(0)), list(values.unbind(0)), valid)
         self.actions.copy_(
             self.model.denoise(
-                context, n_valid, self.noise, self._times, self._dt, self.guidance, False
+                context,
+                n_valid,
+                self.noise,
+                self._times,
+                self._dt,
+                self.guidance,
+                False,
+                self._conditionings,
             )
         )
 

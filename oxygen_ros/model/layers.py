@@ -64,6 +64,15 @@ class Modulation:
     def _parts(self) -> tuple[Tensor, Tensor, Tensor]:
         return self.scale, self.shift, self.gate
 
+    def clone(self) -> Modulation:
+        """A copy in tensors of its own."""
+        return Modulation(*(m.clone() for m in self._parts))
+
+    def copy_(self, other: Modulation) -> None:
+        """Overwrite these tensors with ``other``'s values, in place (same shapes)."""
+        for mine, theirs in zip(self._parts, other._parts, strict=True):
+            mine.copy_(theirs)
+
     def tokens(self, rows: int, tokens: int) -> Modulation:
         """Rows [rows * tokens, 1, W], token-major within a row -> [rows, tokens, W]."""
         return Modulation(*(m.reshape(rows, tokens, -1) for m in self._parts))
