@@ -75,6 +75,21 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
     return bool(predicate())
 
 
+def send_request(client: Any, name: str, request: Any, timeout: float, tries: int = 1) -> Any:
+    """Send ``request`` on service ``client`` (named ``name``) and return the reply; with ``tries``
+    > 1, send it again each time a share of ``timeout`` passes without one (only for a request
+    that changes nothing: see `Probe.call`).
+
+    Raises:
+        AssertionError: no reply within ``timeout``.
+    """
+    for _ in range(tries):
+        future = client.call_async(request)
+        if wait_for(future.done, timeout / tries):
+            return future.result()
+    raise AssertionError(f"no reply from {name} within {timeout} s ({tries} tries)")
+
+
 def stamp_ns(stamp) -> int:
     return stamp.sec * 1_000_000_000 + stamp.nanosec
 
@@ -281,18 +296,10 @@ class Probe:
         try:
             assert client.wait_for_service(timeout_sec=timeout), f"service {name} not available"
             if prime is not None:
-                self._send(client, name, prime, timeout, tries=4)
-            return self._send(client, name, request, timeout, tries)
+                send_request(client, name, prime, timeout, tries=4)
+            return send_request(client, name, request, timeout, tries)
         finally:
             self.node.destroy_client(client)
-
-    @staticmethod
-    def _send(client: Any, name: str, request: Any, timeout: float, tries: int) -> Any:
-        for _ in range(tries):
-            future = client.call_async(request)
-            if wait_for(future.done, timeout / tries):
-                return future.result()
-        raise AssertionError(f"no reply from {name} within {timeout} s ({tries} tries)")
 
     def get_state(self) -> int:
         reply = self.call(GetState, f"/{self.target}/get_state", GetState.Request(), tries=4)

@@ -18,7 +18,7 @@ import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.srv import GetState
-from node_harness import STATE_UNCONFIGURED, wait_for
+from node_harness import STATE_UNCONFIGURED, send_request, wait_for
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy, qos_profile_system_default
@@ -501,14 +501,11 @@ def test_sustained_overrun_lowers_the_rate_visibly_and_it_climbs_back(running):
 def _lifecycle_state(feeder) -> int:
     """The node's state over its get_state service (asked again when a fresh client's first
     reply is lost, see `node_harness.Probe.call`)."""
-    client = feeder.create_client(GetState, "/oxygen_loop_test/get_state")
+    name = "/oxygen_loop_test/get_state"
+    client = feeder.create_client(GetState, name)
     try:
         assert client.wait_for_service(timeout_sec=5)
-        for _ in range(4):
-            future = client.call_async(GetState.Request())
-            if wait_for(future.done, 2.5):
-                return future.result().current_state.id
-        raise AssertionError("no reply from get_state within 10 s (4 tries)")
+        return send_request(client, name, GetState.Request(), 10.0, tries=4).current_state.id
     finally:
         feeder.destroy_client(client)
 
