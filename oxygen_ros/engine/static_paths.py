@@ -265,19 +265,20 @@ class StaticActionChunk(_StaticStep):
             1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device
         )
         self.actions = torch.zeros_like(self.noise)
-        # the checkpoint framework's times (openpi's float32 accumulation, or LeRobot's)
-        self._times = torch.stack(model.time_schedule(num_steps)).to(device)
+        # The checkpoint framework's times (openpi's float32 accumulation, or LeRobot's) and every
+        # step's adaRMS conditioning (`Pi05Model.step_schedule`), in this chunk's own buffers: a
+        # captured graph reads them, so `load` refreshes the conditionings in place when the model
+        # remakes them. Training-time RTC conditions its frozen tokens inside the step.
+        times, schedule = model.step_schedule(num_steps, device)
+        self._times = times.clone()
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
-        # every step's adaRMS conditioning (`Pi05Model.step_schedule`) in this chunk's own buffers,
-        # refreshed in place by `load` when the model remakes them, so a captured graph keeps
-        # reading live tensors; training-time RTC conditions its frozen tokens inside the step
         self._num_steps = num_steps
         self._schedule_source: list[Conditioning] | None = None
         self._conditionings: list[Conditioning] | None = None
         if kind[0] != "trained":
-            self._schedule_source = model.step_schedule(num_steps, device)[1]
+            self._schedule_source = schedule
             self._conditionings = [
-                {norm: m.clone() for norm, m in step.items()} for step in self._schedule_source
+                {norm: m.clone() for norm, m in step.items()} for step in schedule
             ]
         self._context_index = torch.arange(context, device=device)
         # the previous chunk and its mask; built once here, so no check runs inside a capture
