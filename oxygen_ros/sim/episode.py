@@ -1,0 +1,197 @@
+"""One simulated robot running episodes, without ROS: world + two controllers + task + status.
+
+:class:`Simulation` owns the simulation clock (seconds since ``epoch_s``, advanced one control
+step at a time, never reset between episodes), executes the two controllers' trajectories
+(``arm_controller`` for the five arm joints, ``gripper_controller`` for ``gripper``), checks
+success every control step and ends an episode with ``success`` or ``timeout``. The ROS node
+(:mod:`.node`) and the headless loop (:mod:`.headless`) both drive it; neither adds behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .controller import TrajectoryController
+from .language import Phase, SceneFacts, current_phase
+from .scene import ARM_JOINTS, CUBE_COLORS, GRIPPER_JOINT, HOME, PAD_COLORS, PAD_HALF
+from .tasks import PLACE, Task, cube_on_pad, random_layout, random_task, tip_touches
+from .world import World
+
+RUNNING, SUCCESS, TIMEOUT = "running", "success", "timeout"
+ARM_CONTROLLER, GRIPPER_CONTROLLER = "arm_controller", "gripper_controller"
+RELEASED_GRIPPER = 0.45  # a gripper opened past this has let go of a cube (~0.5 holding one)
+
+
+@dataclass(frozen=True)
+class PrivilegedState:
+    """A copy of what only scoring and the expert may know, taken between control steps."""
+
+    time_s: float  # simulation clock
+    episode: int
+    task: Task | None
+    status: str
+    arm: np.ndarray  # joint positions
+    gripper: float  # 0 open .. 1 closed
+    tip: np.ndarray
+    cubes: dict[str, np.ndarray]  # colour -> centre (x, y, z)
+    cube_yaws: dict[str, float]
+    pads: dict[str, tuple[float, float]]
+    grasped: str | None
+
+
+class Simulation:
+    """The robot, its controllers and the current episode."""
+
+    def __init__(
+        self,
+        physics_rate_hz: float = 500.0,
+        control_rate_hz: float = 100.0,
+        episode_timeout_s: float = 20.0,
+        epoch_s: float = 0.0,
+    ) -> None:
+        if control_rate_hz <= 0 or physics_rate_hz < control_rate_hz:
+            raise ValueError(
+                f"need 0 < control_rate_hz ({control_rate_hz}) <= physics_rate_hz "
+                f"({physics_rate_hz})"
+            )
+        if episode_timeout_s <= 0:
+            raise ValueError(f"episode_timeout_s must be positive, got {episode_timeout_s}")
+        self.world = World(physics_rate_hz)
+        self.substeps = max(1, round(physics_rate_hz / control_rate_hz))
+        self.control_dt = self.substeps * self.world.dt
+        self.episode_timeout_s = float(episode_timeout_s)
+        self.now_s = float(epoch_s)
+        self.controllers = {
+            ARM_CONTROLLER: TrajectoryController(ARM_CONTROLLER, ARM_JOINTS, HOME),
+            GRIPPER_CONTROLLER: TrajectoryController(GRIPPER_CONTROLLER, (GRIPPER_JOINT,), (0.0,)),
+        }
+        self.episode = -1
+        self.task: Task | None = None
+        self.seed: int | None = None
+        self.status = TIMEOUT  # no episode yet: nothing runs until the first reset
+        self.episode_start_s = self.now_s
+        self.phase: Phase | None = None
+        self._rejected_at_start = self._rejected_totals()
+
+    # -- episodes ---------------------------------------------------------------------------------
+    def reset(self, task: Task | None = None, seed: int | None = None) -> Task:
+        """Start the next episode: ``task`` (random from the seed when None) on a layout drawn
+        from ``seed`` (the episode's index when None). Returns the episode's task."""
+        self.episode += 1
+        self.seed = self.episode if seed is None else int(seed)
+        rng = np.random.default_rng(self.seed)
+        self.task = task if task is not None else random_task(rng)
+        self.world.reset(random_layout(rng))
+        self.controllers[ARM_CONTROLLER].reset(self.world.arm_positions())
+        self.controllers[GRIPPER_CONTROLLER].reset([self.world.gripper_opening()])
+        self.status = RUNNING
+        self.episode_start_s = self.now_s
+        self._rejected_at_start = self._rejected_totals()
+        self.phase = current_phase(self.task, self.facts())
+        return self.task
+
+    @property
+    def elapsed_s(self) -> float:
+        """Simulated seconds since the episode started."""
+        return self.now_s - self.episode_start_s
+
+    # -- the controllers' inputs ------------------------------------------------------------------
+    def receive(self, controller: str, msg) -> None:
+        """Hand a JointTrajectory to ``controller`` at the present sim time.
+
+        Raises:
+            KeyError: no such controller.
+            TrajectoryRejected: the controller refuses it (and counts it).
+        """
+        if controller == ARM_CONTROLLER:
+            positions, velocities = self.world.arm_positions(), self.world.arm_velocities()
+        elif controller == GRIPPER_CONTROLLER:
+            positions = np.array([self.world.gripper_opening()])
+            velocities = np.array([self.world.gripper_velocity()])
+        else:
+            raise KeyError(f"no controller {controller!r} (have {', '.join(self.controllers)})")
+        self.controllers[controller].receive(msg, self.now_s, positions, velocities)
+
+    # -- stepping ---------------------------------------------------------------------------------
+    def control_step(self) -> None:
+        """One control step: sample both controllers, run physics, then score the episode."""
+        arm_q, arm_v = self.controllers[ARM_CONTROLLER].sample(self.now_s)
+        grip_q, grip_v = self.controllers[GRIPPER_CONTROLLER].sample(self.now_s)
+        self.world.set_reference(arm_q, arm_v, float(grip_q[0]), float(grip_v[0]))
+        self.world.step(self.substeps)
+        self.now_s += self.control_dt
+        if self.status != RUNNING or self.task is None:
+            return
+        facts = self.facts()
+        if facts.success:
+            self.status = SUCCESS
+        elif self.elapsed_s >= self.episode_timeout_s:
+            self.status = TIMEOUT
+        self.phase = current_phase(self.task, facts)
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def facts(self) -> SceneFacts:
+        """The scene as the task's success and language labels see it."""
+        task, world = self.task, self.world
+        if task is None:
+            raise RuntimeError("no episode has started (call reset first)")
+        cube = world.cube_position(task.cube)
+        tip = world.tip_position()
+        over_pad = on_pad = False
+        if task.kind == PLACE:
+            pad = world.pad_center(task.pad)
+            over_pad = bool(np.all(np.abs(cube[:2] - pad) <= PAD_HALF))
+            on_pad = cube_on_pad(cube, world.cube_speed(task.cube), pad)
+            released = world.grasped is None and world.gripper_opening() < RELEASED_GRIPPER
+            success = on_pad and released
+        else:
+            success = tip_touches(tip, cube)
+        return SceneFacts(
+            success=success,
+            grasped=world.grasped,
+            tip_to_cube=float(np.linalg.norm(tip - cube)),
+            cube_over_pad=over_pad,
+            cube_on_pad=on_pad,
+        )
+
+    def privileged_state(self) -> PrivilegedState:
+        world = self.world
+        return PrivilegedState(
+            time_s=self.now_s,
+            episode=self.episode,
+            task=self.task,
+            status=self.status,
+            arm=world.arm_positions(),
+            gripper=world.gripper_opening(),
+            tip=world.tip_position(),
+            cubes={c: world.cube_position(c) for c in CUBE_COLORS},
+            cube_yaws={c: world.cube_yaw(c) for c in CUBE_COLORS},
+            pads={c: world.pad_center(c) for c in PAD_COLORS},
+            grasped=world.grasped,
+        )
+
+    def episode_report(self) -> dict:
+        """The episode's public record (published on ``sim/episode``)."""
+        totals = self._rejected_totals()
+        return {
+            "episode": self.episode,
+            "task": self.task.text if self.task else "",
+            "seed": self.seed,
+            "status": self.status,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "rejected": {
+                key: totals[key] - self._rejected_at_start.get(key, 0)
+                for key in totals
+                if totals[key] - self._rejected_at_start.get(key, 0)
+            },
+            "rejected_total": {key: n for key, n in totals.items() if n},
+        }
+
+    def _rejected_totals(self) -> dict[str, int]:
+        return {
+            f"{name}/{reason}": count
+            for name, controller in self.controllers.items()
+            for reason, count in controller.rejected.items()
+        }

@@ -1,0 +1,233 @@
+"""The scripted expert: privileged state in, the two controllers' JointTrajectory messages out.
+
+:class:`ScriptedExpert` is a small state machine over the task's steps (approach above the cube,
+descend, close, lift, carry above the pad, lower, open, retreat; for touch: approach, descend).
+Every planning tick it moves the tip along a straight line towards the step's target at
+:data:`TIP_SPEED`, with the gripper pointing down and aligned with the cube, as a trajectory of a
+few points :data:`POINT_DT` apart from "now" (analytic IK per point, velocities by finite
+differences, zero at the last point, so a stock controller accepts it), and sends the gripper's
+opening as a one-point trajectory. Each step's end is read from the state (the tip reached its
+target, the cube is held, the gripper is open); a cube that slips out sends it back to the
+approach, a close that grasps nothing is retried.
+
+:class:`ExpertNode` runs it as a ROS 2 node beside the sim (in the same process: it reads the
+privileged state through a Python callable, never from a topic) and publishes to the same
+``arm_controller/joint_trajectory`` and ``gripper_controller/joint_trajectory`` topics a policy
+would. Its timer runs on ROS time, so with ``use_sim_time`` it ticks in simulated seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from oxygen_ros.ros.convert import seconds_to_duration, seconds_to_stamp
+
+from .episode import RUNNING, PrivilegedState
+from .kinematics import Unreachable, tip_down_ik
+from .scene import ARM_JOINTS, CUBE_SIZE, GRIPPER_JOINT, PAD_THICKNESS
+from .tasks import PLACE, Task
+
+TIP_SPEED = 0.12  # m/s along the straight line to the target
+POINT_DT = 0.1  # seconds between a trajectory's points
+POINTS = 4  # points per arm trajectory
+GRIPPER_MOVE_S = 0.25  # the gripper's one point this far ahead
+HOVER_Z = 0.09  # tip height when moving above the table
+REACHED = 0.008  # a tip this close to its target has reached it
+CLOSE_TIMEOUT_S = 1.0  # a close that holds nothing after this is retried
+OPENED = 0.15  # a gripper reading below this is open
+
+APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, OPEN, RETREAT = (
+    "approach",
+    "descend",
+    "close",
+    "lift",
+    "carry",
+    "lower",
+    "open",
+    "retreat",
+)
+HOLDING_STEPS = (LIFT, CARRY, LOWER)
+
+
+class ScriptedExpert:
+    """Plans each tick's trajectories from the privileged state; one episode at a time."""
+
+    def __init__(self) -> None:
+        self.episode = -1
+        self.step = APPROACH
+        self._step_since_s = 0.0
+        self._tip_offset = np.zeros(3)  # the held cube's centre to the tip
+
+    def plan(self, state: PrivilegedState) -> tuple[JointTrajectory, JointTrajectory] | None:
+        """This tick's (arm, gripper) trajectories, or None when no episode runs."""
+        if state.task is None or state.status != RUNNING:
+            return None
+        if state.episode != self.episode:
+            self.episode, self.step, self._step_since_s = state.episode, APPROACH, state.time_s
+        target, gripper = self._advance(state.task, state)
+        return self._arm_trajectory(state, target), self._gripper_trajectory(state, gripper)
+
+    # -- the task's steps -------------------------------------------------------------------------
+    def _go(self, step: str, state: PrivilegedState) -> None:
+        self.step, self._step_since_s = step, state.time_s
+
+    def _advance(self, task: Task, state: PrivilegedState) -> tuple[np.ndarray, float]:
+        """Move through the steps the state allows; return the tip's target and the gripper's."""
+        cube = state.cubes[task.cube]
+        above_cube = np.array([cube[0], cube[1], HOVER_Z])
+        if task.kind != PLACE:
+            touch = np.array([cube[0], cube[1], cube[2] + CUBE_SIZE / 2 + 0.002])
+            if self.step == APPROACH and self._reached(state, above_cube):
+                self._go(DESCEND, state)
+            return (touch if self.step == DESCEND else above_cube), 0.0
+
+        held = state.grasped == task.cube
+        if self.step in HOLDING_STEPS and not held:
+            self._go(APPROACH, state)  # the cube slipped out: start over
+        pad_x, pad_y = state.pads[task.pad]
+        grasp = np.array([cube[0], cube[1], cube[2] + 0.002])
+        if self.step == APPROACH and self._reached(state, above_cube) and state.gripper < OPENED:
+            self._go(DESCEND, state)
+        if self.step == DESCEND and self._reached(state, grasp):
+            self._go(CLOSE, state)
+        if self.step == CLOSE:
+            if held:
+                self._tip_offset = state.tip - cube
+                self._go(LIFT, state)
+            elif state.time_s - self._step_since_s > CLOSE_TIMEOUT_S:
+                self._go(APPROACH, state)
+        lift = np.array([state.tip[0], state.tip[1], HOVER_Z])
+        above_pad = np.array([pad_x, pad_y, HOVER_Z])
+        on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
+        on_pad = np.array([pad_x, pad_y, on_pad_z])
+        if self.step == LIFT and self._reached(state, lift, vertical_only=True):
+            self._go(CARRY, state)
+        if self.step == CARRY and self._reached(state, above_pad):
+            self._go(LOWER, state)
+        if self.step == LOWER and self._reached(state, on_pad):
+            self._go(OPEN, state)
+        if self.step == OPEN and state.gripper < OPENED:
+            self._go(RETREAT, state)
+        targets = {
+            APPROACH: (above_cube, 0.0),
+            DESCEND: (grasp, 0.0),
+            CLOSE: (grasp, 1.0),
+            LIFT: (lift, 1.0),
+            CARRY: (above_pad, 1.0),
+            LOWER: (on_pad, 1.0),
+            OPEN: (on_pad, 0.0),
+            RETREAT: (above_pad, 0.0),
+        }
+        return targets[self.step]
+
+    @staticmethod
+    def _reached(state: PrivilegedState, target: np.ndarray, vertical_only: bool = False) -> bool:
+        if vertical_only:
+            return abs(state.tip[2] - target[2]) <= REACHED
+        return float(np.linalg.norm(state.tip - target)) <= REACHED
+
+    # -- messages ---------------------------------------------------------------------------------
+    def _finger_yaw(self, state: PrivilegedState) -> float:
+        return state.cube_yaws[state.task.cube] if state.task else 0.0
+
+    def _arm_trajectory(self, state: PrivilegedState, target: np.ndarray) -> JointTrajectory:
+        """A straight tip path towards ``target``, POINTS points POINT_DT apart."""
+        offset = target - state.tip
+        distance = float(np.linalg.norm(offset))
+        direction = offset / distance if distance > 1e-9 else np.zeros(3)
+        yaw, roll = self._finger_yaw(state), float(state.arm[4])
+        positions = []
+        for k in range(1, POINTS + 1):
+            tip = state.tip + direction * min(TIP_SPEED * POINT_DT * k, distance)
+            try:
+                joints = tip_down_ik(tip, yaw, roll_hint=roll)
+            except Unreachable:
+                joints = positions[-1] if positions else state.arm
+            positions.append(np.asarray(joints, dtype=float))
+        path = np.array(positions)
+        velocities = np.zeros_like(path)
+        velocities[:-1] = np.gradient(path, POINT_DT, axis=0)[:-1]
+        msg = JointTrajectory()
+        msg.header.stamp = seconds_to_stamp(state.time_s)
+        msg.joint_names = list(ARM_JOINTS)
+        for k, (q, v) in enumerate(zip(path, velocities, strict=True)):
+            msg.points.append(
+                JointTrajectoryPoint(
+                    positions=q.tolist(),
+                    velocities=v.tolist(),
+                    time_from_start=seconds_to_duration(POINT_DT * (k + 1)),
+                )
+            )
+        return msg
+
+    @staticmethod
+    def _gripper_trajectory(state: PrivilegedState, opening: float) -> JointTrajectory:
+        msg = JointTrajectory()
+        msg.header.stamp = seconds_to_stamp(state.time_s)
+        msg.joint_names = [GRIPPER_JOINT]
+        msg.points.append(
+            JointTrajectoryPoint(
+                positions=[float(opening)],
+                velocities=[0.0],
+                time_from_start=seconds_to_duration(GRIPPER_MOVE_S),
+            )
+        )
+        return msg
+
+
+def trajectory_qos() -> QoSProfile:
+    """The controllers' command QoS: reliable, volatile, depth 1 (a JTC's system default is
+    reliable/volatile, so this matches it both ways)."""
+    return QoSProfile(
+        depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE
+    )
+
+
+class ExpertNode(Node):
+    """The expert as a ROS 2 node publishing both controllers' trajectories at ``rate_hz``.
+
+    ``state`` returns the sim's privileged state (a copy, taken under the sim's lock).
+    """
+
+    def __init__(
+        self,
+        state: Callable[[], PrivilegedState],
+        rate_hz: float = 10.0,
+        namespace: str = "",
+        use_sim_time: bool = True,
+        **node_kwargs,
+    ) -> None:
+        from rclpy.parameter import Parameter
+
+        super().__init__(
+            "sim_expert",
+            namespace=namespace,
+            parameter_overrides=[Parameter("use_sim_time", value=use_sim_time)],
+            **node_kwargs,
+        )
+        if not math.isfinite(rate_hz) or rate_hz <= 0:
+            raise ValueError(f"rate_hz must be positive, got {rate_hz}")
+        self._state = state
+        self.expert = ScriptedExpert()
+        qos = trajectory_qos()
+        self._arm = self.create_publisher(JointTrajectory, "arm_controller/joint_trajectory", qos)
+        self._gripper = self.create_publisher(
+            JointTrajectory, "gripper_controller/joint_trajectory", qos
+        )
+        self.published = 0
+        self.create_timer(1.0 / rate_hz, self._tick)
+
+    def _tick(self) -> None:
+        planned = self.expert.plan(self._state())
+        if planned is None:
+            return
+        arm, gripper = planned
+        self._arm.publish(arm)
+        self._gripper.publish(gripper)
+        self.published += 1
