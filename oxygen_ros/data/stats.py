@@ -1,0 +1,108 @@
+"""Feature statistics of a LeRobotDataset v3, as LeRobot's ``compute_stats.py`` lays them out.
+
+Per episode (``compute_episode_stats``), for every feature but strings:
+
+* keys ``min``, ``max``, ``mean``, ``std`` (population), ``count`` (shape (1,)) and the quantiles
+  ``q01``, ``q10``, ``q50``, ``q90``, ``q99`` (LeRobot's ``DEFAULT_QUANTILES``);
+* a vector feature (N, D): per-dimension stats of shape (D,); a scalar column (N,) (timestamp,
+  indices): shape (1,); count = N frames;
+* an image feature: per-channel stats of shape (3, 1, 1) in [0, 1] (pixels / 255), over the frames
+  LeRobot samples (:func:`sample_indices`: all frames up to 100, then ``N**0.75``, evenly
+  spaced), each downsampled by an integer stride when its larger side is >= 300 px; count = the
+  number of sampled frames.
+
+One deliberate difference: quantiles are exact (``numpy.quantile``, linear), where LeRobot
+estimates them from a 5000-bin histogram (within 1/5000 of the range of each other).
+
+Dataset stats (``meta/stats.json``) aggregate the episodes' as LeRobot's ``aggregate_stats``
+does: min of mins, max of maxes, count-weighted mean, pooled variance, sum of counts, and for
+quantiles the min over episodes (q <= 50) or the max (q > 50).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+QUANTILE_KEYS = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
+
+Stats = dict[str, np.ndarray]
+
+
+def sample_indices(length: int) -> list[int]:
+    """Frames whose images LeRobot uses for an episode's image stats."""
+    min_samples, max_samples = 100, 10_000
+    if length < min_samples:
+        min_samples = length
+    count = max(min_samples, min(int(length**0.75), max_samples))
+    return np.round(np.linspace(0, length - 1, count)).astype(int).tolist()
+
+
+def _downsample(image_chw: np.ndarray, target: int = 150, threshold: int = 300) -> np.ndarray:
+    _, height, width = image_chw.shape
+    if max(height, width) < threshold:
+        return image_chw
+    factor = int(width / target) if width > height else int(height / target)
+    return image_chw[:, ::factor, ::factor]
+
+
+def _stats_over_rows(rows: np.ndarray, count: int) -> Stats:
+    """Stats over axis 0 of (samples, dims) float64 ``rows``."""
+    stats: Stats = {
+        "min": rows.min(axis=0),
+        "max": rows.max(axis=0),
+        "mean": rows.mean(axis=0),
+        "std": rows.std(axis=0),
+        "count": np.array([count], dtype=np.int64),
+    }
+    quantiles = np.quantile(rows, QUANTILES, axis=0)
+    for key, value in zip(QUANTILE_KEYS, quantiles, strict=False):
+        stats[key] = value
+    return stats
+
+
+def vector_stats(values: np.ndarray) -> Stats:
+    """Stats of an (N,) or (N, D) numeric column."""
+    values = np.asarray(values, dtype=np.float64)
+    rows = values.reshape(len(values), -1)
+    return _stats_over_rows(rows, len(values))
+
+
+def image_stats(images: Sequence[np.ndarray] | np.ndarray) -> Stats:
+    """Per-channel stats, shape (3, 1, 1), in [0, 1], of an episode's (H, W, 3) uint8 images."""
+    picked = [_downsample(np.transpose(images[i], (2, 0, 1))) for i in sample_indices(len(images))]
+    stack = np.stack(picked).astype(np.float64) / 255.0  # (S, C, H, W)
+    rows = stack.transpose(0, 2, 3, 1).reshape(-1, stack.shape[1])
+    stats = _stats_over_rows(rows, len(picked))
+    return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in stats.items()}
+
+
+def aggregate_stats(per_episode: Sequence[Mapping[str, Stats]]) -> dict[str, Stats]:
+    """Dataset stats from episodes' stats (see the module docstring)."""
+    keys = list(dict.fromkeys(k for stats in per_episode for k in stats))
+    out: dict[str, Stats] = {}
+    for key in keys:
+        items = [stats[key] for stats in per_episode if key in stats]
+        counts = np.stack([s["count"] for s in items]).astype(np.float64)
+        means = np.stack([s["mean"] for s in items])
+        variances = np.stack([s["std"] ** 2 for s in items])
+        weights = counts.reshape(counts.shape + (1,) * (means.ndim - counts.ndim))
+        total = counts.sum(axis=0)
+        mean = (means * weights).sum(axis=0) / total.reshape(total.shape + (1,) * (means.ndim - 2))
+        variance = ((variances + (means - mean) ** 2) * weights).sum(axis=0) / total.reshape(
+            total.shape + (1,) * (means.ndim - 2)
+        )
+        merged: Stats = {
+            "min": np.min(np.stack([s["min"] for s in items]), axis=0),
+            "max": np.max(np.stack([s["max"] for s in items]), axis=0),
+            "mean": mean,
+            "std": np.sqrt(variance),
+            "count": total.astype(np.int64),
+        }
+        for q in QUANTILE_KEYS:
+            values = np.stack([s[q] for s in items])
+            merged[q] = values.min(axis=0) if int(q[1:]) <= 50 else values.max(axis=0)
+        out[key] = merged
+    return out
