@@ -15,6 +15,10 @@ Semantics of the stock controller (ros2_controllers, jazzy, default parameters):
 * joints in any order in the message (mapped by name to the controller's order).
 
 Before any trajectory arrives the controller holds the position it was reset to.
+
+One guard beyond the stock controller: a trajectory with a non-finite position, velocity or
+time is refused too (reason :data:`REJECT_NON_FINITE`), where a real controller would command it
+and fault; the simulated robot stays up instead.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from oxygen_ros.ros.trajectory_rules import (
     check_trajectory,
     duration_seconds,
 )
+
+REJECT_NON_FINITE = "non_finite"  # the sim's own guard, not a stock controller rule
 
 
 @dataclass
@@ -81,7 +87,7 @@ class TrajectoryController:
             raise ValueError(f"{name}: {len(initial)} initial positions for {len(joints)} joints")
         self.name = name
         self.joints = tuple(joints)
-        self.rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self.rejected = dict.fromkeys((*REJECT_REASONS, REJECT_NON_FINITE), 0)
         self.accepted = 0
         self.reset(initial)
 

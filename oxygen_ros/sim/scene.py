@@ -60,7 +60,7 @@ HOME = (0.0, -0.3, 1.9, 1.0, 0.0)  # the arm's pose at every episode start; grip
 ARM_KP, ARM_KV = 30.0, 1.5
 FINGER_KP, FINGER_KV = 300.0, 6.0
 
-SCENE_CAMERA_POS = (0.68, 0.0, 0.55)
+SCENE_CAMERA_POS = (0.55, 0.0, 0.40)
 SCENE_CAMERA_TARGET = (0.17, 0.0, 0.02)
 
 
@@ -137,11 +137,11 @@ def scene_mjcf(physics_rate_hz: float = 500.0) -> str:
     </default>
   </default>
   <worldbody>
-    <light pos="0.3 0.2 1.2" dir="-0.2 -0.1 -1" diffuse="0.5 0.5 0.5"/>
+    <light pos="0.3 0.2 1.2" dir="-0.2 -0.1 -1" diffuse="0.5 0.5 0.5" castshadow="false"/>
     <geom name="table" type="box" pos="0.15 0 -0.02" size="0.45 0.5 0.02"
           rgba="0.62 0.52 0.42 1"/>
     {pads}
-    <camera name="scene" pos="{pos}" xyaxes="{scene_xyaxes}" fovy="55"/>
+    <camera name="scene" pos="{pos}" xyaxes="{scene_xyaxes}" fovy="58"/>
     <geom name="base" class="link" type="cylinder" pos="0 0 {PAN_HEIGHT / 2}"
           size="0.045 {PAN_HEIGHT / 2}" rgba="0.2 0.2 0.22 1"/>
     <body name="pan_link" pos="0 0 {PAN_HEIGHT}" gravcomp="1">
