@@ -215,6 +215,13 @@ def test_stats_recomputed_independently(dataset) -> None:
     assert scene["mean"].shape == (3, 1, 1) and scene["count"].tolist() == [9]
     np.testing.assert_allclose(scene["mean"][:, 0, 0], images.mean((0, 1, 2)), rtol=1e-6)
     np.testing.assert_allclose(scene["max"][:, 0, 0], images.max((0, 1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(scene["std"][:, 0, 0], images.std((0, 1, 2)), atol=1e-9)
+    for e, row in enumerate(ds.episodes):  # per episode: quantiles over every pixel
+        pixels = images[ds.episode_slice(e)].reshape(-1, 3)
+        for q, p in quantiles.items():
+            got = np.asarray(row[f"stats/observation.images.scene/{q}"])
+            assert got.shape == (3, 1, 1)
+            np.testing.assert_allclose(got[:, 0, 0], np.quantile(pixels, p, 0), rtol=1e-6)
     assert "subtask" not in ds.stats and "narration" not in ds.stats
     np.testing.assert_allclose(ds.stats["timestamp"]["max"], [0.5], rtol=1e-6)
     assert ds.stats["index"]["mean"].tolist() == [4.0]

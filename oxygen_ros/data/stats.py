@@ -11,8 +11,9 @@ Per episode (``compute_episode_stats``), for every feature but strings:
   spaced), each downsampled by an integer stride when its larger side is >= 300 px; count = the
   number of sampled frames.
 
-One deliberate difference: quantiles are exact (``numpy.quantile``, linear), where LeRobot
-estimates them from a 5000-bin histogram (within 1/5000 of the range of each other).
+One deliberate difference: quantiles are exact (``numpy.quantile``, linear; for uint8 images
+computed from the exact 256-level histogram), where LeRobot estimates them from a 5000-bin
+histogram (within 1/5000 of the range of each other).
 
 Dataset stats (``meta/stats.json``) aggregate the episodes' as LeRobot's ``aggregate_stats``
 does: min of mins, max of maxes, count-weighted mean, pooled variance, sum of counts, and for
@@ -70,13 +71,41 @@ def vector_stats(values: np.ndarray) -> Stats:
     return _stats_over_rows(rows, len(values))
 
 
+def _uint8_channel_stats(values: np.ndarray) -> dict[str, float]:
+    """Exact stats (quantiles as ``numpy.quantile``'s linear method) of uint8 ``values`` from
+    their 256-bin histogram: the same numbers as over the values, ~50x faster."""
+    counts = np.bincount(values, minlength=256).astype(np.int64)
+    levels = np.arange(256, dtype=np.float64)
+    n = int(counts.sum())
+    mean = float((counts * levels).sum() / n)
+    present = np.flatnonzero(counts)
+    out = {
+        "min": float(present[0]),
+        "max": float(present[-1]),
+        "mean": mean,
+        "std": float(np.sqrt((counts * (levels - mean) ** 2).sum() / n)),
+    }
+    ends = np.cumsum(counts)  # the sorted values' positions i < ends[v] hold v (or lower)
+    for key, q in zip(QUANTILE_KEYS, QUANTILES, strict=True):
+        h = (n - 1) * q
+        lo = int(np.floor(h))
+        below = float(np.searchsorted(ends, lo, side="right"))
+        above = float(np.searchsorted(ends, min(lo + 1, n - 1), side="right"))
+        out[key] = below + (h - lo) * (above - below)
+    return out
+
+
 def image_stats(images: Sequence[np.ndarray] | np.ndarray) -> Stats:
     """Per-channel stats, shape (3, 1, 1), in [0, 1], of an episode's (H, W, 3) uint8 images."""
     picked = [_downsample(np.transpose(images[i], (2, 0, 1))) for i in sample_indices(len(images))]
-    stack = np.stack(picked).astype(np.float64) / 255.0  # (S, C, H, W)
-    rows = stack.transpose(0, 2, 3, 1).reshape(-1, stack.shape[1])
-    stats = _stats_over_rows(rows, len(picked))
-    return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in stats.items()}
+    stack = np.stack(picked)  # (S, C, H, W) uint8
+    channels = [_uint8_channel_stats(stack[:, c].reshape(-1)) for c in range(stack.shape[1])]
+    stats: Stats = {
+        key: np.array([ch[key] for ch in channels]).reshape(-1, 1, 1) / 255.0
+        for key in ("min", "max", "mean", "std", *QUANTILE_KEYS)
+    }
+    stats["count"] = np.array([len(picked)], dtype=np.int64)
+    return stats
 
 
 def aggregate_stats(per_episode: Sequence[Mapping[str, Stats]]) -> dict[str, Stats]:
