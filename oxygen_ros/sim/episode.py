@@ -72,6 +72,7 @@ class Simulation:
         self.seed: int | None = None
         self.status = TIMEOUT  # no episode yet: nothing runs until the first reset
         self.episode_start_s = self.now_s
+        self.episode_end_s: float | None = None
         self.phase: Phase | None = None
         self._rejected_at_start = self._rejected_totals()
 
@@ -88,14 +89,16 @@ class Simulation:
         self.controllers[GRIPPER_CONTROLLER].reset([self.world.gripper_opening()])
         self.status = RUNNING
         self.episode_start_s = self.now_s
+        self.episode_end_s = None
         self._rejected_at_start = self._rejected_totals()
         self.phase = current_phase(self.task, self.facts())
         return self.task
 
     @property
     def elapsed_s(self) -> float:
-        """Simulated seconds since the episode started."""
-        return self.now_s - self.episode_start_s
+        """Simulated seconds the episode has run (until it ended, once it has)."""
+        end = self.now_s if self.episode_end_s is None else self.episode_end_s
+        return end - self.episode_start_s
 
     # -- the controllers' inputs ------------------------------------------------------------------
     def receive(self, controller: str, msg) -> None:
@@ -129,6 +132,8 @@ class Simulation:
             self.status = SUCCESS
         elif self.elapsed_s >= self.episode_timeout_s:
             self.status = TIMEOUT
+        if self.status != RUNNING:
+            self.episode_end_s = self.now_s
         self.phase = current_phase(self.task, facts)
 
     # -- scoring ----------------------------------------------------------------------------------

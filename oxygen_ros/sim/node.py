@@ -119,6 +119,7 @@ class SimNode(Node):
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._lock = threading.Lock()  # the simulation between the physics thread and callbacks
         self._stop = threading.Event()
+        self._paused = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending_reset: tuple | None = None
         self._reset_done = threading.Condition(self._lock)
@@ -269,6 +270,16 @@ class SimNode(Node):
             self._thread.join()
             self._thread = None
 
+    def pause(self) -> None:
+        """Freeze the sim (no steps, no messages, sim time stands still) after the present step;
+        a reset is still applied, and its task, subtask and episode messages published (so a
+        recorder started now hears the new episode from its first step). Python API only."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        """Run again after :meth:`pause`; pacing restarts from now."""
+        self._paused.clear()
+
     def _run(self) -> None:
         try:
             _PhysicsLoop(self).run(self._stop)
@@ -319,6 +330,13 @@ class _PhysicsLoop:
         node, sim = self.node, self.node.sim
         wall_anchor, sim_anchor = time.perf_counter(), sim.now_s
         while not stop.is_set() and rclpy.ok(context=node.context):
+            if node._paused.is_set():
+                with node._lock:
+                    if node._apply_pending_reset():
+                        self._publish_episode_start()
+                time.sleep(0.005)
+                wall_anchor, sim_anchor = time.perf_counter(), sim.now_s
+                continue
             with node._lock:
                 if node._apply_pending_reset():
                     self._publish_episode_start()
@@ -357,7 +375,8 @@ class _PhysicsLoop:
         sim = self.node.sim
         self.node._task.publish(String(data=sim.task.text))
         self.status = self.subtask = self.narration = self.ended_at_s = None
-        self.due["episode"] = sim.now_s
+        self.due = dict.fromkeys(self.periods, sim.now_s)  # every stream starts with the episode
+        self._publish_episode_changes(sim.now_s)
         self.node.get_logger().info(f"episode {sim.episode}: {sim.task.text!r} (seed {sim.seed})")
 
     def _publish_episode_changes(self, now: float) -> None:
