@@ -113,7 +113,7 @@ class TrajectoryController:
         points = msg.points
         has_velocities = all(len(p.velocities) for p in points)
         stamp_s = duration_seconds(msg.header.stamp)
-        self._active = _ActiveTrajectory(
+        active = _ActiveTrajectory(
             start_s=stamp_s if stamp_s != 0.0 else None,
             received_s=now_s,
             state_before=(
@@ -128,6 +128,15 @@ class TrajectoryController:
                 else None
             ),
         )
+        values = [active.times, active.positions]
+        if active.velocities is not None:
+            values.append(active.velocities)
+        if not all(np.isfinite(v).all() for v in values):
+            self.rejected[REJECT_NON_FINITE] += 1
+            raise TrajectoryRejected(
+                REJECT_NON_FINITE, "the trajectory has a non-finite position, velocity or time"
+            )
+        self._active = active
         self.accepted += 1
 
     def sample(self, now_s: float) -> tuple[np.ndarray, np.ndarray]:
