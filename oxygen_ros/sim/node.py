@@ -172,7 +172,7 @@ class SimNode(Node):
             for camera in CAMERAS
         }
         self._joint_states = self.create_publisher(JointState, "joint_states", 10)
-        self._clock = self.create_publisher(
+        self._clock_publisher = self.create_publisher(
             Clock, "/clock", QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
         )
         self._task = self.create_publisher(String, "sim/task", latched)
@@ -348,7 +348,7 @@ class _PhysicsLoop:
                 if self._auto_reset_due(now):
                     node._queue_auto_reset()
             if self._is_due("clock", now):
-                node._clock.publish(Clock(clock=seconds_to_stamp(now)))
+                node._clock_publisher.publish(Clock(clock=seconds_to_stamp(now)))
             if self._is_due("cameras", now):
                 self._publish_images(now)  # outside the lock: only this thread changes the world
             if self.rtf > 0:
