@@ -376,10 +376,12 @@ class _PhysicsLoop:
         self.node._task.publish(String(data=sim.task.text))
         self.status = self.subtask = self.narration = self.ended_at_s = None
         self.due = dict.fromkeys(self.periods, sim.now_s)  # every stream starts with the episode
-        self._publish_episode_changes(sim.now_s)
+        self._publish_episode_changes(sim.now_s, narrate=False)  # narration: at the first step
         self.node.get_logger().info(f"episode {sim.episode}: {sim.task.text!r} (seed {sim.seed})")
 
-    def _publish_episode_changes(self, now: float) -> None:
+    def _publish_episode_changes(self, now: float, narrate: bool = True) -> None:
+        """Publish what changed: sim/episode (also every EPISODE_REPORT_PERIOD_S), sim/subtask,
+        and with ``narrate`` sim/narration (also every narration_period_s while running)."""
         node, sim = self.node, self.node.sim
         if sim.phase is None:
             return
@@ -394,6 +396,8 @@ class _PhysicsLoop:
         if sim.phase.subtask != self.subtask:
             self.subtask = sim.phase.subtask
             node._subtask.publish(String(data=self.subtask))
+        if not narrate:
+            return
         changed = sim.phase.narration != self.narration
         periodic = sim.status == RUNNING and now >= self.due["narration"]
         if changed or periodic:
