@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 
-import mujoco
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import, as oxygen_ros.sim does
+
+import mujoco  # noqa: E402
 import numpy as np
 import pytest
 from builtin_interfaces.msg import Time

@@ -283,6 +283,9 @@ class SimNode(Node):
     def _run(self) -> None:
         try:
             _PhysicsLoop(self).run(self._stop)
+        except Exception as error:
+            self.get_logger().fatal(f"the physics thread stopped: {error!r}")
+            raise
         finally:
             self.sim.world.close()  # the renderer belongs to this thread
 
@@ -322,6 +325,7 @@ class _PhysicsLoop:
         self.due = dict.fromkeys(self.periods, node.sim.now_s)
         self.auto_reset_s = float(p("auto_reset_s"))
         self.ended_at_s: float | None = None  # sim time the last episode ended
+        self.cameras_failed = False
         self.status = None
         self.subtask = None
         self.narration = None
@@ -420,7 +424,17 @@ class _PhysicsLoop:
 
     def _publish_images(self, now: float) -> None:
         """Not under the lock: rendering reads the world, which only this thread changes."""
+        if self.cameras_failed:
+            return
         stamp = seconds_to_stamp(now)
         for camera, publisher in self.node._cameras.items():
-            rgb = self.node.sim.world.render(camera, self.width, self.height)
+            try:
+                rgb = self.node.sim.world.render(camera, self.width, self.height)
+            except Exception as error:  # no OpenGL: the robot runs on, blind
+                self.cameras_failed = True
+                self.node.get_logger().error(
+                    f"rendering failed, no camera images from now on: {error!r} (headless "
+                    "rendering needs MUJOCO_GL=egl set before mujoco is first imported)"
+                )
+                return
             publisher.publish(rgb_to_image(rgb, stamp, f"{camera}_camera"))
