@@ -4,7 +4,7 @@ Random-weight checkpoints, the demo and the tests need a real sentencepiece mode
 vocabulary size; PaliGemma's own (257,152 pieces) is far too large for them. `train_tiny_tokenizer`
 trains one on a fixed synthetic corpus (robot narration, questions and answers, memory notes,
 pi0.5 prompts), byte-identical on every run. The model itself only needs
-`oxygen_ros.model.tokenizer.Pi05Tokenizer`, which reads either file.
+`oxygen_ros.policy_io.tokenizer.Pi05Tokenizer`, which reads either file.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Union
 
@@ -92,8 +92,23 @@ _NARRATION = [
 ]
 
 
-def tiny_tokenizer_corpus(num_sentences: int = 4000, seed: int = 0) -> Iterator[str]:
-    """Deterministic synthetic training text: robot narration, Q&A, memory notes, pi0.5 prompts."""
+# how often each extra sentence (`train_tiny_tokenizer`'s ``extra_sentences``) enters the corpus:
+# enough for its words to become pieces of their own
+EXTRA_SENTENCE_REPEATS = 40
+
+
+def tiny_tokenizer_corpus(
+    num_sentences: int = 4000, seed: int = 0, extra_sentences: Sequence[str] = ()
+) -> Iterator[str]:
+    """Deterministic synthetic training text: robot narration, Q&A, memory notes, pi0.5 prompts,
+    then each of ``extra_sentences`` (e.g. a dataset's tasks, subtasks and narrations)
+    `EXTRA_SENTENCE_REPEATS` times."""
+    yield from _builtin_corpus(num_sentences, seed)
+    for _ in range(EXTRA_SENTENCE_REPEATS):
+        yield from extra_sentences
+
+
+def _builtin_corpus(num_sentences: int, seed: int) -> Iterator[str]:
     rng = random.Random(seed)
     for n in range(256):  # every state bin as a word
         yield f"State: {n} {255 - n} {n // 2};"
@@ -106,7 +121,9 @@ def tiny_tokenizer_corpus(num_sentences: int = 4000, seed: int = 0) -> Iterator[
             yield rng.choice(_NARRATION).format(o=o, v=v, p=p, n=rng.randrange(256)).capitalize()
 
 
-def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
+def train_tiny_tokenizer(
+    out_path: PathLike, vocab_size: int = 512, extra_sentences: Sequence[str] = ()
+) -> Path:
     """Train a small PaliGemma-like sentencepiece BPE model and write it to ``out_path``.
 
     Settings mirror Gemma's tokenizer where they matter for behaviour: identity normalisation, no
@@ -115,12 +132,17 @@ def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
     corpus with a fixed seed, so the file is byte-identical across runs.
 
     The built-in corpus supports vocab sizes from about 310 to 820 (the presets use 512).
+    ``extra_sentences`` join the corpus (`tiny_tokenizer_corpus`) so that their words tokenize
+    as words (a dataset's texts, for a checkpoint trained on it); none: the built-in tokenizer,
+    byte for byte.
 
     Raises:
         ValueError: if ``vocab_size`` cannot be reached with the built-in corpus.
     """
     out_path = Path(out_path)
-    min_size = 4 + 256 + len({c for s in tiny_tokenizer_corpus() for c in s})
+    extra_sentences = tuple(extra_sentences)
+    corpus = list(tiny_tokenizer_corpus(extra_sentences=extra_sentences))
+    min_size = 4 + 256 + len({c for s in corpus for c in s})
     if vocab_size < min_size:
         raise ValueError(
             f"vocab_size {vocab_size} is too small: byte fallback and the corpus characters "
@@ -130,7 +152,7 @@ def train_tiny_tokenizer(out_path: PathLike, vocab_size: int = 512) -> Path:
     sentencepiece.set_random_generator_seed(1234)
     try:
         sentencepiece.SentencePieceTrainer.Train(
-            sentence_iterator=tiny_tokenizer_corpus(),
+            sentence_iterator=iter(corpus),
             model_writer=model,
             model_type="bpe",
             vocab_size=vocab_size,

@@ -1,0 +1,150 @@
+"""Train pi0.5 on a LeRobotDataset with its own objectives (``oxygen-train``).
+
+::
+
+    oxygen-train --dataset datasets/sim --out checkpoints/sim_tiny --preset tiny --steps 2000 \\
+        --batch-size 8 --seed 0 --rtc-training-max-delay 4 --time-budget-min 10
+
+Flow matching on the action chunks, cross-entropy on the subtask and narration text, openpi's
+image augmentation and training-time RTC (``oxygen_ros.training``, ``oxygen_ros.model.objectives``).
+The tiny and small presets get a tiny sentencepiece tokenizer trained on the built-in corpus plus
+the dataset's own texts (so "cube", "pad", "grasp" are pieces); ``--tokenizer`` gives one instead.
+Writes a LeRobot ``pi05`` folder that ``load_policy`` and the node read unchanged, with the
+tokenizer, ``training.json`` (this command, the seeds, the loss history) and a README. Prints the
+losses every ``--log-every`` steps, the steps/s and the final losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from oxygen_ros.checkpoints.core import TOKENIZER_FILENAME
+from oxygen_ros.model.config import PRESETS, get_preset
+from oxygen_ros.policy_io.prompts import PRESETS as PROMPT_FORMATS
+from oxygen_ros.tools.cli import positive_float, positive_int
+from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
+from oxygen_ros.training.dataset import NARRATION_MODES, dataset_texts
+from oxygen_ros.training.trainer import TrainSettings, train
+
+# a tokenizer trained here covers the prompt formats' fixed words as well as the dataset's
+FORMAT_SENTENCES = (
+    "Task: {task}, State: 12 200 128 3 45 250;\nSubtask: {subtask}\nAction: ",
+    "\nNarrate: {narration}",
+)
+
+
+def tokenizer_sentences(texts: Sequence[str]) -> list[str]:
+    """The extra corpus for a dataset's tokenizer: its texts, and each in the prompts' frames."""
+    sentences = list(texts)
+    for text in texts:
+        sentences += [s.format(task=text, subtask=text, narration=text) for s in FORMAT_SENTENCES]
+    return sentences
+
+
+def dataset_tokenizer(dataset: Path, out_dir: Path, vocab_size: int) -> Path:
+    """Train the tiny tokenizer with ``dataset``'s texts into ``out_dir/tokenizer.model``."""
+    return train_tiny_tokenizer(
+        out_dir / TOKENIZER_FILENAME, vocab_size, tokenizer_sentences(dataset_texts(dataset))
+    )
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="oxygen-train", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--dataset", type=Path, required=True, help="LeRobotDataset v3 folder")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--steps", type=positive_int, default=1000)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--lr", type=positive_float, default=5e-4, help="peak learning rate")
+    parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--grad-clip", type=positive_float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0, help="weights and flow-matching draws")
+    parser.add_argument(
+        "--data-seed", type=int, default=None, help="frames and augmentation (default: --seed)"
+    )
+    parser.add_argument(
+        "--rtc-training-max-delay",
+        type=int,
+        default=0,
+        help="training-time RTC: clean action prefixes of 0..D steps (0: off)",
+    )
+    parser.add_argument("--time-budget-min", type=positive_float, default=None)
+    parser.add_argument("--prompt-format", default="openpi_subtask", choices=list(PROMPT_FORMATS))
+    parser.add_argument(
+        "--max-token-len", type=positive_int, default=None, help="default: the preset's"
+    )
+    parser.add_argument(
+        "--flat-fraction",
+        type=float,
+        default=0.25,
+        help="share of frames with a subtask given the plain action prompt instead",
+    )
+    parser.add_argument(
+        "--narration",
+        default="held",
+        choices=[*NARRATION_MODES, "none"],
+        help="held: every frame's latest sentence; event: only frames where one was said",
+    )
+    parser.add_argument("--text-weight", type=float, default=1.0)
+    parser.add_argument("--no-augment", action="store_true")
+    parser.add_argument(
+        "--no-knowledge-insulation",
+        action="store_true",
+        help="let the flow loss train the backbone too (pi0.5 insulates it)",
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="sentencepiece model (default: train one)"
+    )
+    parser.add_argument("--log-every", type=positive_int, default=10)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    command = shlex.join(["oxygen-train", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        tokenizer = args.tokenizer or dataset_tokenizer(
+            args.dataset, args.out, get_preset(args.preset).vocab_size
+        )
+        settings = TrainSettings(
+            dataset=args.dataset,
+            out=args.out,
+            tokenizer=tokenizer,
+            preset=args.preset,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            warmup_steps=args.warmup_steps,
+            weight_decay=args.weight_decay,
+            grad_clip=args.grad_clip,
+            seed=args.seed,
+            data_seed=args.data_seed,
+            rtc_training_max_delay=args.rtc_training_max_delay,
+            time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
+            prompt_format=args.prompt_format,
+            max_token_len=args.max_token_len,
+            augment=not args.no_augment,
+            flat_fraction=args.flat_fraction,
+            narration=args.narration,
+            text_weight=args.text_weight,
+            knowledge_insulation=not args.no_knowledge_insulation,
+            log_every=args.log_every,
+            command=command,
+        )
+        train(settings)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"oxygen-train: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Dataset frames -> model-space training batches (`model.objectives.ObjectiveBatch`).
+
+Each example is one frame, drawn uniformly from the dataset:
+
+* **images**: every camera through the inference path of the checkpoint that training writes
+  (LeRobot main's: float bilinear resize with padding, borders -1, scale to [-1, 1];
+  `policy_io.preprocess_torch.lerobot_resize_with_pad`), then openpi's augmentation
+  (:mod:`.augment`) when on;
+* **prompt**: the task and the normalised state's bins in the prompt format. In a format with a
+  subtask generated inside the prompt (``openpi_subtask``, ``opentau``, ``brunofang``) a frame with
+  a subtask gets the subtask-conditioned prompt, its subtask tokens and their eos supervised (the
+  text the subtask request generates), except a ``flat_fraction`` of them, which get the plain
+  action prompt (what the node feeds with ``subtask_conditioning: none``);
+* **narration**: where the format has a narration prompt and the frame a sentence, the kind's cue
+  follows the frame's prompt, then the sentence and an eos, supervised and causal; the action
+  expert does not read it (a narration request reads the frame, the frame does not read it);
+* **actions**: the ``horizon`` commanded actions from the frame on, within its episode (the last
+  one repeated past the episode's end, as a robot holds its last command), normalised with the
+  dataset's quantiles and zero-padded to the model's action width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from oxygen_ros.checkpoints.conventions import InputConventions
+from oxygen_ros.model.config import Pi05Config
+from oxygen_ros.model.objectives import ObjectiveBatch
+from oxygen_ros.policy_io.preprocess_torch import lerobot_resize_with_pad
+from oxygen_ros.policy_io.prompts import EOS_PIECE, SUBTASK_IDS_PIECE, PromptFormat, SubtaskText
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
+
+from .augment import augment_images
+from .dataset import TrainingFrames
+from .normalization import DatasetNorms
+
+NARRATION_KIND = "narration"
+
+
+class BatchError(ValueError):
+    """Data, model and prompt format that do not fit together; the message says which field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextLayout:
+    """One example's token ids and what each is for."""
+
+    ids: list[int]
+    causal: list[bool]  # attends causally (openpi's ar=1)
+    supervised: list[bool]  # a target of the text loss
+    action_reads: list[bool]  # part of the frame's prompt (the action expert reads it)
+
+
+def action_chunk(actions: np.ndarray, start: int, end: int, horizon: int) -> np.ndarray:
+    """``horizon`` rows of ``actions`` from ``start``, never past ``end`` (exclusive): the last
+    row of the episode is repeated."""
+    rows = np.minimum(np.arange(start, start + horizon), end - 1)
+    return actions[rows]
+
+
+def subtask_piece_follows_eos(fmt: PromptFormat) -> bool:
+    """Whether the format's subtask-conditioned prompt puts an eos right after the subtask ids."""
+    template = fmt.subtask_action or ()
+    index = template.index(SUBTASK_IDS_PIECE) if SUBTASK_IDS_PIECE in template else -1
+    return 0 <= index < len(template) - 1 and template[index + 1] == EOS_PIECE
+
+
+def check_format(fmt: PromptFormat) -> None:
+    """Refuse a format whose subtask training cannot supervise here.
+
+    Raises:
+        BatchError: a subtask format whose subtask is not generated inside the action prompt.
+    """
+    if fmt.has_subtask and not (
+        fmt.same_frame_exact and fmt.subtask_action[fmt.causal_from] == SUBTASK_IDS_PIECE
+    ):
+        raise BatchError(
+            f"prompt format {fmt.name!r}: training supervises a subtask generated inside the "
+            "action prompt (its causal tail starting with the subtask ids: openpi_subtask, "
+            "opentau, brunofang); this format re-prefills the subtask's text"
+        )
+
+
+class BatchMaker:
+    """Makes seeded training batches from a dataset for one model and prompt format.
+
+    Raises:
+        BatchError: a dataset wider than the model (action), a camera count other than the
+            model's image slots, or a format `check_format` refuses.
+    """
+
+    def __init__(
+        self,
+        frames: TrainingFrames,
+        norms: DatasetNorms,
+        config: Pi05Config,
+        tokenizer: Pi05Tokenizer,
+        prompt_format: PromptFormat,
+        conventions: InputConventions,
+        augment: bool = True,
+        flat_fraction: float = 0.25,
+        narration: bool = True,
+    ) -> None:
+        check_format(prompt_format)
+        if frames.actions.shape[1] > config.action_dim:
+            raise BatchError(
+                f"{frames.root}: 'action' has {frames.actions.shape[1]} dims, more than the "
+                f"model's action_dim {config.action_dim} (preset {config.name!r})"
+            )
+        if len(frames.cameras) != config.num_image_slots:
+            raise BatchError(
+                f"{frames.root}: {len(frames.cameras)} cameras {list(frames.cameras)} but the "
+                f"model has {config.num_image_slots} image slots"
+            )
+        if not 0.0 <= flat_fraction <= 1.0:
+            raise BatchError(f"flat_fraction must be in [0, 1], got {flat_fraction}")
+        if tokenizer.vocab_size > config.vocab_size:
+            raise BatchError(
+                f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} ids, more than the "
+                f"model's vocabulary {config.vocab_size}"
+            )
+        self.frames = frames
+        self.norms = norms
+        self.config = config
+        self.tokenizer = tokenizer
+        self.format = prompt_format
+        self.conventions = conventions
+        self.augment = augment
+        self.flat_fraction = flat_fraction
+        self.narration = narration and NARRATION_KIND in prompt_format.kinds
+        self.normalized_states = norms.state.normalize(frames.states)
+        actions = norms.action.normalize(frames.actions)
+        padded = np.zeros((len(actions), config.action_dim), dtype=np.float32)
+        padded[:, : actions.shape[1]] = actions
+        self.normalized_actions = padded
+
+    # -- text ----------------------------------------------------------------------------------
+    def text_layout(self, index: int, conditioned: bool) -> TextLayout:
+        """The prompt (conditioned on the frame's subtask when ``conditioned``) and the narration
+        of frame ``index``."""
+        frames, tok = self.frames, self.tokenizer
+        subtask = None
+        if conditioned:
+            text = " ".join(frames.subtasks[index].split())
+            subtask = SubtaskText(tuple(tok.encode_text(text)), text)
+        prompt = tok.frame_prompt(
+            frames.tasks[index],
+            self.normalized_states[index],
+            self.config.max_token_len,
+            self.format,
+            conditioned,
+            subtask,
+        )
+        ids = list(prompt.ids)
+        causal = prompt.causal_mask().tolist()
+        supervised = [False] * len(ids)
+        if subtask is not None:
+            start, stop = prompt.shared, prompt.shared + len(subtask.ids)
+            if tuple(ids[start:stop]) != subtask.ids:
+                raise BatchError(
+                    f"prompt format {self.format.name!r}: the subtask ids are not where its "
+                    "causal tail starts"
+                )
+            stop += int(subtask_piece_follows_eos(self.format))
+            supervised[start:stop] = [True] * (stop - start)
+        action_reads = [True] * len(ids)
+        sentence = frames.narrations[index]
+        if self.narration and sentence:
+            cue = self.format.kind_ids(tok, NARRATION_KIND)
+            said = tok.encode_text(" ".join(sentence.split())) + [tok.eos_id]
+            ids += cue + said
+            causal += [True] * (len(cue) + len(said))
+            supervised += [False] * len(cue) + [True] * len(said)
+            action_reads += [False] * (len(cue) + len(said))
+        return TextLayout(ids, causal, supervised, action_reads)
+
+    def _conditioned(self, index: int, rng: np.random.Generator) -> bool:
+        if not self.format.has_subtask or not self.frames.subtasks[index]:
+            return False
+        return bool(rng.random() >= self.flat_fraction)
+
+    # -- images --------------------------------------------------------------------------------
+    def model_images(
+        self, indices: Sequence[int], generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Float32 [B, slots, 3, size, size] in [-1, 1]: resized as inference resizes, augmented
+        from ``generator`` when augmentation is on."""
+        size = self.config.vision.image_size
+        border = self.conventions.border
+        per_camera = [
+            lerobot_resize_with_pad(
+                torch.from_numpy(self.frames.images[key][indices]), size, size, border
+            )
+            for key in self.frames.cameras
+        ]
+        images = torch.stack(per_camera, dim=1)
+        if self.augment and generator is not None:
+            images = augment_images(images, self.frames.cameras, generator)
+        return images
+
+    # -- batches -------------------------------------------------------------------------------
+    def sample_indices(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """Frames drawn uniformly (with replacement)."""
+        return rng.integers(0, len(self.frames), size=batch_size)
+
+    def batch(
+        self,
+        indices: Sequence[int],
+        rng: np.random.Generator,
+        generator: torch.Generator | None = None,
+    ) -> ObjectiveBatch:
+        """The training batch of frames ``indices``: ``rng`` decides which prompts are
+        conditioned, ``generator`` draws the augmentation (None: no augmentation)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        layouts = [self.text_layout(int(i), self._conditioned(int(i), rng)) for i in indices]
+        b, length = len(layouts), max(len(t.ids) for t in layouts)
+        tokens = torch.zeros(b, length, dtype=torch.int64)
+        masks = torch.zeros(b, length, dtype=torch.bool)
+        causal = torch.zeros(b, length, dtype=torch.bool)
+        reads = torch.zeros(b, length, dtype=torch.bool)
+        supervised = torch.zeros(b, length, dtype=torch.bool)
+        for row, layout in enumerate(layouts):
+            n = len(layout.ids)
+            tokens[row, :n] = torch.tensor(layout.ids)
+            masks[row, :n] = True
+            causal[row, :n] = torch.tensor(layout.causal)
+            reads[row, :n] = torch.tensor(layout.action_reads)
+            supervised[row, :n] = torch.tensor(layout.supervised)
+        # position i predicts token i + 1
+        targets = torch.zeros_like(tokens)
+        targets[:, :-1] = tokens[:, 1:]
+        loss_mask = torch.zeros_like(supervised)
+        loss_mask[:, :-1] = supervised[:, 1:]
+        horizon = self.config.action_horizon
+        actions = np.stack(
+            [
+                action_chunk(
+                    self.normalized_actions, int(i), int(self.frames.episode_end[i]), horizon
+                )
+                for i in indices
+            ]
+        )
+        images = self.model_images(indices, generator)
+        return ObjectiveBatch(
+            images=images,
+            image_masks=torch.ones(images.shape[:2], dtype=torch.bool),
+            tokens=tokens,
+            token_masks=masks,
+            token_causal=causal,
+            action_reads=reads,
+            text_targets=targets,
+            text_loss_mask=loss_mask,
+            actions=torch.from_numpy(actions),
+        )
+
+    def prompt_lengths(self) -> tuple[int, int]:
+        """The longest action prompt and the longest full example (prompt + narration), in
+        tokens, over the first frame of every distinct (task, subtask, narration) of the dataset
+        (with that frame's state)."""
+        seen, longest_prompt, longest = set(), 0, 0
+        for i in range(len(self.frames)):
+            key = (self.frames.tasks[i], self.frames.subtasks[i], self.frames.narrations[i])
+            if key in seen:
+                continue
+            seen.add(key)
+            layout = self.text_layout(i, bool(self.format.has_subtask and key[1]))
+            longest_prompt = max(longest_prompt, sum(layout.action_reads))
+            longest = max(longest, len(layout.ids))
+        return longest_prompt, longest

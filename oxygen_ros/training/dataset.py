@@ -1,0 +1,157 @@
+"""A LeRobotDataset v3 folder (as ``oxygen_ros.data`` writes it) read for training.
+
+What training needs of each frame: its camera images, state, commanded action, task, the current
+subtask and the narration that describes it, and where its episode ends (action chunks never
+cross an episode). The dataset's ``narration`` column holds a sentence only on the frame it was
+said (the sim says it when the phase changes, and again every few seconds); training supervises,
+on every frame, the latest sentence said so far in its episode (``held``), which is what
+describes the frame's phase, or only the frames where one was said (``event``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from oxygen_ros.data.lerobot_dataset import read_dataset
+
+IMAGE_PREFIX = "observation.images."
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+SUBTASK_KEY = "subtask"
+NARRATION_KEY = "narration"
+NARRATION_MODES = ("held", "event")
+
+
+class TrainingDataError(ValueError):
+    """A dataset training cannot use; the message names the folder and the feature."""
+
+
+@dataclasses.dataclass
+class TrainingFrames:
+    """Every frame of a dataset, in dataset order.
+
+    images: per camera key (``observation.images.<name>``, info.json order) uint8 [N, H, W, 3].
+    states, actions: float32 [N, state dim], [N, action dim].
+    episode_end: int64 [N], the index one past the last frame of each frame's episode.
+    tasks, subtasks, narrations: one string per frame ("" where there is none).
+    """
+
+    root: Path
+    fps: int
+    images: dict[str, np.ndarray]
+    states: np.ndarray
+    actions: np.ndarray
+    episode_end: np.ndarray
+    tasks: list[str]
+    subtasks: list[str]
+    narrations: list[str]
+    state_names: list[str] | None = None
+    action_names: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return tuple(self.images)
+
+    @property
+    def num_episodes(self) -> int:
+        return len(np.unique(self.episode_end))
+
+    def texts(self) -> list[str]:
+        """Every distinct task, subtask and narration (e.g. to extend a tokenizer's corpus)."""
+        return sorted({t for t in (*self.tasks, *self.subtasks, *self.narrations) if t})
+
+
+def held_narrations(narrations: list[str], episode_end: np.ndarray) -> list[str]:
+    """Each frame's latest sentence said at or before it in its episode ("" before the first)."""
+    held, current, end = [], "", -1
+    for index, sentence in enumerate(narrations):
+        if episode_end[index] != end:  # a new episode starts
+            current, end = "", episode_end[index]
+        current = sentence or current
+        held.append(current)
+    return held
+
+
+def _vector(frames: dict, key: str, root: Path) -> np.ndarray:
+    if key not in frames:
+        raise TrainingDataError(
+            f"{root}: no {key!r} feature (training needs {STATE_KEY!r} and {ACTION_KEY!r}); "
+            f"features: {sorted(frames)}"
+        )
+    values = np.array(frames[key], dtype=np.float32)  # a writable copy
+    if values.ndim != 2:
+        raise TrainingDataError(f"{root}: {key!r} must be a vector per frame, got {values.shape}")
+    if not np.isfinite(values).all():
+        rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
+        raise TrainingDataError(f"{root}: {key!r} holds non-finite values (rows {rows[:5]})")
+    return values
+
+
+def _strings(frames: dict, key: str, count: int) -> list[str]:
+    values = frames.get(key)
+    if values is None:
+        return [""] * count
+    return [v or "" for v in values]
+
+
+def load_training_frames(root: Path | str, narration: str = "held") -> TrainingFrames:
+    """Read a LeRobotDataset v3 folder for training.
+
+    Raises:
+        TrainingDataError: no camera, state or action feature, a non-finite value, or an unknown
+            narration mode.
+    """
+    if narration not in NARRATION_MODES:
+        raise TrainingDataError(f"narration must be one of {NARRATION_MODES}, got {narration!r}")
+    root = Path(root)
+    content = read_dataset(root)
+    frames = content.frames
+    features = content.info["features"]
+    cameras = [k for k, ft in features.items() if k.startswith(IMAGE_PREFIX)]
+    if not cameras:
+        raise TrainingDataError(
+            f"{root}: no camera feature ({IMAGE_PREFIX}<name>); features: {sorted(features)}"
+        )
+    for key in cameras:
+        if features[key]["dtype"] not in ("image", "video") or frames[key].ndim != 4:
+            raise TrainingDataError(f"{root}: {key!r} is not an image feature")
+        if features[key]["dtype"] == "video":
+            raise TrainingDataError(f"{root}: {key!r} is a video feature; training reads images")
+    states = _vector(frames, STATE_KEY, root)
+    actions = _vector(frames, ACTION_KEY, root)
+    count = len(states)
+    episode_index = np.asarray(frames["episode_index"], dtype=np.int64)
+    ends = {row["episode_index"]: row["dataset_to_index"] for row in content.episodes}
+    episode_end = np.array([ends[int(e)] for e in episode_index], dtype=np.int64)
+    task_index = np.asarray(frames["task_index"], dtype=np.int64)
+    narrations = _strings(frames, NARRATION_KEY, count)
+    if narration == "held":
+        narrations = held_narrations(narrations, episode_end)
+    return TrainingFrames(
+        root=root,
+        fps=content.fps,
+        images={key: frames[key] for key in cameras},
+        states=states,
+        actions=actions,
+        episode_end=episode_end,
+        tasks=[content.tasks[int(i)] for i in task_index],
+        subtasks=_strings(frames, SUBTASK_KEY, count),
+        narrations=narrations,
+        state_names=features[STATE_KEY].get("names"),
+        action_names=features[ACTION_KEY].get("names"),
+    )
+
+
+def dataset_texts(root: Path | str) -> list[str]:
+    """Every distinct task, subtask and narration of a dataset, read without decoding images."""
+    content = read_dataset(root, decode_images=False)
+    texts = set(content.tasks)
+    for key in (SUBTASK_KEY, NARRATION_KEY):
+        texts.update(t for t in content.frames.get(key) or () if t)
+    return sorted(texts)
