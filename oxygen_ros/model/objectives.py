@@ -38,8 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .mot import Conditioning, JointOutput, KVContext, Stream, joint_forward, override_tokens
-from .mot import split_rows
+from .mot import (
+    Conditioning,
+    JointOutput,
+    KVContext,
+    Stream,
+    joint_forward,
+    override_tokens,
+    split_rows,
+)
 from .pi05 import Pi05Model
 
 # openpi's time distribution: Beta(1.5, 1) scaled into [0.001, 1]
@@ -118,7 +125,8 @@ def sample_clean_prefix(
     """
     if not 0 <= max_delay < horizon:
         raise ValueError(
-            f"rtc_training_max_delay must be in [0, {horizon}) (the action horizon), got {max_delay}"
+            f"rtc_training_max_delay must be in [0, {horizon}) (the action horizon), got "
+            f"{max_delay}"
         )
     if max_delay == 0:
         return torch.zeros(batch, horizon, dtype=torch.bool, device=device)
