@@ -20,6 +20,9 @@ Topics (relative names: a namespace moves them all):
   (-1: the episode's index). Set both (``ros2 param set``) before the call; a task text the sim
   does not know is refused when the parameter is set.
 
+Parameters (:data:`PARAMETERS`, config/sim_so101.yaml) are read at start-up, except ``task``
+and ``seed``, read at each reset.
+
 ``sim/episode`` holds JSON: ``episode`` (index), ``task``, ``seed``, ``status``
 (running | success | timeout), ``elapsed_s`` (sim seconds), ``rejected`` (this episode's
 rejections, ``controller/reason`` -> count) and ``rejected_total``. Privileged state (object
@@ -101,7 +104,12 @@ class SimNode(Node):
             self.declare_parameter(name, default)
         self._check_joint_parameters()
         p = self._parameter
-        for name in ("joint_state_rate_hz", "camera_rate_hz", "clock_rate_hz"):
+        for name in (
+            "joint_state_rate_hz",
+            "camera_rate_hz",
+            "clock_rate_hz",
+            "narration_period_s",
+        ):
             if not p(name) > 0:
                 raise ValueError(f"parameter {name} must be positive, got {p(name)}")
         if p("real_time_factor") < 0:
