@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from oxygen_ros.engine import ENGINES
-from oxygen_ros.engine.scheduler import EngineBase
-from oxygen_ros.model.policy import Pi05Policy, load_policy
+from oxygen_ros.engine.base import EngineBase
+from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
 
 
 def scaled_policy(checkpoint, device: str = "cpu") -> Pi05Policy:

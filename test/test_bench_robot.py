@@ -1,6 +1,7 @@
 """``oxygen-bench --robot`` (issue 18): a bench runs the model inside a robot's real transforms
-(model/robots.py) — its state width and state transform, the state in the prompt or not, its action
-width, output transform, camera slots and trained horizon — instead of the generic pass-through."""
+(policy_io/robots.py) — its state width and state transform, the state in the prompt or not, its
+action width, output transform, camera slots and trained horizon — instead of the generic
+pass-through."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from oxygen_ros.model.robots import RobotAdapter
+from oxygen_ros.policy_io.robots import RobotAdapter
 from oxygen_ros.tools import bench
+from oxygen_ros.tools.benches import common
 
 
 def _args(*extra: str):
@@ -29,10 +31,10 @@ def test_the_bench_policy_and_frames_follow_the_robot(
     robot, state_dim, action_dim, horizon, state_in_prompt
 ):
     args = _args("--robot", robot)
-    policy = bench._policy(args)
+    policy = common.make_policy(args)
     assert policy.robot.name == robot and policy.action_dim == action_dim
     assert policy.config.action_horizon == horizon
-    observation = bench._observations(args, policy)[0]
+    observation = common.make_observations(args, policy)[0]
     assert observation.state.shape == (state_dim,)
     tokens, mask = policy.prompt_tokens(observation.state, observation.prompt)
     text = policy.tokenizer.decode(tokens[mask])
@@ -75,7 +77,7 @@ def test_robot_changes_the_transforms_a_bench_runs(tmp_path, monkeypatch):
 
 def test_a_robot_the_preset_or_cameras_cannot_serve_is_refused_clearly():
     with pytest.raises(SystemExit, match="robot aloha has 14 action dims but preset 'tiny' only 8"):
-        bench._policy(_args("--robot", "aloha"))
+        common.make_policy(_args("--robot", "aloha"))
     args = _args("--robot", "droid", "--cameras", "3")
     with pytest.raises(SystemExit, match="robot droid was trained with 2 cameras"):
-        bench._observations(args, bench._policy(args))
+        common.make_observations(args, common.make_policy(args))

@@ -11,9 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from oxygen_ros.engine import OxygenEngine
-from oxygen_ros.engine.types import Observation
-from oxygen_ros.model.checkpoint import (
+from oxygen_ros.checkpoints.core import (
     IGNORED_FILE_KEYS,
     CheckpointError,
     apply_openpi_precision,
@@ -22,12 +20,14 @@ from oxygen_ros.model.checkpoint import (
     find_tensor_problems,
     infer_config,
     init_random_weights,
-    load_checkpoint,
-    save_checkpoint,
 )
+from oxygen_ros.checkpoints.loader import load_checkpoint
+from oxygen_ros.checkpoints.openpi import save_checkpoint
+from oxygen_ros.engine import OxygenEngine
+from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.pi05 import Pi05Model
-from oxygen_ros.model.policy import load_policy
+from oxygen_ros.policy_io.policy import load_policy
 from oxygen_ros.tools import make_checkpoint as make_checkpoint_tool
 from oxygen_ros.tools import model_info
 from oxygen_ros.tools.make_checkpoint import make_checkpoint
@@ -485,7 +485,7 @@ def test_model_info_pi05_counts(capsys):
 
 def test_without_any_config_file_the_preset_horizon_is_used(ckpt, caplog):
     (ckpt / "oxygen_config.json").unlink()
-    with caplog.at_level("INFO", logger="oxygen_ros.model.checkpoint"):
+    with caplog.at_level("INFO", logger="oxygen_ros.checkpoints.openpi"):
         loaded = load_checkpoint(ckpt)
     assert loaded.config == TINY  # tiny preset: horizon 10, max_token_len 96
     assert "action_horizon 10 from the preset" in loaded.config_source

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oxygen_ros.model.device import DeviceUnavailable, resolve_device
-from oxygen_ros.model.policy import load_policy
+from oxygen_ros.policy_io.policy import load_policy
 
 
 def test_cpu_passes():

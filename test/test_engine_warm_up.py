@@ -9,7 +9,7 @@ from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invari
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
 from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.types import Observation
-from oxygen_ros.model.policy import load_policy
+from oxygen_ros.policy_io.policy import load_policy
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,17 @@ import torch
 from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 
 from oxygen_ros.engine import EngineConfig, OxygenEngine
+from oxygen_ros.engine.base import make_pool
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVPool
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
-from oxygen_ros.engine.scheduler import make_pool
 from oxygen_ros.engine.static_paths import StaticRunner
 from oxygen_ros.engine.subtasks import SubtaskLoop
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.mot import KVContext
 from oxygen_ros.model.pi05 import Prefix
-from oxygen_ros.model.policy import load_policy
-from oxygen_ros.model.prompts import FramePrompt, PromptFormatError, SubtaskText, preset
+from oxygen_ros.policy_io.policy import load_policy
+from oxygen_ros.policy_io.prompts import FramePrompt, PromptFormatError, SubtaskText, preset
 
 
 @pytest.fixture(scope="module")

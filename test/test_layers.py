@@ -1,8 +1,13 @@
-"""The layers import downward only: model <- engine <- ros <- tools.
+"""The layers import downward only, and no module imports itself in a circle.
 
-model/ imports no other layer of the package and no rclpy, engine/ imports model/ only (no rclpy),
-ros/ never imports tools/. Tooling (the tiny tokenizer's trainer, random checkpoints) lives in
-tools/, and building an engine from plain arguments (engine/runtime.py) needs no ROS.
+    model < checkpoints < policy_io < engine < ros < tools
+
+model/ is the network alone (plain PyTorch), checkpoints/ its file formats, policy_io/ what a
+checkpoint's framework does around the network; engine/ is the OxyGen core (no rclpy), ros/ the
+node, tools/ the command-line entry points (they may import anything). Beside them: sim/ (the
+simulated robot) imports ros/ only, data/ (the dataset converter) nothing of the package. Tooling
+(the tiny tokenizer's trainer, random checkpoints) lives in tools/, and building an engine from
+plain arguments (engine/runtime.py) needs no ROS.
 """
 
 from __future__ import annotations
@@ -14,37 +19,182 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
+LAYERS = ("model", "checkpoints", "policy_io", "engine", "ros", "tools")
+OTHERS = ("sim", "data")
+
+
+def _above(layer: str) -> tuple[str, ...]:
+    return LAYERS[LAYERS.index(layer) + 1 :]
+
+
+def _modules(*packages: str) -> tuple[str, ...]:
+    return tuple(f"oxygen_ros.{p}" for p in packages)
+
 
 # layer -> the modules it must not import
 FORBIDDEN = {
-    "model": ("oxygen_ros.engine", "oxygen_ros.ros", "oxygen_ros.tools", "rclpy"),
-    "engine": ("oxygen_ros.ros", "oxygen_ros.tools", "rclpy"),
-    "ros": ("oxygen_ros.tools",),
+    **{
+        layer: _modules(*_above(layer), *OTHERS) + (() if layer in ("ros",) else ("rclpy",))
+        for layer in LAYERS[:-1]
+    },
+    "sim": _modules(*(p for p in LAYERS if p != "ros"), "data"),
+    "data": _modules(*LAYERS, "sim"),
 }
+
+
+def imported_modules_of(node: ast.Import | ast.ImportFrom, package: str) -> Iterator[str]:
+    """Absolute names of the modules one import statement imports (relative ones resolved in
+    ``package``)."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif node.level:
+        base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+        yield f"{base}.{node.module}" if node.module else base
+    else:
+        yield node.module
 
 
 def imported_modules(path: Path, package: str) -> Iterator[str]:
     """Absolute names of the modules ``path`` imports (relative ones resolved in ``package``)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                yield f"{base}.{node.module}" if node.module else base
-            else:
-                yield node.module
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield from imported_modules_of(node, package)
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    """``oxygen_ros/engine/frames.py`` -> ``oxygen_ros.engine.frames`` (a package: its __init__)."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(path: Path, root: Path = PACKAGE) -> str:
+    name = module_name(path, root)
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def _sources(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_only_downward(layer):
     offending = sorted(
-        f"{path.name}: {name}"
-        for path in (PACKAGE / layer).glob("*.py")
-        for name in imported_modules(path, f"oxygen_ros.{layer}")
+        f"{path.relative_to(PACKAGE / layer)}: {name}"
+        for path in _sources(PACKAGE / layer)
+        for name in imported_modules(path, _package_of(path))
         if name.startswith(FORBIDDEN[layer])
     )
     assert not offending, f"{layer}/ must not import {FORBIDDEN[layer]}: {offending}"
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, top-level and function-local alike.
+
+    ``from package import name`` counts as importing the submodule ``package.name`` when there is
+    one, else ``package`` itself; ``import a.b.c`` imports ``a.b.c``.
+    """
+    paths = _sources(root)
+    known = {module_name(p, root) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = next(imported_modules_of(node, _package_of(path, root)))
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                    for alias in node.names
+                ]
+            edges.update(t for t in targets if t in known)
+        name = module_name(path, root)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import circle per strongly connected group of modules, as ``[a, b, ..., a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return [_circle(graph, set(group)) for group in groups]
+
+
+def _circle(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest circle through the first module of ``group`` (breadth-first, inside it)."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no circle through {start} in {sorted(group)}")
+
+
+def test_no_import_circles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_finder_names_a_circle(tmp_path):
+    # Guards the test above: a function-local import closes a circle too.
+    package = tmp_path / "oxygen_ros"
+    (package / "a").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a" / "__init__.py").write_text("")
+    (package / "a" / "one.py").write_text("from . import two\n")
+    (package / "a" / "two.py").write_text("def f():\n    from .three import x\n")
+    (package / "a" / "three.py").write_text("import oxygen_ros.a.one\nfrom ..a import four\n")
+    (package / "a" / "four.py").write_text("from oxygen_ros.a.one import y\n")
+    graph = import_graph(package)
+    assert graph["oxygen_ros.a.one"] == {"oxygen_ros.a.two"}
+    assert graph["oxygen_ros.a.three"] == {"oxygen_ros.a.one", "oxygen_ros.a.four"}
+    assert find_cycles(graph) == [
+        [
+            "oxygen_ros.a.four",
+            "oxygen_ros.a.one",
+            "oxygen_ros.a.two",
+            "oxygen_ros.a.three",
+            "oxygen_ros.a.four",
+        ]
+    ]
 
 
 def test_relative_imports_resolve_like_python(tmp_path):
@@ -62,7 +212,7 @@ def test_relative_imports_resolve_like_python(tmp_path):
 
 
 def test_tiny_tokenizer_training_is_tooling():
-    import oxygen_ros.model.tokenizer as model_tokenizer
+    import oxygen_ros.policy_io.tokenizer as model_tokenizer
     import oxygen_ros.tools.tiny_tokenizer as tooling
 
     assert not hasattr(model_tokenizer, "train_tiny_tokenizer")

@@ -15,20 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from oxygen_ros.model.checkpoint import (
-    CheckpointError,
-    build_model,
-    init_random_weights,
-    load_checkpoint,
-    save_checkpoint,
-)
+from oxygen_ros.checkpoints.core import CheckpointError, build_model, init_random_weights
+from oxygen_ros.checkpoints.lerobot import openpi_key
+from oxygen_ros.checkpoints.lerobot_writer import lerobot_stats, write_lerobot_folder
+from oxygen_ros.checkpoints.loader import detect_format, load_checkpoint
+from oxygen_ros.checkpoints.norm_stats import NormStats
+from oxygen_ros.checkpoints.openpi import save_checkpoint
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.lerobot_format import (
-    detect_format,
-    openpi_key,
-)
-from oxygen_ros.model.preprocess import NormStats
-from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
 from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 
 TINY = get_preset("tiny")

@@ -15,23 +15,20 @@ import numpy as np
 import pytest
 import torch
 
+from oxygen_ros.checkpoints.conventions import OPENPI_CONVENTIONS, lerobot_conventions
+from oxygen_ros.checkpoints.core import build_model, init_random_weights
+from oxygen_ros.checkpoints.lerobot import FeatureNorm
+from oxygen_ros.checkpoints.lerobot_writer import lerobot_stats, write_lerobot_folder
+from oxygen_ros.checkpoints.loader import load_checkpoint
+from oxygen_ros.checkpoints.norm_stats import NormStats
+from oxygen_ros.checkpoints.openpi import save_checkpoint
 from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.types import Observation
-from oxygen_ros.model.checkpoint import (
-    build_model,
-    init_random_weights,
-    load_checkpoint,
-    save_checkpoint,
-)
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.conventions import OPENPI_CONVENTIONS, lerobot_conventions
-from oxygen_ros.model.lerobot_format import FeatureNorm
 from oxygen_ros.model.pi05 import flow_schedule, lerobot_flow_schedule
-from oxygen_ros.model.policy import Pi05Policy, load_policy
-from oxygen_ros.model.preprocess import NormStats
-from oxygen_ros.model.robots import DELTA_POSITION
-from oxygen_ros.model.tokenizer import Pi05Tokenizer
-from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
+from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
+from oxygen_ros.policy_io.robots import DELTA_POSITION
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 
 TINY = get_preset("tiny")

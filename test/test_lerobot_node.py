@@ -23,9 +23,9 @@ from node_harness import (
 )
 from safetensors.torch import load_file, save_file
 
-from oxygen_ros.model.checkpoint import build_model, init_random_weights
+from oxygen_ros.checkpoints.core import build_model, init_random_weights
+from oxygen_ros.checkpoints.lerobot_writer import lerobot_stats, write_lerobot_folder
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 

@@ -81,7 +81,7 @@ def test_install_holds_sources_generated_interfaces_executables_and_share_files(
         "ros/ask_action.py",
         "tools/model_info.py",
         "tools/tiny_tokenizer.py",
-        "model/tokenizer.py",
+        "policy_io/tokenizer.py",
     ):
         assert (package / relative).is_file(), f"{relative} not installed"
     share = workspace_install / "share" / "oxygen_ros"

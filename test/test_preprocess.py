@@ -8,15 +8,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from oxygen_ros.model.preprocess import (
+from oxygen_ros.checkpoints.norm_stats import (
     NormStats,
     NormStatsError,
     load_norm_stats,
-    pad_to_dim,
-    resize_with_pad,
     save_norm_stats,
-    to_model_range,
 )
+from oxygen_ros.policy_io.preprocess import pad_to_dim, resize_with_pad, to_model_range
 
 COLOUR = np.array([10, 200, 30], dtype=np.uint8)
 

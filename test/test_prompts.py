@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oxygen_ros.model.prompts import (
+from oxygen_ros.policy_io.prompts import (
     PALIGEMMA_LOC_IDS,
     PRESETS,
     PromptFormatError,
@@ -16,7 +16,7 @@ from oxygen_ros.model.prompts import (
     preset,
     resolve_format,
 )
-from oxygen_ros.model.tokenizer import Pi05Tokenizer
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
 BINS = [12, 200, 128]

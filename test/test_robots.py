@@ -12,12 +12,12 @@ import pytest
 import yaml
 from builtin_interfaces.msg import Time
 
-from oxygen_ros.model.checkpoint import build_model
+from oxygen_ros.checkpoints.core import build_model
+from oxygen_ros.checkpoints.norm_stats import NormStats
 from oxygen_ros.model.config import get_preset
-from oxygen_ros.model.policy import Pi05Policy, load_policy
-from oxygen_ros.model.preprocess import NormStats
-from oxygen_ros.model.robots import ROBOTS, robot_adapter
-from oxygen_ros.model.tokenizer import Pi05Tokenizer
+from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
+from oxygen_ros.policy_io.robots import ROBOTS, robot_adapter
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.ros.commands import build_command
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings, SettingsError
 from oxygen_ros.ros.safety import UnsafeChunkError

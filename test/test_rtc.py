@@ -26,14 +26,14 @@ from oxygen_ros.model.rtc import (
     prefix_weights,
 )
 from oxygen_ros.ros.params import NodeSettings, SettingsError, check_value
-from oxygen_ros.tools.continuity_workload import (
+from oxygen_ros.tools.benches.continuity_workload import (
     TimedChunk,
     continuity_metrics,
     moving_scene,
     sample_chunk,
 )
+from oxygen_ros.tools.benches.workloads import synthetic_observations
 from oxygen_ros.tools.make_checkpoint import random_policy
-from oxygen_ros.tools.workloads import synthetic_observations
 
 ROBOT_DIM = 7
 
@@ -510,8 +510,8 @@ def test_engine_runs_trained_rtc_and_the_frozen_steps_are_the_previous_chunk(pol
 def test_checkpoint_declared_max_delay_selects_trained_rtc(tiny_checkpoint, tmp_path):
     import shutil
 
+    from oxygen_ros.checkpoints.core import CheckpointError
     from oxygen_ros.engine.runtime import ModelSpec, build_engine, load_policy
-    from oxygen_ros.model.checkpoint import CheckpointError
 
     plain = load_policy(ModelSpec(str(tiny_checkpoint)))
     assert plain.rtc_training_max_delay == 0
@@ -538,10 +538,10 @@ def test_checkpoint_declared_max_delay_selects_trained_rtc(tiny_checkpoint, tmp_
 def test_a_lerobot_folder_declares_its_max_delay_in_its_config_json(tmp_path):
     """LeRobot main writes ``rtc_training_max_delay`` into the policy's config.json (0: not
     trained for it); that is the field the loader reads."""
-    from oxygen_ros.model.checkpoint import build_model, init_random_weights
+    from oxygen_ros.checkpoints.core import build_model, init_random_weights
+    from oxygen_ros.checkpoints.lerobot_writer import lerobot_stats, write_lerobot_folder
+    from oxygen_ros.checkpoints.rtc_metadata import declared_rtc_training_max_delay
     from oxygen_ros.model.config import get_preset
-    from oxygen_ros.model.rtc_checkpoint import declared_rtc_training_max_delay
-    from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
     from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 
     model = init_random_weights(build_model(get_preset("tiny")), 5)

@@ -19,7 +19,7 @@ from oxygen_ros.ros.diagnostics import Counters
 from oxygen_ros.ros.observation import NS_PER_S
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings
 from oxygen_ros.ros.tick import TickLoop
-from oxygen_ros.tools.continuity_workload import moving_scene
+from oxygen_ros.tools.benches.continuity_workload import moving_scene
 from oxygen_ros.tools.make_checkpoint import random_policy
 
 ROBOT_DIM = 7

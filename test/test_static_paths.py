@@ -13,11 +13,11 @@ import torch
 from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 
 from oxygen_ros.engine import ENGINES, EngineConfig, OxygenEngine, make_engine
+from oxygen_ros.engine.base import make_pool, new_request
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVMemoryError, KVPool
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
-from oxygen_ros.engine.scheduler import make_pool, new_request
 from oxygen_ros.engine.static_paths import (
     StaticActionChunk,
     StaticRunner,
@@ -30,9 +30,9 @@ from oxygen_ros.engine.static_paths import (
 )
 from oxygen_ros.engine.types import Observation, TextDelta
 from oxygen_ros.model.layers import attention_bias
-from oxygen_ros.model.preprocess import resize_with_pad, to_model_range
-from oxygen_ros.model.preprocess_torch import resize_geometry, resize_with_pad_torch
 from oxygen_ros.model.rtc import RTCGuidance, TrainedPrefix, prefix_weights
+from oxygen_ros.policy_io.preprocess import resize_with_pad, to_model_range
+from oxygen_ros.policy_io.preprocess_torch import resize_geometry, resize_with_pad_torch
 
 STATIC = EngineConfig(static_shapes=True)
 BASE, LEFT, RIGHT = "base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"
@@ -539,7 +539,7 @@ def test_cuda_graph_replay_equals_eager_static_paths(tiny_checkpoint):
 def test_cuda_graphs_replay_rtc_chunks(tiny_checkpoint, continuity):
     """On a GPU: identity-guided and trained chunks are captured like the plain chunk (no
     capture inside a frame, no eager fallback) and replay what the eager static steps compute."""
-    from oxygen_ros.tools.continuity_workload import moving_scene
+    from oxygen_ros.tools.benches.continuity_workload import moving_scene
 
     policy = scaled_policy(tiny_checkpoint, device="cuda")
     chunks = {}
@@ -703,7 +703,7 @@ def test_static_rtc_chunks_are_bit_exact_and_the_delay_is_data(policy):
 def test_engines_run_rtc_on_the_static_path_without_captures_in_frames(policy, continuity):
     """After warm-up, a moving scene replanned with RTC: the static engine equals the eager one,
     creates no bucket inside a frame and never falls back to the eager chunk."""
-    from oxygen_ros.tools.continuity_workload import moving_scene
+    from oxygen_ros.tools.benches.continuity_workload import moving_scene
 
     config = dict(chunk_continuity="rtc", action_dt=0.02, seed=2, **continuity)
     static = OxygenEngine(policy, EngineConfig(**config, static_shapes=True))

@@ -12,8 +12,8 @@ import torch
 from oxygen_ros.model.layers import Modulation
 from oxygen_ros.model.mot import attention_tables
 from oxygen_ros.model.pi05 import flow_schedule
+from oxygen_ros.tools.benches.workloads import synthetic_observations
 from oxygen_ros.tools.make_checkpoint import random_policy
-from oxygen_ros.tools.workloads import synthetic_observations
 
 
 @functools.cache

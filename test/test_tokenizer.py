@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from oxygen_ros.model.tokenizer import (
+from oxygen_ros.policy_io.tokenizer import (
     Pi05Tokenizer,
     PromptTooLong,
     StreamDecoder,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
-from ..model.policy import Pi05Policy
+from ..policy_io.policy import Pi05Policy
+from .base import EngineBase
 from .baselines import IsolatedSequentialEngine, NaiveParallelEngine, SharedKVEngine
-from .scheduler import Clock, EngineBase, EngineConfig, OxygenEngine
+from .scheduler import OxygenEngine
+from .settings import EngineConfig
+from .types import Clock
 
 ENGINES: dict[str, type[EngineBase]] = {
     cls.name: cls

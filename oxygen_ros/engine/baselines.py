@@ -20,13 +20,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ..model.policy import Pi05Policy
+from ..policy_io.policy import Pi05Policy
+from .base import EngineBase, make_pool
 from .frames import FramePrefix, prefill_frame, timed_action
 from .kv_cache import KVPool
 from .language import LanguageDecoder
 from .requests import LanguageRequest
-from .scheduler import Clock, EngineBase, EngineConfig, make_pool
-from .types import ActionChunk, Observation, TextDelta
+from .settings import EngineConfig
+from .types import ActionChunk, Clock, Observation, TextDelta
 
 
 class _SequentialEngine(EngineBase):

@@ -24,8 +24,8 @@ import math
 import numpy as np
 import torch
 
-from ..model.policy import Pi05Policy
 from ..model.rtc import GUIDANCE, RTCGuidance, TrainedPrefix, prefix_weights
+from ..policy_io.policy import Pi05Policy
 from .types import ActionChunk, Observation
 
 LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's delay

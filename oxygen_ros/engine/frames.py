@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from ..model.pi05 import Prefix
-from ..model.policy import Pi05Policy
-from ..model.prompts import FramePrompt
 from ..model.rtc import RTCGuidance, TrainedPrefix
+from ..policy_io.policy import Pi05Policy
+from ..policy_io.prompts import FramePrompt
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment
 from .static_paths import StaticRunner, chunk_kind

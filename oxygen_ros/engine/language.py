@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..model.policy import Pi05Policy
+from ..policy_io.policy import Pi05Policy
 from .faults import NO_FAULTS, FaultInjector, describe, stage_of
 from .frames import FramePrefix
 from .kv_cache import KVPool

@@ -13,7 +13,7 @@ import enum
 import torch
 from torch import Tensor
 
-from ..model.tokenizer import Pi05Tokenizer, StreamDecoder
+from ..policy_io.tokenizer import Pi05Tokenizer, StreamDecoder
 from .kv_cache import KVSegment
 from .types import LANGUAGE_KINDS, TextDelta
 

@@ -1,7 +1,7 @@
 """Build a ready OxyGen engine from plain arguments: load the policy, make the engine, warm it up.
 
 What a program that runs the model needs, without ROS: the node converts its parameters into a
-:class:`ModelSpec` and an :class:`~oxygen_ros.engine.scheduler.EngineConfig` and calls
+:class:`ModelSpec` and an :class:`~oxygen_ros.engine.settings.EngineConfig` and calls
 :func:`load_policy`, :func:`build_engine` and :func:`warm_up`; a script can do the same.
 
 This module imports only the model and engine layers (never ``ros`` or ``tools``). It does not
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..model.policy import Pi05Policy
-from ..model.policy import load_policy as _load_policy
-from .scheduler import EngineConfig, OxygenEngine
+from ..policy_io.policy import Pi05Policy
+from ..policy_io.policy import load_policy as _load_policy
+from .scheduler import OxygenEngine
+from .settings import EngineConfig
 from .types import Clock, Observation, WarmUpReport
 
 MAKE_CHECKPOINT_HINT = (
@@ -34,10 +35,11 @@ class ModelSpec:
     # openpi layout (model.safetensors + assets/*/norm_stats.json) or a LeRobot pi05 folder
     checkpoint_dir: str
     tokenizer_path: str = ""  # sentencepiece file or HF tokenizer folder; empty: the checkpoint's
-    lerobot_version: str = "auto"  # LeRobot folders: whose input conventions (model.conventions)
+    # LeRobot folders: whose input conventions (checkpoints.conventions)
+    lerobot_version: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"
-    robot: str = "generic"  # the robot adapter (model.robots)
+    robot: str = "generic"  # the robot adapter (policy_io.robots)
     action_dim: int | None = None  # action dims the robot uses; None: the model's
     torch_threads: int = 1  # torch threads of the calling thread
 

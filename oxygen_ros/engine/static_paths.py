@@ -60,8 +60,8 @@ from torch import Tensor
 
 from ..model.mot import Conditioning, KVContext
 from ..model.pi05 import Pi05Model
-from ..model.policy import Pi05Policy
 from ..model.rtc import RTCGuidance, TrainedPrefix
+from ..policy_io.policy import Pi05Policy
 from .cuda_graphs import GraphedStep, HostStager, new_graph_pool
 from .faults import NO_FAULTS, FaultInjector, tag_stage
 from .kv_cache import KVPool, KVSegment

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from ..model.prompts import PromptFormat, SubtaskText
+from ..policy_io.prompts import PromptFormat, SubtaskText
 from .requests import LanguageRequest
 from .types import ActionChunk, TextDelta
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..model.prompts import LANGUAGE_KINDS  # noqa: F401  (re-exported: the engine's kinds)
+from ..policy_io.prompts import LANGUAGE_KINDS  # noqa: F401  (re-exported: the engine's kinds)
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock; engines time frames and steps with one (``time.perf_counter``)."""

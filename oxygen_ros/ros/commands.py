@@ -24,7 +24,7 @@ import numpy as np
 from builtin_interfaces.msg import Time
 from trajectory_msgs.msg import JointTrajectory
 
-from ..model.robots import DELTA_POSITION, END_EFFECTOR, POSITION, VELOCITY
+from ..policy_io.robots import DELTA_POSITION, END_EFFECTOR, POSITION, VELOCITY
 from .convert import chunk_to_joint_trajectory
 from .params import NodeSettings
 from .safety import SafetyFilter, UnsafeChunkError

@@ -15,11 +15,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ..engine.runtime import ModelSpec, build_engine, load_policy
-from ..engine.scheduler import EngineConfig, OxygenEngine
+from ..engine.scheduler import OxygenEngine
+from ..engine.settings import EngineConfig
 from ..engine.types import Observation
-from ..model.policy import Pi05Policy
-from ..model.robots import DELTA_POSITION
-from ..model.tokenizer import PromptTooLong
+from ..policy_io.policy import Pi05Policy
+from ..policy_io.robots import DELTA_POSITION
+from ..policy_io.tokenizer import PromptTooLong
 from .params import NodeSettings, SettingsError
 
 Log = Callable[[str], None]

@@ -29,15 +29,21 @@ from typing import Any
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
 from ..model.config import IMAGE_SLOTS
-from ..model.prompts import (
+from ..policy_io.prompts import (
     DEFAULT_FORMAT,
     PromptFormat,
     PromptFormatError,
     check_conditioning,
     resolve_format,
 )
-from ..model.prompts import PRESETS as PROMPT_PRESETS
-from ..model.robots import END_EFFECTOR, JOINT_ACTION_SPACES, ROBOTS, RobotAdapter, robot_adapter
+from ..policy_io.prompts import PRESETS as PROMPT_PRESETS
+from ..policy_io.robots import (
+    END_EFFECTOR,
+    JOINT_ACTION_SPACES,
+    ROBOTS,
+    RobotAdapter,
+    robot_adapter,
+)
 
 STATIC = "static"
 CONFIGURE = "configure"

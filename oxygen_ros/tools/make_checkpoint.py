@@ -29,15 +29,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxygen_ros.model.checkpoint import (
+from oxygen_ros.checkpoints.core import (
     TOKENIZER_FILENAME,
     as_dtype,
     build_model,
     init_random_weights,
-    save_checkpoint,
 )
+from oxygen_ros.checkpoints.lerobot_writer import lerobot_stats, write_lerobot_folder
+from oxygen_ros.checkpoints.norm_stats import NormStats
+from oxygen_ros.checkpoints.openpi import save_checkpoint
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
-from oxygen_ros.model.preprocess import NormStats
+from oxygen_ros.model.device import resolve_device
+from oxygen_ros.policy_io.policy import Pi05Policy
+from oxygen_ros.policy_io.robots import robot_adapter
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -71,8 +76,6 @@ def make_lerobot_checkpoint(out_dir: Path, preset: str, seed: int = 0) -> Path:
     """A random-weight ``preset`` written as a LeRobot 0.4 pi05 folder (tiny/small only) with a
     tiny tokenizer: what ``config/lerobot_pi05.yaml`` expects (two cameras, a 6-dim state and
     action), for trying ``robot:=lerobot`` without a trained checkpoint."""
-    from oxygen_ros.tools.lerobot_folder import lerobot_stats, write_lerobot_folder
-
     if preset not in RANDOM_WEIGHT_PRESETS:
         raise ValueError(f"--format lerobot writes presets {RANDOM_WEIGHT_PRESETS}, not {preset!r}")
     # LeRobot's default tokenizer_max_length: its 0.4.x prompts carry 32 zero-padded state bins
@@ -291,7 +294,7 @@ def random_policy(
 
     init: "cpu" draws the weights on the CPU (identical on every device; minutes for ``pi05``);
     "device" draws them where the model lives (seconds on a GPU; other values than "cpu").
-    robot: the robot adapter (`oxygen_ros.model.robots`) whose transforms wrap the model, as
+    robot: the robot adapter (`oxygen_ros.policy_io.robots`) whose transforms wrap the model, as
     `load_policy` does for a checkpoint: its trained horizon replaces the preset's (as for an
     openpi checkpoint without a config file), its action width is the policy's, and the synthetic
     norm stats cover its state and action widths.
@@ -300,11 +303,6 @@ def random_policy(
         ValueError: an unknown preset, robot or init, or a robot the preset cannot serve (e.g.
             ALOHA's 14 action dims on the tiny preset's 8); DeviceUnavailable: ``device``.
     """
-    from oxygen_ros.model.device import resolve_device
-    from oxygen_ros.model.policy import Pi05Policy
-    from oxygen_ros.model.robots import robot_adapter
-    from oxygen_ros.model.tokenizer import Pi05Tokenizer
-
     if init not in ("cpu", "device"):
         raise ValueError(f"init must be 'cpu' or 'device', got {init!r}")
     resolve_device(device)

@@ -30,33 +30,31 @@ from typing import Any
 
 import torch
 
-from oxygen_ros.model.checkpoint import (
-    ASSETS_DIRNAME,
+from oxygen_ros.checkpoints.conventions import LEROBOT_VERSIONS
+from oxygen_ros.checkpoints.core import (
     CONFIG_FILENAME,
     MODEL_FILENAME,
     TOKENIZER_FILENAME,
     CheckpointError,
     expected_file_tensors,
     find_tensor_problems,
-    load_checkpoint_norm_stats,
     read_config,
     read_safetensors_header,
+)
+from oxygen_ros.checkpoints.lerobot import lerobot_model_config, read_lerobot, weight_plan
+from oxygen_ros.checkpoints.loader import detect_format
+from oxygen_ros.checkpoints.norm_stats import NormStatsError, load_norm_stats
+from oxygen_ros.checkpoints.openpi import (
+    ASSETS_DIRNAME,
+    load_checkpoint_norm_stats,
     resolve_asset_id,
     resolve_config,
 )
 from oxygen_ros.model.config import PRESETS, Pi05Config, get_preset
-from oxygen_ros.model.conventions import LEROBOT_VERSIONS
-from oxygen_ros.model.lerobot_format import (
-    detect_format,
-    lerobot_model_config,
-    read_lerobot,
-    weight_plan,
-)
 from oxygen_ros.model.pi05 import Pi05Model
-from oxygen_ros.model.preprocess import NormStatsError, load_norm_stats
-from oxygen_ros.model.prompts import DEFAULT_FORMAT, PromptFormat, preset
-from oxygen_ros.model.prompts import PRESETS as PROMPT_PRESETS
-from oxygen_ros.model.tokenizer import Pi05Tokenizer, TokenizerError
+from oxygen_ros.policy_io.prompts import DEFAULT_FORMAT, PromptFormat, preset
+from oxygen_ros.policy_io.prompts import PRESETS as PROMPT_PRESETS
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer, TokenizerError
 
 _PG = "paligemma_with_expert.paligemma.model."
 # (label, parameter-name prefixes), in the order printed; every parameter falls in exactly one.
@@ -311,7 +309,7 @@ def _lerobot_checks(
     tokenizer: Path | None,
     version: str,
 ) -> list[Check]:
-    """config, tensors and statistics of a LeRobot pi05 folder (`lerobot_format`)."""
+    """config, tensors and statistics of a LeRobot pi05 folder (`checkpoints.lerobot`)."""
     try:
         spec = read_lerobot(ckpt_dir, version)
     except CheckpointError as exc:

@@ -29,7 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .checkpoint import (
+from ..model.config import PRESETS, Pi05Config
+from ..model.pi05 import Pi05Model
+from .conventions import InputConventions, lerobot_conventions
+from .core import (
     MODEL_FILENAME,
     CheckpointError,
     DTypeLike,
@@ -42,16 +45,12 @@ from .checkpoint import (
     read_safetensors_header,
     stream_weights,
 )
-from .config import PRESETS, Pi05Config
-from .conventions import InputConventions, lerobot_conventions
-from .pi05 import Pi05Model
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.json"
 PREPROCESSOR_FILENAME = "policy_preprocessor.json"
 POSTPROCESSOR_FILENAME = "policy_postprocessor.json"
-OXYGEN_CONFIG_FILENAME = "oxygen_config.json"
 POLICY_TYPE = "pi05"
 NORMALIZER_STEP = "normalizer_processor"
 UNNORMALIZER_STEP = "unnormalizer_processor"
@@ -94,77 +93,16 @@ class LeRobotFormatError(CheckpointError):
     """A folder that is not a loadable LeRobot pi05 checkpoint (the message says what was found)."""
 
 
-# -- detection ------------------------------------------------------------------------------------
+def read_json(path: Path) -> Any:
+    """A JSON file of a LeRobot folder.
 
-
-@dataclasses.dataclass(frozen=True)
-class DetectedFormat:
-    """Which checkpoint layout a folder holds, and the files that said so."""
-
-    name: str  # "openpi" | "lerobot"
-    reason: str
-
-
-def _read_json(path: Path) -> Any:
+    Raises:
+        LeRobotFormatError: an unreadable file or invalid JSON.
+    """
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise LeRobotFormatError(f"{path} is not readable JSON: {exc}") from exc
-
-
-def _openpi_markers(ckpt_dir: Path) -> list[str]:
-    found = []
-    if (ckpt_dir / OXYGEN_CONFIG_FILENAME).is_file():
-        found.append(OXYGEN_CONFIG_FILENAME)
-    assets = ckpt_dir / "assets"
-    if assets.is_dir():
-        found += sorted(str(p.relative_to(ckpt_dir)) for p in assets.rglob("norm_stats.json"))
-    return found
-
-
-def detect_format(ckpt_dir: Path) -> DetectedFormat:
-    """The layout of ``ckpt_dir``, decided from its files alone.
-
-    LeRobot: ``config.json`` with ``"type": "pi05"`` (processor files optional: Hub base models
-    such as ``lerobot/pi05_base`` ship bare openpi tensor names and no statistics). openpi:
-    anything else (``assets/<asset_id>/norm_stats.json``, optionally ``oxygen_config.json`` or
-    openpi's converter ``config.json``, which has no ``"type"``).
-
-    Raises:
-        LeRobotFormatError: another LeRobot policy type (pi0, smolvla, ...), LeRobot processor
-            files without a LeRobot config, or a folder mixing both layouts; each names the files.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    config_path = ckpt_dir / CONFIG_FILENAME
-    written = _read_json(config_path) if config_path.is_file() else None
-    policy_type = written.get("type") if isinstance(written, dict) else None
-    processors = [
-        name
-        for name in (PREPROCESSOR_FILENAME, POSTPROCESSOR_FILENAME)
-        if (ckpt_dir / name).is_file()
-    ]
-    openpi = _openpi_markers(ckpt_dir)
-    if policy_type is not None:
-        if policy_type != POLICY_TYPE:
-            raise LeRobotFormatError(
-                f"{ckpt_dir}: {CONFIG_FILENAME} says LeRobot policy type {policy_type!r}; only "
-                f"{POLICY_TYPE!r} (pi0.5) checkpoints can be loaded"
-            )
-        if openpi:
-            raise LeRobotFormatError(
-                f"{ckpt_dir} mixes checkpoint formats: LeRobot ({CONFIG_FILENAME} type "
-                f"{POLICY_TYPE!r}{', ' + ', '.join(processors) if processors else ''}) and openpi "
-                f"({', '.join(openpi)}); keep one layout per folder"
-            )
-        parts = [f'{CONFIG_FILENAME} "type": "{POLICY_TYPE}"'] + processors
-        return DetectedFormat("lerobot", "LeRobot pi05 folder: " + ", ".join(parts))
-    if processors:
-        raise LeRobotFormatError(
-            f"{ckpt_dir} has LeRobot processor files ({', '.join(processors)}) but no "
-            f'{CONFIG_FILENAME} with a "type"; copy the whole pretrained_model/ folder'
-        )
-    why = ", ".join(openpi) if openpi else "no LeRobot config.json type"
-    return DetectedFormat("openpi", f"openpi folder: {why}")
 
 
 # -- tensor names ---------------------------------------------------------------------------------
@@ -190,7 +128,7 @@ def weight_plan(
     """Map a LeRobot file's tensors onto openpi's names.
 
     Returns ``(plan, mapped)``: ``plan`` maps every file key to its openpi file key (None: not
-    loaded), ``mapped`` is the header under openpi's names (what `checkpoint.find_tensor_problems`
+    loaded), ``mapped`` is the header under openpi's names (what `core.find_tensor_problems`
     checks). The tied token embedding is stored as ``lm_head`` (as in openpi); a file holding only
     ``embed_tokens`` (LeRobot main copies one into the other) is read from there.
 
@@ -373,7 +311,7 @@ def _steps(ckpt_dir: Path, filename: str) -> list[dict[str, Any]]:
     path = ckpt_dir / filename
     if not path.is_file():
         return []
-    written = _read_json(path)
+    written = read_json(path)
     steps = written.get("steps") if isinstance(written, dict) else None
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise LeRobotFormatError(f"{path}: expected {{'steps': [...]}}")
@@ -498,7 +436,7 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
     """
     ckpt_dir = Path(ckpt_dir)
     config_path = ckpt_dir / CONFIG_FILENAME
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if not isinstance(config, dict):
         raise LeRobotFormatError(f"{config_path} must hold a JSON object")
     for flag in ("use_proprioceptive_memory", "use_visual_memory"):
@@ -678,7 +616,7 @@ def load_lerobot_checkpoint(
     dtype: DTypeLike = torch.float32,
     version: str = "auto",
 ) -> LoadedCheckpoint:
-    """Load a LeRobot pi05 folder as it is (see `checkpoint.load_checkpoint`, its one entry).
+    """Load a LeRobot pi05 folder as it is (see `loader.load_checkpoint`, its one entry).
 
     Raises:
         CheckpointError (LeRobotFormatError): what `read_lerobot`, `weight_plan` and

@@ -2,10 +2,11 @@
 
 `Pi05Tokenizer` wraps a sentencepiece model file (PaliGemma's own `paligemma_tokenizer.model` for
 real checkpoints, or a tiny one from `oxygen_ros.tools.tiny_tokenizer` for the `tiny`/`small`
-presets) and encodes a frame's prompt in a prompt format (`oxygen_ros.model.prompts`; the default
-``openpi`` is exactly openpi's `PaligemmaTokenizer.tokenize` for pi0.5, where the robot state enters
-the network only as discrete bins inside the prompt text). The format strings live in ``prompts``;
-this module owns the state bins, openpi's task cleaning and the length rule, for every format.
+presets) and encodes a frame's prompt in a prompt format (`oxygen_ros.policy_io.prompts`; the
+default ``openpi`` is exactly openpi's `PaligemmaTokenizer.tokenize` for pi0.5, where the robot
+state enters the network only as discrete bins inside the prompt text). The format strings and the
+task cleaning live in ``prompts``; this module owns the state bins and the length rule, for every
+format.
 
 A prompt longer than the model's ``max_token_len`` is never cut at its end (that would drop the
 state bins and the ``Action:`` cue): :func:`fit_task` shortens the task text, token by token, and
@@ -26,6 +27,8 @@ from typing import Union
 
 import numpy as np
 import sentencepiece
+
+from .prompts import DEFAULT_FORMAT, preset
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -95,11 +98,6 @@ def state_for_bin(bin_index: int, dim: int) -> np.ndarray:
     return np.full(dim, value)
 
 
-def clean_task(task: str) -> str:
-    """openpi's prompt cleaning: strip, then underscores and newlines become spaces."""
-    return task.strip().replace("_", " ").replace("\n", " ")
-
-
 def discretize_state(state: np.ndarray) -> np.ndarray:
     """Map a normalised 1-D state to openpi's 256 bins: ``np.digitize(state, STATE_BINS) - 1``.
 
@@ -127,15 +125,11 @@ def discretize_state(state: np.ndarray) -> np.ndarray:
 
 def format_prompt(task: str, state: np.ndarray) -> str:
     """The pi0.5 prompt text for a task and a normalised state (openpi's exact format)."""
-    from .prompts import preset  # prompts imports this module's cleaning
-
     return preset("openpi").action_text(task, discretize_state(state).tolist())
 
 
 def _format(prompt_format):
     """``prompt_format``, or openpi's when None."""
-    from .prompts import DEFAULT_FORMAT, preset  # prompts imports this module's cleaning
-
     return prompt_format or preset(DEFAULT_FORMAT)
 
 
@@ -322,7 +316,7 @@ class Pi05Tokenizer:
         takes the most tokens; with tokenizers that split digits, as PaliGemma's does, no state
         takes more), or with no state (``None``: robots without the state in the prompt), in
         ``prompt_format`` (None: openpi's; ``conditioned``: its subtask-conditioned prompt, which
-        leaves the subtask the room the task leaves, see `engine.scheduler.subtask_token_limit`).
+        leaves the subtask the room the task leaves, see `engine.base.subtask_token_limit`).
 
         Raises:
             PromptTooLong: naming the prompt's tokens, the state's share and ``max_len``.

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .checkpoint import OPENPI_CONFIG_FILENAME, CheckpointError, PathLike
+from .core import CheckpointError, PathLike
+from .openpi import OPENPI_CONFIG_FILENAME
 
 FIELD = "rtc_training_max_delay"
 

@@ -25,16 +25,16 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from oxygen_ros.model.checkpoint import MODEL_FILENAME, module_to_file_key
-from oxygen_ros.model.lerobot_format import (
+from oxygen_ros.checkpoints.core import MODEL_FILENAME, module_to_file_key
+from oxygen_ros.checkpoints.lerobot import (
     ACTION_KEY,
     CONFIG_FILENAME,
     POSTPROCESSOR_FILENAME,
     PREPROCESSOR_FILENAME,
     STATE_KEY,
 )
+from oxygen_ros.checkpoints.norm_stats import NormStats
 from oxygen_ros.model.pi05 import Pi05Model
-from oxygen_ros.model.preprocess import NormStats
 
 EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"  # unused, but LeRobot has it
 

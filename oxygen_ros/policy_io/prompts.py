@@ -58,6 +58,11 @@ _SUBTASK_ACTION_FIELDS = {"task", "state", "subtask"}
 _KIND_FIELDS = {"text", "task", "memory", "previous"}
 
 
+def clean_task(task: str) -> str:
+    """openpi's prompt cleaning: strip, then underscores and newlines become spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
 class PromptFormatError(ValueError):
     """A prompt format (preset or custom) that cannot be used; the message names the piece."""
 
@@ -160,8 +165,6 @@ class PromptFormat:
     # -- text ----------------------------------------------------------------------------------
     def clean_task(self, task: str) -> str:
         """The task text as the format's training data wrote it."""
-        from .tokenizer import clean_task  # openpi's cleaning lives with the tokenizer
-
         if self.task_style == "openpi":
             return clean_task(task)
         if self.task_style == "whitespace":

@@ -7,7 +7,7 @@ bins or, for robots trained without the state in the prompt, the task alone); an
 take the robot's action dimensions, quantile-unnormalise them and apply the robot's output
 transform (delta -> absolute, flips, gripper encoding).
 
-A LeRobot checkpoint (`lerobot_format`) runs LeRobot's chain instead, chosen by one value,
+A LeRobot checkpoint (`checkpoints.lerobot`) runs LeRobot's chain instead, chosen by one value,
 `conventions.InputConventions`: its camera keys as image slots, its normaliser (float32, its own
 epsilons), its prompt state (padded or not), its image resampling and borders and its flow times.
 """
@@ -21,11 +21,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .config import IMAGE_SLOTS
-from .conventions import OPENPI_CONVENTIONS, RESAMPLE_PIL, InputConventions
-from .device import resolve_device
-from .pi05 import Pi05Model
-from .preprocess import NormStats, pad_to_dim, resize_with_pad, to_model_range
+from ..checkpoints.conventions import OPENPI_CONVENTIONS, RESAMPLE_PIL, InputConventions
+from ..checkpoints.loader import load_checkpoint
+from ..checkpoints.norm_stats import NormStats
+from ..checkpoints.rtc_metadata import declared_rtc_training_max_delay
+from ..model.config import IMAGE_SLOTS
+from ..model.device import resolve_device
+from ..model.pi05 import Pi05Model
+from .preprocess import pad_to_dim, resize_with_pad, to_model_range
 from .preprocess_torch import lerobot_resize_with_pad, resize_with_pad_torch
 from .prompts import FramePrompt, PromptFormat, SubtaskText
 from .robots import DELTA_POSITION, RobotAdapter, robot_adapter
@@ -53,7 +56,7 @@ class Pi05Policy:
     model; its fixed action width, if any, is the default ``action_dim``.
 
     ``norm_stats`` maps "state" and "actions" to normalisers (openpi's `NormStats`, or LeRobot's
-    `lerobot_format.FeatureNorm`). ``lerobot`` is the `lerobot_format.LeRobotSpec` of a LeRobot
+    `checkpoints.lerobot.FeatureNorm`). ``lerobot`` is the `LeRobotSpec` of a LeRobot
     folder: its cameras become the image slots, its ``n_action_steps`` / ``num_inference_steps``
     are reported, and relative actions make the robot adapter's space ``delta_position`` (the
     dims LeRobot keeps absolute are its gripper dims). ``conventions`` defaults to the folder's
@@ -372,15 +375,12 @@ def load_policy(
     ``tokenizer.model``, such as ``google/paligemma-3b-pt-224``) defaults to the checkpoint's own
     ``tokenizer.model`` (tiny/small presets ship one); real pi0.5 weights need PaliGemma's given
     explicitly. The robot's trained horizon decides the model's when no config file does
-    (`checkpoint.resolve_config`); its openpi asset id picks the norm stats among several.
+    (`checkpoints.openpi.resolve_config`); its openpi asset id picks the norm stats among several.
 
     Raises:
         DeviceUnavailable (a ValueError): ``device`` is one this torch cannot use (the message
             names torch's version, whether CUDA is available, and the fix).
     """
-    from .checkpoint import load_checkpoint  # local import: checkpoint pulls in safetensors
-    from .rtc_checkpoint import declared_rtc_training_max_delay
-
     resolve_device(device)  # a clear error before torch's bare one from deep inside the load
     robot = robot_adapter(robot) if isinstance(robot, str) else robot
     loaded = load_checkpoint(

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 
 from oxygen_ros.engine import EngineBase, EngineConfig, OxygenEngine
+from oxygen_ros.engine.base import new_request
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.requests import SamplingParams
-from oxygen_ros.engine.scheduler import new_request
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.config import IMAGE_SLOTS
-from oxygen_ros.model.policy import Pi05Policy
+from oxygen_ros.policy_io.policy import Pi05Policy
 
 
 def synthetic_observations(

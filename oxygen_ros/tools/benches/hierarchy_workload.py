@@ -23,14 +23,14 @@ import time
 import numpy as np
 
 from oxygen_ros.engine import EngineConfig, OxygenEngine
+from oxygen_ros.engine.base import make_pool, make_runner, new_request, subtask_token_limit
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.language import LanguageDecoder
 from oxygen_ros.engine.metrics import percentile
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
-from oxygen_ros.engine.scheduler import make_pool, make_runner, new_request, subtask_token_limit
 from oxygen_ros.engine.types import Observation
-from oxygen_ros.model.policy import Pi05Policy
-from oxygen_ros.model.prompts import FramePrompt, SubtaskText
+from oxygen_ros.policy_io.policy import Pi05Policy
+from oxygen_ros.policy_io.prompts import FramePrompt, SubtaskText
 
 MODES = ("none", "per_call", "oxygen")
 

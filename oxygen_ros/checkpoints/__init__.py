@@ -1,0 +1,1 @@
+"""Checkpoint formats: openpi's layout and LeRobot folders, their common core, the one loader."""
