@@ -5,7 +5,8 @@
 model/ is the network alone (plain PyTorch), checkpoints/ its file formats, policy_io/ what a
 checkpoint's framework does around the network; engine/ is the OxyGen core (no rclpy), ros/ the
 node, tools/ the command-line entry points (they may import anything). Beside them: sim/ (the
-simulated robot) imports ros/ only, data/ (the dataset converter) nothing of the package. Tooling
+simulated robot) imports ros/ only, data/ (the dataset converter) nothing of the package, and
+training/ imports model/, checkpoints/, policy_io/ and data/ (no engine, no ROS). Tooling
 (the tiny tokenizer's trainer, random checkpoints) lives in tools/, and building an engine from
 plain arguments (engine/runtime.py) needs no ROS.
 """
@@ -20,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
 LAYERS = ("model", "checkpoints", "policy_io", "engine", "ros", "tools")
-OTHERS = ("sim", "data")
+OTHERS = ("sim", "data", "training")
 
 
 def _above(layer: str) -> tuple[str, ...]:
@@ -34,11 +35,12 @@ def _modules(*packages: str) -> tuple[str, ...]:
 # layer -> the modules it must not import
 FORBIDDEN = {
     **{
-        layer: _modules(*_above(layer), *OTHERS) + (() if layer in ("ros",) else ("rclpy",))
+        layer: _modules(*_above(layer), *OTHERS) + (() if layer == "ros" else ("rclpy",))
         for layer in LAYERS[:-1]
     },
-    "sim": _modules(*(p for p in LAYERS if p != "ros"), "data"),
-    "data": _modules(*LAYERS, "sim"),
+    "sim": _modules(*(p for p in LAYERS if p != "ros"), "data", "training"),
+    "data": _modules(*LAYERS, "sim", "training"),
+    "training": _modules("engine", "ros", "tools", "sim") + ("rclpy",),
 }
 
 
