@@ -24,6 +24,12 @@ CONSOLE_SCRIPTS = [
     "oxygen-make-bag=oxygen_ros.tools.make_bag:main",
     "oxygen-replay=oxygen_ros.tools.replay:main",
     "oxygen-demo=oxygen_ros.tools.demo:main",
+    "oxygen-sim=oxygen_ros.tools.sim:main",
+    "oxygen-collect=oxygen_ros.tools.collect:main",
+    "oxygen-record=oxygen_ros.tools.record:main",
+    "oxygen-bag-to-lerobot=oxygen_ros.tools.bag_to_lerobot:main",
+    "oxygen-render-episode=oxygen_ros.tools.render_episode:main",
+    "oxygen-train=oxygen_ros.tools.train:main",
 ]
 
 setup(
@@ -45,7 +51,7 @@ setup(
         "pillow>=10",
     ],
     extras_require={
-        "tools": ["rosbags>=0.11", "matplotlib>=3.7"],
+        "tools": ["rosbags>=0.11", "matplotlib>=3.7", "mujoco>=3.2", "pyarrow>=14"],
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
     },
     zip_safe=False,

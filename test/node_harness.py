@@ -160,6 +160,10 @@ class Probe:
         self.lock = threading.Lock()
         self.chunks: list[tuple[float, ActionChunk]] = []
         self.trajectories: list[tuple[float, JointTrajectory]] = []
+        self.gripper_trajectories: list[tuple[float, JointTrajectory]] = []
+        # (output, wall-clock receive time in s, message) of ~/joint_trajectory ("arm") and
+        # ~/gripper_trajectory ("gripper"): what a controller sees, and when
+        self.arrivals: list[tuple[str, float, JointTrajectory]] = []
         self.narrations: list[Narration] = []
         self.texts: list[str] = []
         self.diagnostics: dict[str, str] = {}
@@ -171,6 +175,12 @@ class Probe:
         node.create_subscription(ActionChunk, f"/{target}/action_chunk", self._on_chunk, reliable)
         node.create_subscription(
             JointTrajectory, f"/{target}/joint_trajectory", self._on_trajectory, reliable
+        )
+        node.create_subscription(
+            JointTrajectory,
+            f"/{target}/gripper_trajectory",
+            self._on_gripper_trajectory,
+            reliable,
         )
         node.create_subscription(
             Narration, f"/{target}/narration", self._append(self.narrations), reliable
@@ -209,6 +219,12 @@ class Probe:
     def _on_trajectory(self, msg: JointTrajectory) -> None:
         with self.lock:
             self.trajectories.append((time.monotonic(), msg))
+            self.arrivals.append(("arm", time.time(), msg))
+
+    def _on_gripper_trajectory(self, msg: JointTrajectory) -> None:
+        with self.lock:
+            self.gripper_trajectories.append((time.monotonic(), msg))
+            self.arrivals.append(("gripper", time.time(), msg))
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         values = {
@@ -259,6 +275,10 @@ class Probe:
     def trajectories_since(self, since: float) -> list[JointTrajectory]:
         with self.lock:
             return [msg for t, msg in self.trajectories if t >= since]
+
+    def gripper_trajectories_since(self, since: float) -> list[JointTrajectory]:
+        with self.lock:
+            return [msg for t, msg in self.gripper_trajectories if t >= since]
 
     def fresh_diagnostics(self, timeout: float = 5.0) -> dict[str, str]:
         """The first /diagnostics message that arrives after this call."""

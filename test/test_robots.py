@@ -239,12 +239,15 @@ def test_velocity_chunk_is_integrated_into_positions():
     # a: 0.1 + 0.05 = 0.15, + 0.05 = 0.20, - 0.1 = 0.10;  b: -0.2 - 0.1 = -0.3, -0.3, -0.2
     assert [p.positions[0] for p in trajectory.points] == pytest.approx([0.15, 0.20, 0.10])
     assert [p.positions[1] for p in trajectory.points] == pytest.approx([-0.3, -0.3, -0.2])
-    assert [p.velocities[0] for p in trajectory.points] == pytest.approx([0.5, 0.5, -1.0])
-    assert [p.velocities[1] for p in trajectory.points] == pytest.approx([-1.0, 0.0, 1.0])
-    # the gripper is a position; its velocity is the step's: (0.2 - 0) / 0.1, (0.4 - 0.2) / 0.1, 0
-    assert [p.positions[2] for p in trajectory.points] == pytest.approx([0.2, 0.4, 0.4])
-    assert [p.velocities[2] for p in trajectory.points] == pytest.approx([2.0, 2.0, 0.0])
-    assert trajectory.header.stamp == STAMP and list(trajectory.joint_names) == JOINTS3
+    # the trajectory ends at rest (a stock controller rejects a non-zero last velocity)
+    assert [p.velocities[0] for p in trajectory.points] == pytest.approx([0.5, 0.5, 0.0])
+    assert [p.velocities[1] for p in trajectory.points] == pytest.approx([-1.0, 0.0, 0.0])
+    assert trajectory.header.stamp == STAMP and list(trajectory.joint_names) == ["a", "b"]
+    # the gripper is a position, on its own controller's trajectory, without velocities
+    gripper = command.gripper_trajectory
+    assert list(gripper.joint_names) == ["c"] and gripper.header.stamp == STAMP
+    assert [p.positions[0] for p in gripper.points] == pytest.approx([0.2, 0.4, 0.4])
+    assert not any(p.velocities for p in gripper.points)
     np.testing.assert_allclose(command.actions, chunk, atol=1e-7)  # ~/action_chunk: the velocities
 
 
@@ -255,9 +258,10 @@ def test_droid_defaults_to_velocity_with_the_gripper_as_position():
     chunk = np.zeros((2, 8))
     chunk[:, 0] = 1.0  # 1 rad/s on joint 1
     chunk[:, 7] = 0.8  # gripper position 0.8
-    trajectory = build_command(s, chunk, np.zeros(8), STAMP).trajectory
-    assert [p.positions[0] for p in trajectory.points] == pytest.approx([0.1, 0.2])
-    assert [p.positions[7] for p in trajectory.points] == pytest.approx([0.8, 0.8])
+    command = build_command(s, chunk, np.zeros(8), STAMP)
+    assert [p.positions[0] for p in command.trajectory.points] == pytest.approx([0.1, 0.2])
+    assert list(command.gripper_trajectory.joint_names) == ["gripper"]
+    assert [p.positions[0] for p in command.gripper_trajectory.points] == pytest.approx([0.8, 0.8])
 
 
 def test_delta_position_is_relative_to_the_observed_state():
@@ -265,7 +269,9 @@ def test_delta_position_is_relative_to_the_observed_state():
     chunk = np.array([[0.1, -0.1, 0.7], [0.2, -0.2, 0.9]])
     command = build_command(s, chunk, np.array([1.0, 2.0, 0.0]), STAMP)
     positions = [list(p.positions) for p in command.trajectory.points]
-    assert positions == [pytest.approx([1.1, 1.9, 0.7]), pytest.approx([1.2, 1.8, 0.9])]
+    assert positions == [pytest.approx([1.1, 1.9]), pytest.approx([1.2, 1.8])]
+    grippers = [list(p.positions) for p in command.gripper_trajectory.points]
+    assert grippers == [pytest.approx([0.7]), pytest.approx([0.9])]
     assert not command.trajectory.points[0].velocities  # position commands carry no velocities
     np.testing.assert_allclose(command.actions, chunk, atol=1e-6)
 
@@ -315,11 +321,12 @@ def test_velocity_limits_act_on_velocities():
     chunk = np.array([[2.0, -0.3, 0.5], [-2.0, 0.3, 0.5]])
     command = build_command(s, chunk, np.zeros(3), STAMP)
     points = command.trajectory.points
-    assert [p.velocities[0] for p in points] == pytest.approx([0.5, -0.5])  # clipped to +-0.5
+    assert command.actions[:, 0] == pytest.approx([0.5, -0.5])  # clipped to +-0.5
     assert [p.positions[0] for p in points] == pytest.approx([0.05, 0.0])  # 0 + 0.05 - 0.05
-    assert [p.velocities[1] for p in points] == pytest.approx([-0.3, 0.3])  # within the limit
+    assert command.actions[:, 1] == pytest.approx([-0.3, 0.3])  # within the limit
+    assert [p.velocities[0] for p in points] == pytest.approx([0.5, 0.0])  # ends at rest
     # gripper: a position moving at most 1.0 * 0.1 per step: 0.1, 0.2
-    assert [p.positions[2] for p in points] == pytest.approx([0.1, 0.2])
+    assert [p.positions[0] for p in command.gripper_trajectory.points] == pytest.approx([0.1, 0.2])
     assert command.clipped == 4  # 2 velocities of a, 2 gripper positions
 
 

@@ -56,28 +56,38 @@ def test_velocity_command_carries_velocities_and_integrated_positions(probe):
         "fewer than 3 trajectories in 30 s"
     )
     chunks = {stamp_ns(c.header.stamp): c for c in probe.chunks_since(since - 1.0)}
+    grippers = {stamp_ns(g.header.stamp): g for g in probe.gripper_trajectories_since(since - 1.0)}
     matched = 0
     for trajectory in probe.trajectories_since(since):
+        assert list(trajectory.joint_names) == JOINTS[:7]  # the gripper has its own controller
         positions = np.array([p.positions for p in trajectory.points])
         velocities = np.array([p.velocities for p in trajectory.points])
-        assert positions.shape == velocities.shape == (10, 8)  # the tiny model's horizon, 8 dims
+        assert positions.shape == velocities.shape == (10, 7)  # the tiny model's horizon, 7 arm
         times = [
             p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in trajectory.points
         ]
         assert times == pytest.approx([(i + 1) * DT for i in range(10)], abs=1e-6)
-        # each point is where the previous one ends plus this step's velocity * dt
-        np.testing.assert_allclose(positions[1:] - positions[:-1], velocities[1:] * DT, atol=1e-5)
+        # each point is where the previous one ends plus this step's velocity * dt; the last
+        # point keeps that position and ends at rest (a stock controller's rule)
+        np.testing.assert_allclose(
+            positions[1:-1] - positions[:-2], velocities[1:-1] * DT, atol=1e-5
+        )
+        assert not velocities[-1].any()
         assert np.abs(velocities).max() <= MAX_VELOCITY + 1e-5  # limits act on the velocities
         chunk = chunks.get(stamp_ns(trajectory.header.stamp))
-        if chunk is None:
+        gripper = grippers.get(stamp_ns(trajectory.header.stamp))
+        if chunk is None or gripper is None:
             continue
         matched += 1
         assert chunk.action_space == "velocity"
         published = np.array(chunk.actions, dtype=np.float64).reshape(
             chunk.horizon, chunk.action_dim
         )
-        # arm: velocities
-        np.testing.assert_allclose(published[:, :7], velocities[:, :7], atol=1e-5)
-        # gripper: positions
-        np.testing.assert_allclose(published[:, 7], positions[:, 7], atol=1e-5)
+        # arm: velocities (the model's, also at the last step), integrated into the positions
+        np.testing.assert_allclose(published[:-1, :7], velocities[:-1], atol=1e-5)
+        np.testing.assert_allclose(positions[-1] - positions[-2], published[-1, :7] * DT, atol=1e-5)
+        # gripper: positions, on ~/gripper_trajectory
+        assert list(gripper.joint_names) == [JOINTS[7]]
+        gripper_positions = np.array([p.positions for p in gripper.points])[:, 0]
+        np.testing.assert_allclose(published[:, 7], gripper_positions, atol=1e-5)
     assert matched >= 1, "no trajectory matched an ActionChunk by stamp"

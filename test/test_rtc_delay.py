@@ -107,8 +107,9 @@ class FakeOutputs:
     def __init__(self) -> None:
         self.commands = []
 
-    def publish_command(self, settings, chunk, stamp, command, *args) -> None:
+    def publish_command(self, settings, chunk, stamp, command, *args) -> list:
         self.commands.append(command)
+        return []  # every trajectory sent
 
 
 def test_tick_reports_the_limited_chunk_and_the_stamp_to_publish_delay(policy):

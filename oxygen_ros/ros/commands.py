@@ -1,7 +1,7 @@
 """From a robot-unit action chunk to the command the node publishes, limited in its own space.
 
 The numbers a checkpoint returns mean different things (``action_space``, see
-:mod:`oxygen_ros.model.robots`):
+:mod:`oxygen_ros.policy_io.robots`):
 
 * ``position`` — absolute joint positions: published as trajectory positions;
 * ``delta_position`` — positions relative to the joint state at the observation: published as the
@@ -14,6 +14,13 @@ The numbers a checkpoint returns mean different things (``action_space``, see
 The dims named by ``gripper_joint_names`` are absolute positions in every joint space. Safety
 limits act in the commanded space after the conversion: position limits on positions,
 ``max_joint_velocity`` on velocities (a position dim's speed between consecutive points).
+
+What is published is what a stock ros2_control ``joint_trajectory_controller`` with its default
+parameters accepts (:mod:`oxygen_ros.ros.trajectory_rules`): the gripper dims go to their own
+controller (``gripper_trajectory``), never as a joint the arm's controller does not have, and a
+velocity-space trajectory ends at rest (``allow_nonzero_velocity_at_trajectory_end: false``): its
+last point keeps its integrated position with velocity zero, so a chunk that no newer one replaces
+decelerates over its last step instead of being refused whole.
 """
 
 from __future__ import annotations
@@ -41,7 +48,14 @@ class Command:
     action_space: str
     actions: np.ndarray  # [horizon, action dims] float32
     clipped: int  # values changed by the limits
-    trajectory: JointTrajectory | None  # None in dry_run and for end-effector actions
+    trajectory: JointTrajectory | None  # the arm's; None in dry_run, for end-effector actions
+    gripper_trajectory: JointTrajectory | None = None  # the gripper controller's, when split off
+
+    @property
+    def trajectories(self) -> tuple[tuple[str, JointTrajectory], ...]:
+        """(output name, message) of each trajectory to publish: ``arm`` and/or ``gripper``."""
+        named = (("arm", self.trajectory), ("gripper", self.gripper_trajectory))
+        return tuple((name, msg) for name, msg in named if msg is not None)
 
 
 def safety_filter(settings: NodeSettings) -> SafetyFilter:
@@ -99,12 +113,34 @@ def build_command(
         published = positions
     else:  # NodeSettings validates the space; this guards a new one added without a branch here
         raise ValueError(f"no command conversion for action space {space!r}")
-    trajectory = None
+    arm, gripper = None, None
     if settings.publishes_trajectory:
-        trajectory = chunk_to_joint_trajectory(
-            positions, settings.action_joint_names, settings.action_dt, stamp, velocities=velocities
-        )
-    return Command(space, np.asarray(published, dtype=np.float32), clipped, trajectory)
+        if velocities is not None:
+            velocities = velocities.copy()
+            velocities[-1] = 0.0  # the trajectory ends at rest (see the module docstring)
+        arm = _trajectory(settings, settings.arm_joint_dims, positions, velocities, stamp)
+        gripper = _trajectory(settings, settings.gripper_trajectory_dims, positions, None, stamp)
+    return Command(space, np.asarray(published, dtype=np.float32), clipped, arm, gripper)
+
+
+def _trajectory(
+    settings: NodeSettings,
+    dims: tuple[int, ...],
+    positions: np.ndarray,
+    velocities: np.ndarray | None,
+    stamp: Time,
+) -> JointTrajectory | None:
+    """The JointTrajectory of action ``dims`` (None when there are none)."""
+    if not dims:
+        return None
+    columns = list(dims)
+    return chunk_to_joint_trajectory(
+        positions[:, columns],
+        [settings.action_joint_names[i] for i in columns],
+        settings.action_dt,
+        stamp,
+        velocities=None if velocities is None else velocities[:, columns],
+    )
 
 
 def _mask(width: int, dims) -> np.ndarray:

@@ -26,6 +26,7 @@ from .commands import Command, build_command
 from .messages import action_chunk_msg, narration_msg
 from .params import NodeSettings
 from .safety import SafetyFilter
+from .trajectory_rules import TrajectoryRejected, check_trajectory
 
 # record topics (chunks, full texts, markers, diagnostics) and text inputs (~/ask, ~/instruction)
 RECORD_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
@@ -74,6 +75,11 @@ class Outputs:
         self.trajectory = node.create_lifecycle_publisher(
             JointTrajectory, "~/joint_trajectory", TRAJECTORY_QOS
         )
+        self.gripper_trajectory = (
+            node.create_lifecycle_publisher(JointTrajectory, "~/gripper_trajectory", TRAJECTORY_QOS)
+            if settings.gripper_trajectory_dims
+            else None
+        )
         self.chunk = node.create_lifecycle_publisher(ActionChunkMsg, "~/action_chunk", RECORD_QOS)
         self.narration = node.create_lifecycle_publisher(Narration, "~/narration", TEXT_QOS)
         self.text = node.create_lifecycle_publisher(String, "~/narration_text", RECORD_QOS)
@@ -87,6 +93,7 @@ class Outputs:
             p
             for p in (
                 self.trajectory,
+                self.gripper_trajectory,
                 self.chunk,
                 self.narration,
                 self.text,
@@ -105,13 +112,25 @@ class Outputs:
         frame_ms: float,
         deadline_met: bool,
         observation_age: float,
-    ) -> None:
-        """The trajectory (when there is one) and the chunk's record on ~/action_chunk."""
-        if command.trajectory is not None:
-            self.trajectory.publish(command.trajectory)
+        now_s: float,
+    ) -> list[tuple[str, TrajectoryRejected]]:
+        """The trajectories a stock controller accepts at ``now_s`` (the node's clock), and the
+        chunk's record on ~/action_chunk. Returns the trajectories not sent, with why: one that a
+        controller would drop whole (e.g. an observation so old that the chunk has already ended)
+        would only make it log an error."""
+        publishers = {"arm": self.trajectory, "gripper": self.gripper_trajectory}
+        not_sent = []
+        for name, trajectory in command.trajectories:
+            try:
+                check_trajectory(trajectory, trajectory.joint_names, now_s)
+            except TrajectoryRejected as rejected:
+                not_sent.append((name, rejected))
+                continue
+            publishers[name].publish(trajectory)
         self.chunk.publish(
             chunk_record(settings, chunk, stamp, command, frame_ms, deadline_met, observation_age)
         )
+        return not_sent
 
     def publish_delta(self, delta: TextDelta, stamp: Time) -> None:
         self.narration.publish(narration_msg(delta, stamp))
@@ -173,8 +192,8 @@ def publish_cost(
     for _ in range(repeats):
         started = time.monotonic()
         command = build_command(settings, actions, state, Time(), safety)
-        if command.trajectory is not None:
-            serialize_message(command.trajectory)
+        for _, trajectory in command.trajectories:
+            serialize_message(trajectory)
         serialize_message(chunk_record(settings, chunk, Time(), command, 0.0, True, 0.0))
         middle = time.monotonic()
         serialize_message(narration_msg(delta, Time()))

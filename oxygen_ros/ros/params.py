@@ -58,7 +58,7 @@ CHUNK_CONTINUITY_MODES = (
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 RTC_GUIDANCE = ("identity", "vjp")  # as model.rtc.GUIDANCE
 OVERRUN_POLICIES = ("adapt", "skip")
-LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as model.conventions.LEROBOT_VERSIONS
+LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as checkpoints.conventions.LEROBOT_VERSIONS
 LEROBOT_CAMERA_PREFIX = "observation.images."  # LeRobot's camera feature keys
 _INT32_MAX = 2**31 - 1
 
@@ -477,6 +477,17 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "action_joint_names); empty: the robot's own (droid: its 8th dim, aloha: both grippers)",
         CONFIGURE,
     ),
+    ParamSpec(
+        "gripper_trajectory",
+        _T.PARAMETER_BOOL,
+        True,
+        "publish the gripper dims (gripper_joint_names, else the robot's) as their own "
+        "JointTrajectory on ~/gripper_trajectory, for the gripper's own controller, and the other "
+        "action joints on ~/joint_trajectory (a stock arm joint_trajectory_controller rejects a "
+        "joint it does not have); false: every action joint on ~/joint_trajectory, for one "
+        "controller that owns them all",
+        CONFIGURE,
+    ),
     # -- fault tolerance and graceful degradation of the loop (runtime) ---------------------------
     ParamSpec(
         "max_consecutive_failures",
@@ -521,7 +532,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         _T.PARAMETER_STRING,
         "",
         "a custom prompt format as JSON or YAML text (name, base preset, templates, kinds; see "
-        "oxygen_ros/model/prompts.py custom_format); empty: none",
+        "oxygen_ros/policy_io/prompts.py custom_format); empty: none",
         CONFIGURE,
     ),
     ParamSpec(
@@ -756,6 +767,7 @@ class NodeSettings:
     robot: str
     action_space: str  # as given; see command_space
     gripper_joint_names: tuple[str, ...]
+    gripper_trajectory: bool
     # fault tolerance and graceful degradation
     max_consecutive_failures: int
     max_text_chars: int
@@ -797,6 +809,18 @@ class NodeSettings:
         if self.gripper_joint_names:
             return tuple(self.action_joint_names.index(name) for name in self.gripper_joint_names)
         return robot_adapter(self.robot).gripper_dims
+
+    @property
+    def arm_joint_dims(self) -> tuple[int, ...]:
+        """Action dims published on ~/joint_trajectory: all of them, or all but the gripper dims
+        when ``gripper_trajectory`` publishes those on their own."""
+        grippers = set(self.gripper_dims) if self.gripper_trajectory else set()
+        return tuple(i for i in range(len(self.action_joint_names)) if i not in grippers)
+
+    @property
+    def gripper_trajectory_dims(self) -> tuple[int, ...]:
+        """Action dims published on ~/gripper_trajectory (none unless ``gripper_trajectory``)."""
+        return tuple(self.gripper_dims) if self.gripper_trajectory else ()
 
     @property
     def publishes_trajectory(self) -> bool:

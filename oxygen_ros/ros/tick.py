@@ -225,10 +225,18 @@ class TickLoop:
     ) -> None:
         published = time.monotonic()
         deadline_met = published - started <= self.governor.effective_period_s  # the loop's rate
-        age = self._now_ns() / NS_PER_S - chunk.stamp
-        self.outputs.publish_command(
-            settings, chunk, stamp, command, (published - started) * 1e3, deadline_met, age
+        now_s = self._now_ns() / NS_PER_S
+        age = now_s - chunk.stamp
+        not_sent = self.outputs.publish_command(
+            settings, chunk, stamp, command, (published - started) * 1e3, deadline_met, age, now_s
         )
+        for name, rejected in not_sent:
+            self.counters.add(f"trajectory_not_sent_{rejected.reason}")
+            self._warn(
+                f"trajectory_not_sent:{rejected.reason}",
+                f"not publishing frame {chunk.frame_id}'s {name} trajectory: a stock "
+                f"joint_trajectory_controller would reject it: {rejected}",
+            )
         self.chunks_published += 1
         if command.clipped:
             self.counters.add("clipped_values", command.clipped)
