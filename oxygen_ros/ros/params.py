@@ -518,6 +518,16 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "timer skips the periods a long tick overran)",
         RUNTIME,
     ),
+    ParamSpec(
+        "inject_inference_delay_ms",
+        _T.PARAMETER_DOUBLE,
+        0.0,
+        "a test and bench knob, 0 in use: sleep this long after each chunk is computed and before "
+        "it is published, as a slower model would (the chunk's delay, what RTC sees, grows by "
+        "it; oxygen-bench closed-loop sweeps it)",
+        RUNTIME,
+        (0.0, 10_000.0),
+    ),
     # -- prompt format and the subtask loop (configure) -------------------------------------------
     ParamSpec(
         "prompt_format",
@@ -772,6 +782,7 @@ class NodeSettings:
     max_consecutive_failures: int
     max_text_chars: int
     overrun_policy: str
+    inject_inference_delay_ms: float  # a test and bench knob
     # prompt format and the subtask loop
     prompt_format: str
     prompt_format_custom: str

@@ -149,6 +149,8 @@ class TickLoop:
         try:
             engine.set_action_dt(settings.action_dt)  # a runtime change reaches RTC's delay
             chunk = engine.act(observation)
+            if settings.inject_inference_delay_ms > 0:  # a slower model, for tests and benches
+                time.sleep(settings.inject_inference_delay_ms * 1e-3)
         except ValueError as exc:  # an observation the model cannot use: not the engine's failure
             self.counters.add("no_action_engine_rejected")
             self._warn(

@@ -12,6 +12,8 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench summary --dir OUT                 # combine action/engines/realtime JSON
     oxygen-bench continuity --preset small         # chunk switches: none/identity/vjp/trained
     oxygen-bench hierarchy --preset tiny           # subtasks: none vs per call vs in the slack
+    oxygen-bench closed-loop --episodes 50 --json cl.json
+                                                   # the sim arm through the node over DDS
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (policy_io/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 
 from oxygen_ros.tools.benches import (
     action,
+    closed_loop,
     continuity,
     engines,
     hierarchy,
@@ -53,6 +56,7 @@ BENCHES = {
     "continuity": continuity,
     "hierarchy": hierarchy,
     "summary": summary,
+    "closed-loop": closed_loop,
 }
 
 

@@ -1,0 +1,450 @@
+"""``oxygen-bench closed-loop``: episodes on the simulated arm through the real policy node over
+DDS, per setting: success (Wilson 95 % CI), time to success, jerk and chunk-switch jump of the
+executed trajectory, controller rejections, late chunks, and the words judged against the sim.
+
+The sim (``oxygen-sim``) and the policy node (``config/sim_policy.yaml``, its two trajectory
+outputs remapped onto the sim's controllers) run as processes in a private ROS graph (a random
+ROS_DOMAIN_ID, localhost discovery). Episodes start through ``sim/reset``; the settings take turns
+episode by episode (round r runs every setting once on the same task and layout seed r, so drift
+of the machine hits them alike). Between a policy node's episodes it is deactivated; a setting
+with other configure-time parameters (checkpoint, chunk_continuity, subtask_conditioning)
+reconfigures it (deactivate, cleanup, set, configure, activate), cheaper than a restart. The
+expert setting runs ``oxygen-sim --expert`` in namespace /expert for its episode while the policy
+node stays inactive.
+
+Settings: ``expert`` (the scripted expert through the same controller topics: the ceiling),
+``random`` (the checkpoint's weights shuffled: the floor), ``none/dD``, ``identity/dD``,
+``trained/dD`` (chunk_continuity none, guided identity RTC on the checkpoint told it has no
+training-time RTC, and training-time RTC when the checkpoint declares it) under an injected
+inference delay of D controller steps (the node's ``inject_inference_delay_ms``), ``flat`` vs
+``same_frame`` (the place task with subtask_conditioning none vs same_frame), ``contention`` (a
+busy process competes for the CPU, overrun_policy adapt) and ``ask`` (an Ask goal "which cube
+are you going for?" during the episode: does the answer name the target colour?).
+
+Metrics: see :mod:`.closed_loop_metrics`. Chunks late: ActionChunk messages with deadline_met
+false (published after the loop's period). Chunk rate: chunks per sim second over the episode.
+Time to success counts from the sim's reset, so a policy's includes the node's activation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
+from oxygen_ros.tools.benches import closed_loop_metrics as m
+from oxygen_ros.tools.benches import common
+from oxygen_ros.tools.benches.closed_loop_ros import (
+    EXPERT_NAMESPACE,
+    STATE_ACTIVE,
+    STATE_INACTIVE,
+    BenchNode,
+    Process,
+    Recording,
+    config_file,
+    ros_environment,
+    start_busy,
+    start_policy,
+    start_sim,
+    wait_for,
+)
+from oxygen_ros.tools.benches.closed_loop_settings import (
+    ASK_QUESTION,
+    EXPERT,
+    GUIDED,
+    PLACE_TASK,
+    RANDOM,
+    TOUCH_TASK,
+    TRAINED,
+    Setting,
+    all_settings,
+    declares_trained_rtc,
+    guided_variant,
+    parse_delays,
+    random_variant,
+    select,
+)
+
+HELP = "episodes on the simulated arm through the real node over DDS, per setting"
+CONFIGURE, CLEANUP, ACTIVATE, DEACTIVATE = 1, 2, 3, 4  # lifecycle_msgs/Transition ids
+CUBES = ("red", "green", "blue")
+PADS = ("green", "blue")
+COLUMNS = [
+    "setting",
+    "n",
+    "success",
+    "ci_low",
+    "ci_high",
+    "t_success_s",
+    "jerk_rms",
+    "switch_jump_rad",
+    "rejected",
+    "late",
+    "chunks",
+    "rate_hz",
+    "narr_ok",
+    "subtask_ok",
+    "ask_ok",
+    "wall_s",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, default=50, help="episodes per setting")
+    parser.add_argument("--json", type=Path, help="write every episode and the table as JSON")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("models/sim_so101"),
+        help="the trained checkpoint (a LeRobot pi05 folder; default models/sim_so101)",
+    )
+    parser.add_argument(
+        "--params-file",
+        type=Path,
+        default=None,
+        help="the policy node's parameters (default config/sim_policy.yaml)",
+    )
+    parser.add_argument(
+        "--settings",
+        default="all",
+        help="comma-separated settings or families (expert,random,none,identity,trained,flat,"
+        "same_frame,contention,ask; none/d2 picks one delay); default all",
+    )
+    parser.add_argument(
+        "--tasks",
+        default="touch",
+        choices=["touch", "place", "both"],
+        help="the task of every setting but flat/same_frame (always place); both: by round",
+    )
+    parser.add_argument(
+        "--delays",
+        default="0,2,5",
+        help="injected inference delays, controller steps (action_dt) or NNms (default 0,2,5: "
+        "up to half the 10-step chunk)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' tasks/layouts")
+    parser.add_argument(
+        "--ask-after-s", type=float, default=2.0, help="ask setting: seconds into the episode"
+    )
+    parser.add_argument(
+        "--work", type=Path, help="logs and checkpoint variants (default: a temp dir)"
+    )
+
+
+def round_task(round_index: int, seed: int, kind: str) -> tuple[Task, int]:
+    """Round ``round_index``'s task of ``kind`` and its layout seed (the same for every setting)."""
+    import random
+
+    rng = random.Random(seed * 100_003 + round_index)
+    cube, pad = rng.choice(CUBES), rng.choice(PADS)
+    task = Task(TOUCH, cube) if kind == TOUCH_TASK else Task(PLACE, cube, pad)
+    return task, seed * 1000 + round_index
+
+
+def setting_task_kind(setting: Setting, tasks: str, round_index: int) -> str:
+    if setting.task_kind != "any":
+        return setting.task_kind
+    if tasks == "both":
+        return TOUCH_TASK if round_index % 2 == 0 else PLACE_TASK
+    return tasks
+
+
+class EpisodeRunner:
+    """Runs one episode of a setting and measures it."""
+
+    def __init__(
+        self,
+        bench: BenchNode,
+        env: dict[str, str],
+        work: Path,
+        base: dict[str, Any],
+        checkpoints: dict[str, Path],
+        args: argparse.Namespace,
+    ) -> None:
+        self.bench, self.env, self.work, self.base = bench, env, work, base
+        self.checkpoints, self.args = checkpoints, args
+        self.signature: tuple | None = None
+        self.reconfigures = 0
+
+    # -- the policy node --------------------------------------------------------------------------
+    def _configure(self, setting: Setting) -> None:
+        if self.signature == setting.signature():
+            return
+        bench = self.bench
+        state = bench.policy_state()
+        if state == STATE_ACTIVE:
+            bench.transition(DEACTIVATE)
+            state = STATE_INACTIVE
+        if state == STATE_INACTIVE:
+            bench.transition(CLEANUP)
+        values = {
+            "checkpoint_dir": str(self.checkpoints[setting.checkpoint]),
+            "chunk_continuity": self.base.get("chunk_continuity", "none"),
+            "rtc_guidance": self.base.get("rtc_guidance", "identity"),
+            "subtask_conditioning": self.base.get("subtask_conditioning", "none"),
+            **setting.configure,
+        }
+        bench.set_policy_parameters(values)
+        if not bench.transition(CONFIGURE):
+            raise RuntimeError(f"configure failed for {setting.name}: see {self.work}")
+        self.signature = setting.signature()
+        self.reconfigures += 1
+
+    def _run_policy(self, setting: Setting, task: Task, seed: int) -> tuple[Recording, dict]:
+        bench = self.bench
+        self._configure(setting)
+        bench.set_policy_parameters(
+            {
+                "task": task.text,
+                "inject_inference_delay_ms": 0.0,
+                "overrun_policy": self.base.get("overrun_policy", "adapt"),
+                **setting.runtime,
+            }
+        )
+        rec = bench.start_recording("")
+        index = bench.start_episode("", task.text, seed)
+        rec.start_sim = bench.now("")
+        busy = start_busy(self.env, self.work) if setting.contention else None
+        extra: dict[str, Any] = {}
+        try:
+            if not bench.transition(ACTIVATE):
+                raise RuntimeError(f"activate failed for {setting.name}")
+            answer = self._wait_episode("", index, setting.ask)
+            rec.end_sim = bench.now("")
+            if answer is not None:
+                extra["answer"] = answer
+                extra["answer_names_target"] = m.names_colour(answer, task.cube)
+            bench.transition(DEACTIVATE)
+        finally:
+            if busy is not None:
+                busy.stop()
+        rec = bench.stop_recording()
+        return rec, {**extra, "episode": index}
+
+    def _wait_episode(self, ns: str, index: int, ask: bool) -> str | None:
+        """Wait for the episode's end (asking the question on the way when ``ask``); the answer."""
+        bench, started = self.bench, time.monotonic()
+        limit = 4 * self.args.timeout_s + 30.0  # wall seconds: a slow machine slows sim time
+        pending = None
+
+        def ended() -> bool:
+            report = bench.report(ns)
+            return report.get("episode") == index and report.get("status") != "running"
+
+        while not ended() and time.monotonic() - started < limit:
+            if ask and pending is None and time.monotonic() - started >= self.args.ask_after_s:
+                pending = bench.ask(ASK_QUESTION) or False
+            time.sleep(0.05)
+        if not pending:
+            return "" if ask else None
+        if not wait_for(pending.done, 20.0):
+            return ""
+        return pending.result().result.text
+
+    # -- the expert -------------------------------------------------------------------------------
+    def _run_expert(self, task: Task, seed: int) -> tuple[Recording, dict]:
+        bench = self.bench
+        bench.forget_reports(EXPERT_NAMESPACE)
+        sim = start_sim(self.env, self.work, self.args.timeout_s, EXPERT_NAMESPACE, expert=True)
+        try:
+            rec = bench.start_recording(EXPERT_NAMESPACE)
+            index = bench.start_episode(EXPERT_NAMESPACE, task.text, seed)
+            rec.start_sim = bench.now(EXPERT_NAMESPACE)
+            self._wait_episode(EXPERT_NAMESPACE, index, ask=False)
+            rec.end_sim = bench.now(EXPERT_NAMESPACE)
+            rec = bench.stop_recording()
+        finally:
+            sim.stop()
+        return rec, {"episode": index}
+
+    def run(self, setting: Setting, task: Task, seed: int, round_index: int) -> dict[str, Any]:
+        started = time.monotonic()
+        if setting.driver == EXPERT:
+            rec, extra = self._run_expert(task, seed)
+        else:
+            rec, extra = self._run_policy(setting, task, seed)
+        result = measure(rec, task, extra["episode"])
+        result.update(extra, setting=setting.name, round=round_index, task=task.text, seed=seed)
+        result["wall_s"] = time.monotonic() - started
+        return result
+
+
+def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
+    """One episode's numbers from its recording."""
+    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
+    final = reports[-1][1] if reports else {}
+    success_at = next((t for t, r in reports if r.get("status") == "success"), None)
+    start, end = rec.start_sim, rec.end_sim
+    joints = [
+        (t, q)
+        for t, q in zip(rec.joint_times, rec.joint_positions, strict=True)
+        if start < t <= end
+    ]
+    switches = [(p, a) for p, a in zip(rec.plans, rec.arrivals, strict=True) if start <= a <= end]
+    jumps = m.switch_jumps([p for p, _ in switches], [a for _, a in switches])
+    chunk_stamps = [s for _, _, s in rec.chunks]
+    span = (max(chunk_stamps) - min(chunk_stamps)) if len(chunk_stamps) > 1 else 0.0
+    narr = [
+        m.judge_text(
+            task, text, m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
+        )
+        for t, raw in rec.narrations
+        for kind, text in [m.strip_kind(raw)]
+        if kind in ("narration", "")
+    ]
+    subs = [
+        m.judge_text(
+            task, text, m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
+        )
+        for t, text in rec.policy_subtasks
+        if text
+    ]
+    return {
+        "status": final.get("status", "lost"),
+        "success": final.get("status") == "success",
+        "elapsed_s": final.get("elapsed_s", math.nan),
+        "rejected": int(sum(final.get("rejected", {}).values())),
+        "rejected_by_reason": final.get("rejected", {}),
+        "jerk_rms": m.rms_jerk([t for t, _ in joints], [q for _, q in joints])
+        if joints
+        else math.nan,
+        "switch_jump_rad": m.mean_or_nan(jumps),
+        "switches": len(jumps),
+        "chunks": len(rec.chunks),
+        "chunks_late": sum(not on_time for _, on_time, _ in rec.chunks),
+        "chunk_rate_hz": (len(chunk_stamps) - 1) / span if span > 0 else math.nan,
+        "narrations": len(narr),
+        "narrations_right": sum(narr),
+        "subtasks": len(subs),
+        "subtasks_right": sum(subs),
+    }
+
+
+def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, Any]]:
+    rows = []
+    for setting in settings:
+        mine = [e for e in episodes if e["setting"] == setting.name]
+        if not mine:
+            continue
+        n, wins = len(mine), sum(e["success"] for e in mine)
+        low, high = m.wilson_interval(wins, n)
+        asked = [e for e in mine if "answer_names_target" in e]
+        rows.append(
+            {
+                "setting": setting.name,
+                "continuity": setting.continuity,
+                "delay_steps": setting.delay_steps,
+                "n": n,
+                "success": wins / n,
+                "ci_low": low,
+                "ci_high": high,
+                "t_success_s": m.median_or_nan([e["elapsed_s"] for e in mine if e["success"]]),
+                "jerk_rms": m.mean_or_nan([e["jerk_rms"] for e in mine]),
+                "switch_jump_rad": m.mean_or_nan([e["switch_jump_rad"] for e in mine]),
+                "rejected": sum(e["rejected"] for e in mine),
+                "late": sum(e["chunks_late"] for e in mine),
+                "chunks": sum(e["chunks"] for e in mine),
+                "rate_hz": m.median_or_nan([e["chunk_rate_hz"] for e in mine]),
+                "narr_ok": m.fraction_or_nan(
+                    sum(e["narrations_right"] for e in mine), sum(e["narrations"] for e in mine)
+                ),
+                "subtask_ok": m.fraction_or_nan(
+                    sum(e["subtasks_right"] for e in mine), sum(e["subtasks"] for e in mine)
+                ),
+                "ask_ok": m.fraction_or_nan(
+                    sum(e["answer_names_target"] for e in asked), len(asked)
+                ),
+                "wall_s": m.mean_or_nan([e["wall_s"] for e in mine]),
+            }
+        )
+    return rows
+
+
+def _ordered(settings: list[Setting], round_index: int) -> list[Setting]:
+    """A round's order: the expert first, then the policy settings grouped by what configure
+    needs (fewest reconfigures), the groups' order reversed every other round."""
+    expert = [s for s in settings if s.driver == EXPERT]
+    policy = sorted((s for s in settings if s.driver != EXPERT), key=lambda s: repr(s.signature()))
+    return expert + (policy[::-1] if round_index % 2 else policy)
+
+
+def _checkpoints(checkpoint: Path, settings: list[Setting], work: Path) -> dict[str, Path]:
+    needed = {s.checkpoint for s in settings if s.driver != EXPERT}
+    paths = {TRAINED: checkpoint}
+    if GUIDED in needed:
+        paths[GUIDED] = guided_variant(checkpoint, work / "checkpoint_guided")
+    if RANDOM in needed:
+        paths[RANDOM] = random_variant(checkpoint, work / "checkpoint_random")
+    return paths
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    checkpoint = args.checkpoint.resolve()
+    if (
+        not (checkpoint / "config.json").is_file()
+        and not (checkpoint / "model.safetensors").is_file()
+    ):
+        raise SystemExit(f"oxygen-bench closed-loop: no checkpoint in {checkpoint}")
+    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
+    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
+    delays = parse_delays(args.delays, float(base.get("action_dt", 0.1)))
+    try:
+        settings = select(all_settings(delays, declares_trained_rtc(checkpoint)), args.settings)
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench closed-loop: {exc}") from exc
+    work = args.work or Path(tempfile.mkdtemp(prefix="closed_loop_"))
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoints = _checkpoints(checkpoint, settings, work)
+    env = ros_environment()
+    print(f"closed-loop: {len(settings)} settings x {args.episodes} episodes; logs in {work}")
+    processes: list[Process] = []
+    bench = BenchNode()
+    episodes: list[dict] = []
+    started = time.monotonic()
+    try:
+        if any(s.driver != EXPERT for s in settings):
+            processes.append(start_sim(env, work, args.timeout_s))
+            processes.append(start_policy(env, work, params_file, checkpoints[TRAINED]))
+            bench.wait_for_policy()
+        runner = EpisodeRunner(bench, env, work, base, checkpoints, args)
+        for round_index in range(args.episodes):
+            for setting in _ordered(settings, round_index):
+                kind = setting_task_kind(setting, args.tasks, round_index)
+                task, seed = round_task(round_index, args.seed, kind)
+                result = runner.run(setting, task, seed, round_index)
+                episodes.append(result)
+                print(
+                    f"[{round_index + 1}/{args.episodes}] {setting.name:>14}: "
+                    f"{result['status']:>7} "
+                    f"{result['elapsed_s']:5.1f} sim s, {result['wall_s']:5.1f} wall s, "
+                    f"{task.text!r}",
+                    flush=True,
+                )
+    finally:
+        bench.close()
+        for process in reversed(processes):
+            process.stop()
+    rows = summarise(settings, episodes)
+    common.print_table(rows, COLUMNS)
+    out = {
+        "checkpoint": str(checkpoint),
+        "params_file": str(params_file),
+        "episodes_per_setting": args.episodes,
+        "timeout_s": args.timeout_s,
+        "delays": [{"steps": s, "ms": ms} for s, ms in delays],
+        "wall_s": time.monotonic() - started,
+        "reconfigures": runner.reconfigures if episodes else 0,
+        "rows": rows,
+        "episodes": episodes,
+    }
+    common.write_json(args.json, out)
+    return out

@@ -1,0 +1,222 @@
+"""The closed-loop bench's metrics, on recorded data (no ROS): success with a Wilson interval,
+jerk of the executed trajectory, the chunk-switch jump, and the judging of the policy's words.
+
+Definitions (also in ``oxygen-bench closed-loop --help``):
+
+* **success**: the sim's own verdict (``sim/episode`` status ``success`` before its timeout);
+  the rate over N episodes with the Wilson score 95 % interval (:func:`wilson_interval`).
+* **time to success**: the sim seconds from the episode's start to its success (median over the
+  successful episodes).
+* **jerk**: of the *executed* arm trajectory, from ``joint_states`` (positions of the five arm
+  joints at their header stamps): the third difference over three equal steps divided by dt^3, in
+  rad/s^3, RMS over every joint and every window of four consecutive samples with no gap
+  (:func:`rms_jerk`).
+* **chunk-switch jump**: the discontinuity in the *commanded reference* at the moment a new arm
+  trajectory takes over: each trajectory is the piecewise-linear plan through its points (at
+  ``header.stamp + time_from_start``, held before the first and after the last point); when
+  trajectory k+1 reaches the controller at sim time t, the jump is
+  max over joints |plan_{k+1}(t) - plan_k(t)| in rad; reported as the mean over the episode's
+  switches (:func:`switch_jumps`). Zero when each chunk continues the one it replaces.
+* **language**: a text (``~/narration_text`` narration, ``~/subtask``) is right when it names the
+  task's cube (its colour and no other cube colour; for a place task's carry/release phases the
+  pad as well) and the phase the sim was in when it arrived (within :data:`JUDGE_TOLERANCE_S`
+  before, for decoding latency). The text's phase is the sim phase whose own subtask or narration
+  text shares the most words with it (:func:`judge_text`), using the sim's language module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxygen_ros.sim.language import Phase, SceneFacts, current_phase
+from oxygen_ros.sim.scene import CUBE_COLORS, PAD_COLORS
+from oxygen_ros.sim.tasks import PLACE, Task
+
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+JUDGE_TOLERANCE_S = (
+    1.0  # a text may name the phase the sim was in up to this long before it arrived
+)
+GAP_FACTOR = 1.5  # joint_states samples further apart than this many steps break the jerk windows
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial rate (95 % by default); (0, 1) for n = 0."""
+    if n <= 0:
+        return (0.0, 1.0)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be within 0..{n}, got {successes}")
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def rms_jerk(times: Sequence[float], positions: np.ndarray) -> float:
+    """RMS jerk (units/s^3) of ``positions`` [samples, joints] sampled at ``times`` (s).
+
+    The step ``dt`` is the median interval; a window of four samples counts only when its three
+    intervals are within ``GAP_FACTOR`` x dt (a lost message does not read as a jerk). NaN with
+    no complete window.
+    """
+    t = np.asarray(times, dtype=np.float64)
+    q = np.asarray(positions, dtype=np.float64)
+    if q.ndim == 1:
+        q = q[:, None]
+    if len(t) != len(q):
+        raise ValueError(f"{len(t)} times for {len(q)} samples")
+    if len(t) < 4:
+        return math.nan
+    intervals = np.diff(t)
+    dt = float(np.median(intervals))
+    if not dt > 0:
+        return math.nan
+    third = q[3:] - 3 * q[2:-1] + 3 * q[1:-2] - q[:-3]
+    regular = np.abs(intervals - dt) <= (GAP_FACTOR - 1) * dt
+    windows = regular[:-2] & regular[1:-1] & regular[2:]
+    if not windows.any():
+        return math.nan
+    jerk = third[windows] / dt**3
+    return float(np.sqrt(np.mean(jerk**2)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One commanded trajectory as absolute times (s) and positions [points, joints]."""
+
+    times: np.ndarray
+    positions: np.ndarray
+
+    def at(self, t: float) -> np.ndarray:
+        """The piecewise-linear reference at ``t``, held outside the points' span."""
+        return np.array(
+            [np.interp(t, self.times, self.positions[:, j]) for j in range(self.positions.shape[1])]
+        )
+
+
+def switch_jumps(plans: Sequence[Plan], arrivals: Sequence[float]) -> list[float]:
+    """The chunk-switch jump of each trajectory after the first: max over joints of
+    |plan_k(t_k) - plan_{k-1}(t_k)| at its arrival time t_k (the controller's clock)."""
+    if len(plans) != len(arrivals):
+        raise ValueError(f"{len(plans)} plans for {len(arrivals)} arrival times")
+    return [
+        float(np.max(np.abs(plans[k].at(arrivals[k]) - plans[k - 1].at(arrivals[k]))))
+        for k in range(1, len(plans))
+    ]
+
+
+# -- language ------------------------------------------------------------------------------------
+_WORD = re.compile(r"[a-z]+")
+
+
+def words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def task_phases(task: Task) -> dict[str, Phase]:
+    """Every phase of ``task`` with the sim's own texts for it (from ``sim.language``)."""
+    far = SceneFacts(False, None, 1.0, False, False)
+    facts = {
+        "reach": far,
+        "done": SceneFacts(True, None, 0.0, False, True),
+    }
+    if task.kind == PLACE:
+        facts |= {
+            "grasp": SceneFacts(False, None, 0.0, False, False),
+            "carry": SceneFacts(False, task.cube, 0.0, False, False),
+            "release": SceneFacts(False, task.cube, 0.0, True, False),
+        }
+    return {key: current_phase(task, value) for key, value in facts.items()}
+
+
+def phases_of_subtask(task: Task, subtask: str) -> set[str]:
+    """The phases in which the sim publishes ``subtask`` for ``task`` (touch: reach and done
+    share one)."""
+    return {key for key, phase in task_phases(task).items() if phase.subtask == subtask}
+
+
+def text_phase(task: Task, text: str) -> str | None:
+    """The phase whose sim texts share the most words with ``text`` (colours left out); None
+    when no phase shares a word or two phases tie."""
+    colours = set(CUBE_COLORS) | set(PAD_COLORS)
+    said = words(text) - colours - {"the", "a", "cube", "pad", "on", "to", "is"}
+    scores: dict[str, int] = {}
+    for key, phase in task_phases(task).items():
+        own = (words(phase.subtask) | words(phase.narration)) - colours
+        scores[key] = len(said & own)
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    if not ranked or ranked[0][1] == 0 or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
+def names_object(task: Task, text: str, phase: str | None) -> bool:
+    """``text`` names the task's cube and no colour the task does not name; in a place task's
+    phases about the pad (carry, release) it names the task's pad too."""
+    said = words(text)
+    allowed = {task.cube, task.pad} if task.kind == PLACE else {task.cube}
+    colours = set(CUBE_COLORS) | (set(PAD_COLORS) if task.kind == PLACE else set())
+    if task.cube not in said or (colours - allowed) & said:
+        return False
+    return not (task.kind == PLACE and phase in ("carry", "release") and task.pad not in said)
+
+
+def judge_text(task: Task, text: str, sim_phases: set[str]) -> bool:
+    """Whether ``text`` names the right object and one of the phases in ``sim_phases`` (the
+    phases the sim was in when the text arrived)."""
+    phase = text_phase(task, text)
+    return phase is not None and phase in sim_phases and names_object(task, text, phase)
+
+
+def sim_phases(
+    task: Task,
+    subtasks: Sequence[tuple[float, str]],
+    success_at: float | None,
+    start: float,
+    end: float,
+) -> set[str]:
+    """The phases the sim was in at some time in [start, end]: ``subtasks`` is its timeline of
+    (time, sim/subtask), ``success_at`` when it reported success (None: never); "done" only once
+    it succeeded (touch publishes one subtask for reach and done)."""
+    current = [text for t, text in subtasks if t <= start][-1:]
+    texts = current + [text for t, text in subtasks if start < t <= end]
+    phases = set().union(*(phases_of_subtask(task, text) for text in texts)) if texts else set()
+    if success_at is None or success_at > end:
+        phases.discard("done")
+    elif success_at <= start:
+        phases = {"done"}
+    return phases
+
+
+def strip_kind(text: str) -> tuple[str, str]:
+    """``"[narration] reaching for the red cube"`` -> ("narration", "reaching for the red cube");
+    a text without a ``[kind]`` prefix has kind ""."""
+    match = re.match(r"\s*\[(\w+)\]\s*(.*)", text, re.DOTALL)
+    return (match.group(1), match.group(2)) if match else ("", text.strip())
+
+
+def names_colour(text: str, colour: str) -> bool:
+    """An answer names the target colour (and no other cube colour)."""
+    said = words(text)
+    return colour in said and not (set(CUBE_COLORS) - {colour}) & said
+
+
+# -- summaries -----------------------------------------------------------------------------------
+def median_or_nan(values: Sequence[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return float(statistics.median(finite)) if finite else math.nan
+
+
+def mean_or_nan(values: Sequence[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return float(statistics.fmean(finite)) if finite else math.nan
+
+
+def fraction_or_nan(numerator: int, denominator: int) -> float:
+    return numerator / denominator if denominator else math.nan
