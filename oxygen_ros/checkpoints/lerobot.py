@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,6 +69,8 @@ IDENTITY, MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10 = (
     "QUANTILE10",
 )
 NORM_MODES = (IDENTITY, MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10)
+# LeRobot's FeatureType names (configs/types.py).
+FEATURE_TYPES = (STATE, VISUAL, "ENV", ACTION, "REWARD", "LANGUAGE")
 # LeRobot's PI05Config defaults (configuration_pi05.py), used when config.json omits a field.
 DEFAULT_EPS = 1e-8
 DEFAULT_NORMALIZATION = {VISUAL: IDENTITY, STATE: QUANTILES, ACTION: QUANTILES}
@@ -97,11 +100,16 @@ def read_json(path: Path) -> Any:
     """A JSON file of a LeRobot folder.
 
     Raises:
-        LeRobotFormatError: an unreadable file or invalid JSON.
+        LeRobotFormatError: an unreadable file, invalid JSON or UTF-8, or JSON nested too deeply
+            for Python's parser (which recurses once per level); the message names the file.
     """
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except RecursionError as exc:
+        raise LeRobotFormatError(
+            f"{path} is not readable JSON: nested too deeply to parse ({exc})"
+        ) from exc
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise LeRobotFormatError(f"{path} is not readable JSON: {exc}") from exc
 
 
@@ -284,37 +292,151 @@ class LeRobotSpec:
         return any(self.relative_actions)
 
 
-def _positive_int(config: Mapping[str, Any], name: str, default: int, path: Path) -> int:
-    value = config.get(name, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise LeRobotFormatError(f"{path}: {name} must be a positive integer, got {value!r}")
+# -- reading fields: each check names the file and the field --------------------------------------
+# Every value the loader takes from config.json or a processor file goes through one of these, so a
+# folder that lies is refused at load with a LeRobotFormatError, never a bare Python error later.
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, cut short (a lying file may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse(where: object, field: str, expected: str, value: Any) -> LeRobotFormatError:
+    return LeRobotFormatError(f"{where}: {field} must be {expected}, got {_show(value)}")
+
+
+def _integer(
+    values: Mapping[str, Any], name: str, default: int, where: object, minimum: int = 1
+) -> int:
+    """``values[name]`` (``default`` when absent): an integer >= ``minimum``; a bool, a float such
+    as 2.5 or 2.0, a string or null is refused."""
+    value = values.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise _refuse(where, name, expected, value)
     return value
 
 
-def _features(config: Mapping[str, Any], name: str, path: Path) -> dict[str, dict[str, Any]]:
-    features = config.get(name) or {}
-    if not isinstance(features, dict) or not all(
-        isinstance(v, dict) and "type" in v for v in features.values()
+def _number(
+    values: Mapping[str, Any], name: str, default: float, where: object, positive: bool = False
+) -> float:
+    """``values[name]`` (``default`` when absent): a finite number (JSON's NaN and Infinity
+    parse), above zero when ``positive``."""
+    value = values.get(name, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (positive and value <= 0)
     ):
-        raise LeRobotFormatError(f"{path}: {name} must map feature keys to {{type, shape}}")
+        raise _refuse(where, name, "a positive number" if positive else "a finite number", value)
+    return float(value)
+
+
+def _flag(values: Mapping[str, Any], name: str, default: bool, where: object) -> bool:
+    """``values[name]`` (``default`` when absent): true or false (the string "false" is not)."""
+    value = values.get(name, default)
+    if not isinstance(value, bool):
+        raise _refuse(where, name, "true or false", value)
+    return value
+
+
+def _object(values: Mapping[str, Any], name: str, where: object) -> dict[str, Any]:
+    """``values[name]``: a JSON object; absent or null is an empty one."""
+    value = values.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _refuse(where, name, "an object", value)
+    return value
+
+
+def _names(values: Mapping[str, Any], name: str, where: object) -> list[str] | None:
+    """``values[name]``: a list of strings; absent or null is None."""
+    value = values.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _refuse(where, name, "a list of strings", value)
+    return value
+
+
+def _shape(value: Any, field: str, where: object, ndim: int | None = None) -> tuple[int, ...]:
+    """A shape: a non-empty list of positive integers (of ``ndim`` entries when given)."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or (ndim is not None and len(value) != ndim)
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)
+    ):
+        count = f"{ndim} " if ndim is not None else ""
+        raise _refuse(where, field, f"a list of {count}positive integers", value)
+    return tuple(value)
+
+
+def _norm_map(values: Mapping[str, Any], name: str, where: object) -> dict[str, str]:
+    """A LeRobot normalisation mapping: {feature type: mode}, both names LeRobot knows."""
+    mapping = _object(values, name, where)
+    for kind, mode in mapping.items():
+        if kind not in FEATURE_TYPES:
+            raise _refuse(where, f"{name} key", f"one of {', '.join(FEATURE_TYPES)}", kind)
+        if mode not in NORM_MODES:
+            raise _refuse(where, f"{name}[{kind!r}]", f"one of {', '.join(NORM_MODES)}", mode)
+    return mapping
+
+
+def _features(values: Mapping[str, Any], name: str, where: object) -> dict[str, dict[str, Any]]:
+    """LeRobot features {key: {"type", "shape"}}: known types, shapes of positive integers, a
+    camera [3, height, width], the state and the action one width each."""
+    features = _object(values, name, where)
+    for key, feature in features.items():
+        field = f"{name}[{key!r}]"
+        if not isinstance(feature, dict):
+            raise _refuse(where, field, "an object {type, shape}", feature)
+        kind = feature.get("type")
+        if kind not in FEATURE_TYPES:
+            raise _refuse(where, f"{field}.type", f"one of {', '.join(FEATURE_TYPES)}", kind)
+        expected_kind = {STATE_KEY: STATE, ACTION_KEY: ACTION}.get(key)
+        if expected_kind is not None and kind != expected_kind:
+            raise _refuse(where, f"{field}.type", repr(expected_kind), kind)
+        shape = feature.get("shape")
+        if kind == VISUAL:
+            if _shape(shape, f"{field}.shape", where, 3)[0] != 3:
+                raise _refuse(
+                    where, f"{field}.shape", "[3, height, width] (RGB, channels first)", shape
+                )
+        else:
+            _shape(shape, f"{field}.shape", where, 1 if kind in (STATE, ACTION) else None)
     return features
 
 
 def _width(feature: Mapping[str, Any] | None) -> int | None:
-    shape = (feature or {}).get("shape")
-    return int(shape[0]) if isinstance(shape, list) and shape else None
+    """A feature's width (its shape, checked by `_features`, has one entry); None: no feature."""
+    return None if feature is None else feature["shape"][0]
 
 
 def _steps(ckpt_dir: Path, filename: str) -> list[dict[str, Any]]:
+    """A processor file's steps (none when the file is absent), each checked: an object whose
+    ``registry_name`` and ``state_file`` are strings and whose ``config`` is an object."""
     path = ckpt_dir / filename
     if not path.is_file():
         return []
     written = read_json(path)
-    steps = written.get("steps") if isinstance(written, dict) else None
-    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-        raise LeRobotFormatError(f"{path}: expected {{'steps': [...]}}")
+    if not isinstance(written, dict):
+        raise LeRobotFormatError(f"{path} must hold a JSON object {{'steps': [...]}}")
+    steps = written.get("steps")
+    if not isinstance(steps, list):
+        raise _refuse(path, "steps", "a list of step objects", steps)
+    for i, step in enumerate(steps):
+        where = f"{path} steps[{i}]"
+        if not isinstance(step, dict):
+            raise _refuse(where, "the step", "an object", step)
+        for field in ("registry_name", "state_file"):
+            if step.get(field) is not None and not isinstance(step[field], str):
+                raise _refuse(where, field, "a string", step[field])
+        _object(step, "config", where)
     return steps
 
 
@@ -328,8 +450,10 @@ def _step(steps: Sequence[dict[str, Any]], registry_name: str, path: Path) -> di
 def _read_stats(ckpt_dir: Path, step: Mapping[str, Any], source: str) -> dict[str, dict]:
     """``<feature>.<stat>`` tensors of a normalizer step's ``state_file`` -> {feature: {stat}}."""
     state_file = step.get("state_file")
-    if not state_file:
+    if state_file is None:
         return {}
+    if not state_file or Path(state_file).name != state_file:
+        raise _refuse(source, "state_file", "a file name in the checkpoint folder", state_file)
     path = ckpt_dir / state_file
     if not path.is_file():
         raise LeRobotFormatError(
@@ -349,6 +473,33 @@ def _read_stats(ckpt_dir: Path, step: Mapping[str, Any], source: str) -> dict[st
     return stats
 
 
+def _norm_mode(
+    key: str,
+    kind: str,
+    step: Mapping[str, Any] | None,
+    fallback_map: Mapping[str, str],
+    source: str,
+) -> str:
+    """The mode LeRobot's step applies to ``key`` (IDENTITY: passes through), its config checked.
+
+    LeRobot normalises an observation only if the step lists it among its features (and in
+    normalize_observation_keys when that is set); the action always. A feature without statistics
+    passes through whatever its mode.
+    """
+    where = f"{source} config"
+    cfg = (step or {}).get("config") or {}
+    norm_map = _norm_map(cfg, "norm_map", where) or fallback_map
+    listed = _features(cfg, "features", where)
+    keys = _names(cfg, "normalize_observation_keys", where)
+    if (
+        kind != ACTION
+        and step is not None
+        and (key not in listed or (keys is not None and key not in keys))
+    ):
+        return IDENTITY
+    return norm_map.get(kind, IDENTITY)
+
+
 def _feature_norm(
     key: str,
     kind: str,
@@ -358,22 +509,11 @@ def _feature_norm(
     dim: int | None,
     source: str,
 ) -> FeatureNorm:
-    cfg = (step or {}).get("config") or {}
-    norm_map = cfg.get("norm_map") or fallback_map
-    mode = norm_map.get(kind, IDENTITY)
-    if kind != ACTION and step is not None:
-        # LeRobot normalises an observation only if the step lists it among its features (and in
-        # normalize_observation_keys when that is set); the action always
-        listed = key in (cfg.get("features") or {})
-        keys = cfg.get("normalize_observation_keys")
-        if not listed or (keys is not None and key not in keys):
-            return FeatureNorm(key, IDENTITY, float(cfg.get("eps", DEFAULT_EPS)), {}, dim)
-    if mode not in NORM_MODES:
-        raise LeRobotFormatError(f"{source}: unknown normalization mode {mode!r} for {kind}")
-    eps = float(cfg.get("eps", DEFAULT_EPS))
-    own = dict(stats.get(key, {}))
-    if mode == IDENTITY or not own:
+    eps = _number((step or {}).get("config") or {}, "eps", DEFAULT_EPS, f"{source} config", True)
+    mode = _norm_mode(key, kind, step, fallback_map, source)
+    if mode == IDENTITY or not stats.get(key):
         return FeatureNorm(key, mode, eps, {}, dim)
+    own = stats[key]
     needed = _NEEDED_STATS[mode]
     missing = [s for s in needed if s not in own]
     if missing:
@@ -381,41 +521,58 @@ def _feature_norm(
             f"{source}: {key} is normalised with {mode} but its statistics lack {missing} "
             f"(present: {sorted(own)})"
         )
-    kept = {s: own[s].reshape(-1) for s in needed}
+    for name in needed:
+        if own[name].ndim != 1:
+            raise LeRobotFormatError(
+                f"{source}: {key}.{name} must be one vector, got shape {list(own[name].shape)}"
+            )
+    kept = {s: own[s] for s in needed}
     widths = {v.size for v in kept.values()}
     if len(widths) != 1 or (dim is not None and widths != {dim}):
         raise LeRobotFormatError(
             f"{source}: {key} statistics have widths {sorted(widths)} but the feature has {dim}"
         )
-    if mode == MEAN_STD and (kept["std"] < 0).any():
-        raise LeRobotFormatError(f"{source}: {key}.std is negative")
+    if mode == MEAN_STD:
+        if (kept["std"] < 0).any():
+            raise LeRobotFormatError(f"{source}: {key}.std is negative")
+    else:  # a range: its low end may not lie above its high end
+        low, high = needed
+        above = np.flatnonzero(kept[low] > kept[high]).tolist()
+        if above:
+            raise LeRobotFormatError(
+                f"{source}: {key}.{low} lies above {key}.{high} at dims {above}"
+            )
     return FeatureNorm(key, mode, eps, kept, widths.pop())
 
 
 def _relative_mask(
-    step: Mapping[str, Any] | None, config: Mapping[str, Any], action_dim: int
+    step: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+    action_dim: int,
+    config_path: Path,
+    pre_path: Path,
 ) -> tuple[tuple[bool, ...], str]:
     """LeRobot main's relative actions: which action dims get the raw state added back."""
     if step is not None:
         cfg = step.get("config") or {}
-        enabled, source = (
-            bool(cfg.get("enabled", False)),
-            f"{PREPROCESSOR_FILENAME} {RELATIVE_STEP}",
-        )
-        exclude, names = cfg.get("exclude_joints") or [], cfg.get("action_names")
+        source = f"{PREPROCESSOR_FILENAME} {RELATIVE_STEP}"
+        where = f"{pre_path} {RELATIVE_STEP} config"
+        enabled = _flag(cfg, "enabled", False, where)
+        exclude, names = _names(cfg, "exclude_joints", where), _names(cfg, "action_names", where)
     else:
-        enabled, source = bool(config.get("use_relative_actions", False)), CONFIG_FILENAME
-        exclude = config.get("relative_exclude_joints") or []
-        names = config.get("action_feature_names")
+        source = CONFIG_FILENAME
+        enabled = _flag(config, "use_relative_actions", False, config_path)
+        exclude = _names(config, "relative_exclude_joints", config_path)
+        names = _names(config, "action_feature_names", config_path)
     if not enabled:
         return (), f"absolute actions ({source})"
     # LeRobot's RelativeActionsProcessorStep._build_mask: a case-insensitive name match or
     # substring excludes a dim; without names every dim is relative.
-    tokens = [str(t).lower() for t in exclude if t]
+    tokens = [t.lower() for t in exclude or [] if t]
     mask = [True] * action_dim
     if tokens and names:
-        for i, name in enumerate(list(names)[:action_dim]):
-            lowered = str(name).lower()
+        for i, name in enumerate(names[:action_dim]):
+            lowered = name.lower()
             mask[i] = not any(t == lowered or t in lowered for t in tokens)
     absolute = [i for i, m in enumerate(mask) if not m]
     return tuple(mask), (
@@ -429,34 +586,40 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
     """Everything a LeRobot pi05 folder says about inputs, outputs and sampling.
 
     ``version``: "auto" (from the files, see `conventions.lerobot_conventions`), "0.4" or "main".
+    Every field read is checked here, before any weight is: its type, its range, widths against
+    ``max_state_dim`` / ``max_action_dim`` and the statistics, and every file a step names.
 
     Raises:
-        LeRobotFormatError: unreadable files, a missing statistics file, features or statistics
-            that do not fit, or a variant this package does not run (MEM, other time periods).
+        LeRobotFormatError: unreadable files, a missing statistics file, a field of the wrong type
+            or out of range (the message names the file and the field), features or statistics
+            that do not fit, or a variant this package does not run (MEM, other time periods,
+            normalised images).
     """
     ckpt_dir = Path(ckpt_dir)
     config_path = ckpt_dir / CONFIG_FILENAME
+    pre_path, post_path = ckpt_dir / PREPROCESSOR_FILENAME, ckpt_dir / POSTPROCESSOR_FILENAME
     config = read_json(config_path)
     if not isinstance(config, dict):
         raise LeRobotFormatError(f"{config_path} must hold a JSON object")
     for flag in ("use_proprioceptive_memory", "use_visual_memory"):
-        if config.get(flag):
+        if _flag(config, flag, False, config_path):
             raise LeRobotFormatError(
                 f"{config_path}: {flag} is true (LeRobot's MEM variant), which pi0.5 here does "
                 "not run"
             )
-    periods = (config.get("min_period", 4e-3), config.get("max_period", 4.0))
-    if tuple(float(p) for p in periods) != DEFAULT_TIME_PERIODS:
+    periods = tuple(
+        _number(config, name, default, config_path, positive=True)
+        for name, default in zip(("min_period", "max_period"), DEFAULT_TIME_PERIODS, strict=True)
+    )
+    if periods != DEFAULT_TIME_PERIODS:
         raise LeRobotFormatError(
             f"{config_path}: min_period/max_period {periods} differ from pi0.5's "
             f"{DEFAULT_TIME_PERIODS}, which this model's time embedding uses"
         )
     inputs = _features(config, "input_features", config_path)
     outputs = _features(config, "output_features", config_path)
-    empty = config.get("empty_cameras", 0) or 0
-    if isinstance(empty, bool) or not isinstance(empty, int) or empty < 0:
-        raise LeRobotFormatError(f"{config_path}: empty_cameras must be >= 0, got {empty!r}")
-    cameras = [k for k, v in inputs.items() if v.get("type") == VISUAL]
+    empty = _integer(config, "empty_cameras", 0, config_path, minimum=0)
+    cameras = [k for k, v in inputs.items() if v["type"] == VISUAL]
     cameras += [
         key
         for key in (f"{IMAGE_PREFIX}empty_camera_{i}" for i in range(empty))
@@ -464,20 +627,32 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
     ]
     if not cameras:
         raise LeRobotFormatError(f"{config_path}: input_features name no VISUAL (camera) feature")
+    max_state_dim = _integer(config, "max_state_dim", DEFAULT_MAX_DIM, config_path)
+    max_action_dim = _integer(config, "max_action_dim", DEFAULT_MAX_DIM, config_path)
     action_dim = _width(outputs.get(ACTION_KEY))
-    max_action_dim = _positive_int(config, "max_action_dim", DEFAULT_MAX_DIM, config_path)
     if action_dim is None:
         action_dim = max_action_dim  # LeRobot's validate_features default
+    if action_dim > max_action_dim:
+        raise LeRobotFormatError(
+            f"{config_path}: output_features['{ACTION_KEY}'] has {action_dim} dims, more than "
+            f"max_action_dim {max_action_dim} (actions are zero-padded to max_action_dim)"
+        )
     state_dim = _width(inputs.get(STATE_KEY))
-    chunk = _positive_int(config, "chunk_size", 50, config_path)
-    n_action_steps = _positive_int(config, "n_action_steps", chunk, config_path)
+    chunk = _integer(config, "chunk_size", 50, config_path)
+    n_action_steps = _integer(config, "n_action_steps", chunk, config_path)
     if n_action_steps > chunk:
         raise LeRobotFormatError(
             f"{config_path}: n_action_steps {n_action_steps} exceeds chunk_size {chunk}"
         )
-    resolution = tuple(config.get("image_resolution") or (224, 224))
-    if len(resolution) != 2:
-        raise LeRobotFormatError(f"{config_path}: image_resolution must be [height, width]")
+    num_inference_steps = _integer(config, "num_inference_steps", 10, config_path)
+    resolution = _shape(
+        config.get("image_resolution", [224, 224]), "image_resolution", config_path, 2
+    )
+    max_length = _integer(config, "tokenizer_max_length", 200, config_path)
+    fallback_map = {
+        **DEFAULT_NORMALIZATION,
+        **_norm_map(config, "normalization_mapping", config_path),
+    }
 
     files = [CONFIG_FILENAME]
     notes = [
@@ -490,11 +665,18 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
         _steps(ckpt_dir, PREPROCESSOR_FILENAME),
         _steps(ckpt_dir, POSTPROCESSOR_FILENAME),
     )
-    fallback_map = {**DEFAULT_NORMALIZATION, **(config.get("normalization_mapping") or {})}
-    pre_source = f"{PREPROCESSOR_FILENAME} {NORMALIZER_STEP}"
-    post_source = f"{POSTPROCESSOR_FILENAME} {UNNORMALIZER_STEP}"
-    normalizer = _step(pre_steps, NORMALIZER_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
-    unnormalizer = _step(post_steps, UNNORMALIZER_STEP, ckpt_dir / POSTPROCESSOR_FILENAME)
+    pre_source = f"{pre_path} {NORMALIZER_STEP}"
+    post_source = f"{post_path} {UNNORMALIZER_STEP}"
+    normalizer = _step(pre_steps, NORMALIZER_STEP, pre_path)
+    unnormalizer = _step(post_steps, UNNORMALIZER_STEP, post_path)
+    tokenizer = _step(pre_steps, TOKENIZER_STEP, pre_path)
+    if tokenizer is not None:  # the processor's max_length is the one LeRobot tokenizes with
+        where = f"{pre_path} {TOKENIZER_STEP} config"
+        max_length = _integer(tokenizer.get("config") or {}, "max_length", max_length, where)
+    relative_step = _step(pre_steps, RELATIVE_STEP, pre_path)
+    relative, relative_note = _relative_mask(
+        relative_step, config, action_dim, config_path, pre_path
+    )
     pre_stats = _read_stats(ckpt_dir, normalizer, pre_source) if normalizer else {}
     post_stats = _read_stats(ckpt_dir, unnormalizer, post_source) if unnormalizer else {}
     for step in (normalizer, unnormalizer):
@@ -503,6 +685,14 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
     files += [
         f for f in (PREPROCESSOR_FILENAME, POSTPROCESSOR_FILENAME) if (ckpt_dir / f).is_file()
     ]
+    # Images enter the model as [0, 1] -> [-1, 1]; LeRobot's statistics on them are not applied.
+    for camera in cameras:
+        mode = _norm_mode(camera, VISUAL, normalizer, fallback_map, pre_source)
+        if mode != IDENTITY and pre_stats.get(camera):
+            raise LeRobotFormatError(
+                f"{pre_source}: {camera} is normalised with {mode} (norm_map VISUAL); pi0.5 here "
+                "takes images as they are (IDENTITY)"
+            )
     state_norm = _feature_norm(
         STATE_KEY, STATE, normalizer, pre_stats, fallback_map, state_dim, pre_source
     )
@@ -515,17 +705,17 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
     action_norm = _feature_norm(
         ACTION_KEY, ACTION, action_step, action_stats, fallback_map, action_dim, action_source
     )
+    # The state is zero-padded to max_state_dim (LeRobot 0.4's prompt): it may not be wider.
+    state_width = state_dim if state_dim is not None else state_norm.dim
+    if state_width is not None and state_width > max_state_dim:
+        found = "input_features['observation.state']" if state_dim is not None else pre_source
+        raise LeRobotFormatError(
+            f"{config_path}: max_state_dim {max_state_dim} is below the state's {state_width} dims "
+            f"({found}); the state is zero-padded to max_state_dim"
+        )
     if not normalizer and not unnormalizer:
         notes.append("no processor statistics: state and actions pass through unnormalised")
     notes += [f"state {state_norm.describe()}", f"actions {action_norm.describe()}"]
-
-    tokenizer = _step(pre_steps, TOKENIZER_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
-    tokenizer_cfg = (tokenizer or {}).get("config") or {}
-    max_length = tokenizer_cfg.get("max_length") or _positive_int(
-        config, "tokenizer_max_length", 200, config_path
-    )
-    relative_step = _step(pre_steps, RELATIVE_STEP, ckpt_dir / PREPROCESSOR_FILENAME)
-    relative, relative_note = _relative_mask(relative_step, config, action_dim)
     notes.append(relative_note)
     told_main = [
         why
@@ -535,7 +725,6 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
         )
         if told
     ]
-    max_state_dim = _positive_int(config, "max_state_dim", DEFAULT_MAX_DIM, config_path)
     conventions = lerobot_conventions(version, told_main, max_state_dim)
     notes.append(conventions.reason)
     return LeRobotSpec(
@@ -545,11 +734,11 @@ def read_lerobot(ckpt_dir: Path, version: str = "auto") -> LeRobotSpec:
         action_dim=action_dim,
         chunk_size=chunk,
         n_action_steps=n_action_steps,
-        num_inference_steps=_positive_int(config, "num_inference_steps", 10, config_path),
+        num_inference_steps=num_inference_steps,
         max_state_dim=max_state_dim,
         max_action_dim=max_action_dim,
-        tokenizer_max_length=int(max_length),
-        image_resolution=(int(resolution[0]), int(resolution[1])),
+        tokenizer_max_length=max_length,
+        image_resolution=(resolution[0], resolution[1]),
         state_norm=state_norm,
         action_norm=action_norm,
         relative_actions=relative,
@@ -583,11 +772,6 @@ def lerobot_model_config(
         raise LeRobotFormatError(
             f"config.json max_action_dim {spec.max_action_dim} but the tensors have "
             f"{max_action_dim} (action_in_proj.weight {list(shape)})"
-        )
-    if spec.action_dim > max_action_dim:
-        raise LeRobotFormatError(
-            f"output_features action has {spec.action_dim} dims, more than max_action_dim "
-            f"{max_action_dim}"
         )
     candidates = [dataclasses.replace(p, action_dim=max_action_dim) for p in PRESETS.values()]
     try:
@@ -624,8 +808,8 @@ def load_lerobot_checkpoint(
     """
     dtype = as_dtype(dtype)
     weights = ckpt_dir / MODEL_FILENAME
+    spec = read_lerobot(ckpt_dir, version)  # every config and processor field, before the weights
     header = read_safetensors_header(weights)
-    spec = read_lerobot(ckpt_dir, version)
     plan, mapped = weight_plan(header)
     source = "given explicitly"
     if config is None:

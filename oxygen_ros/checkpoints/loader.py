@@ -46,13 +46,18 @@ def detect_format(ckpt_dir: Path) -> DetectedFormat:
     openpi's converter ``config.json``, which has no ``"type"``).
 
     Raises:
-        LeRobotFormatError: another LeRobot policy type (pi0, smolvla, ...), LeRobot processor
-            files without a LeRobot config, or a folder mixing both layouts; each names the files.
+        LeRobotFormatError: a config.json that is not a JSON object, another LeRobot policy type
+            (pi0, smolvla, ...), LeRobot processor files without a LeRobot config, or a folder
+            mixing both layouts; each names the files.
     """
     ckpt_dir = Path(ckpt_dir)
     config_path = ckpt_dir / CONFIG_FILENAME
     written = read_json(config_path) if config_path.is_file() else None
-    policy_type = written.get("type") if isinstance(written, dict) else None
+    if written is not None and not isinstance(written, dict):  # both layouts write an object
+        raise LeRobotFormatError(
+            f"{config_path} must hold a JSON object, got {type(written).__name__}"
+        )
+    policy_type = written.get("type") if written is not None else None
     processors = [
         name
         for name in (PREPROCESSOR_FILENAME, POSTPROCESSOR_FILENAME)
