@@ -292,11 +292,23 @@ class OxygenNode(LifecycleNode):
         self._sync_parameters()
         self._loop.narration_due.reset()
         self._loop.failing_ticks = 0
+        self._start_fresh_run()
         self._active = True
         self._start_timer()
         self._state_label = "active"
         self.get_logger().info("active: publishing action chunks")
         return TransitionCallbackReturn.SUCCESS
+
+    def _start_fresh_run(self) -> None:
+        """Activation starts a new run: while the node was inactive the robot may have moved or
+        been reset (a new episode), so the chunk published before deactivate no longer guides the
+        first chunk (RTC) and a new subtask is decoded from the first frame, even for the same
+        task text."""
+        with self._engine_lock:
+            continuity = getattr(self._engine, "continuity", None)
+            if continuity:
+                continuity.reset()
+        self._loop.restart_subtask = True
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._active = False

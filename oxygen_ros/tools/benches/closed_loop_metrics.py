@@ -18,10 +18,11 @@ Definitions (also in ``oxygen-bench closed-loop --help``):
   max over joints |plan_{k+1}(t) - plan_k(t)| in rad; reported as the mean over the episode's
   switches (:func:`switch_jumps`). Zero when each chunk continues the one it replaces.
 * **language**: a text (``~/narration_text`` narration, ``~/subtask``) is right when it names the
-  task's cube (its colour and no other cube colour; for a place task's carry/release phases the
-  pad as well) and the phase the sim was in when it arrived (within :data:`JUDGE_TOLERANCE_S`
+  task's cube (its colour and no colour the task does not name; in a place task's carry phase
+  the pad as well) and the phase the sim was in when it arrived (within :data:`JUDGE_TOLERANCE_S`
   before, for decoding latency). The text's phase is the sim phase whose own subtask or narration
-  text shares the most words with it (:func:`judge_text`), using the sim's language module.
+  text shares the most words with it (:func:`text_phases`, :func:`judge_text`; the texts come
+  from the sim's language module).
 """
 
 from __future__ import annotations
@@ -141,37 +142,36 @@ def phases_of_subtask(task: Task, subtask: str) -> set[str]:
     return {key for key, phase in task_phases(task).items() if phase.subtask == subtask}
 
 
-def text_phase(task: Task, text: str) -> str | None:
-    """The phase whose sim texts share the most words with ``text`` (colours left out); None
-    when no phase shares a word or two phases tie."""
+def text_phases(task: Task, text: str) -> set[str]:
+    """The phases whose sim texts share the most words with ``text`` (colours and "the", "a",
+    "cube", "pad" left out); several when they tie (touch's reach and done share a subtask), none
+    when no phase shares a word."""
     colours = set(CUBE_COLORS) | set(PAD_COLORS)
-    said = words(text) - colours - {"the", "a", "cube", "pad", "on", "to", "is"}
-    scores: dict[str, int] = {}
-    for key, phase in task_phases(task).items():
-        own = (words(phase.subtask) | words(phase.narration)) - colours
-        scores[key] = len(said & own)
-    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
-    if not ranked or ranked[0][1] == 0 or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
-        return None
-    return ranked[0][0]
+    ignored = colours | {"the", "a", "cube", "pad"}
+    said = words(text) - ignored
+    scores = {
+        key: len(said & ((words(phase.subtask) | words(phase.narration)) - ignored))
+        for key, phase in task_phases(task).items()
+    }
+    best = max(scores.values(), default=0)
+    return {key for key, score in scores.items() if score == best} if best else set()
 
 
 def names_object(task: Task, text: str, phase: str | None) -> bool:
     """``text`` names the task's cube and no colour the task does not name; in a place task's
-    phases about the pad (carry, release) it names the task's pad too."""
+    carry phase (whose sim texts name the pad) it names the task's pad too."""
     said = words(text)
     allowed = {task.cube, task.pad} if task.kind == PLACE else {task.cube}
     colours = set(CUBE_COLORS) | (set(PAD_COLORS) if task.kind == PLACE else set())
     if task.cube not in said or (colours - allowed) & said:
         return False
-    return not (task.kind == PLACE and phase in ("carry", "release") and task.pad not in said)
+    return not (task.kind == PLACE and phase == "carry" and task.pad not in said)
 
 
 def judge_text(task: Task, text: str, sim_phases: set[str]) -> bool:
     """Whether ``text`` names the right object and one of the phases in ``sim_phases`` (the
     phases the sim was in when the text arrived)."""
-    phase = text_phase(task, text)
-    return phase is not None and phase in sim_phases and names_object(task, text, phase)
+    return any(names_object(task, text, p) for p in text_phases(task, text) & sim_phases)
 
 
 def sim_phases(

@@ -1,0 +1,212 @@
+"""The closed-loop bench (``oxygen-bench closed-loop``): its metrics on hand-made data, its
+machinery over DDS for a few short episodes (the expert succeeds in all, a policy setting runs end
+to end through the real node and reports every field, no controller rejections), the trained
+policy when its checkpoint is present, and the node starting a fresh run on activation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from oxygen_ros.sim.tasks import Task
+from oxygen_ros.tools.benches import closed_loop
+from oxygen_ros.tools.benches import closed_loop_metrics as m
+from oxygen_ros.tools.benches.closed_loop_settings import (
+    all_settings,
+    guided_variant,
+    parse_delays,
+    random_variant,
+    select,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINED = REPO / "models" / "sim_so101"
+SIM_CAMERAS = ("observation.images.scene", "observation.images.wrist")
+
+
+# -- metrics on hand-made data --------------------------------------------------------------------
+def test_wilson_interval_matches_the_textbook_values():
+    assert m.wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert m.wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert m.wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert m.wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_jerk_is_the_third_derivative_and_a_gap_is_not_a_jerk():
+    t = np.arange(0, 1.0, 0.02)
+    q = np.stack([t**3, 2 * t**3], axis=1)  # jerk 6 and 12
+    assert m.rms_jerk(t, q) == pytest.approx(math.sqrt((36 + 144) / 2), rel=1e-6)
+    line = np.stack([t, -t], axis=1)
+    assert m.rms_jerk(t, line) == pytest.approx(0.0, abs=1e-6)
+    # a lost sample (a gap of two steps) leaves those windows out instead of reading as a jerk
+    kept = np.delete(np.arange(len(t)), 20)
+    assert m.rms_jerk(t[kept], line[kept]) == pytest.approx(0.0, abs=1e-6)
+    assert math.isnan(m.rms_jerk(t[:3], line[:3]))
+
+
+def test_chunk_switch_jump_is_the_reference_discontinuity_at_arrival():
+    ramp = m.Plan(np.array([0.0, 1.0]), np.array([[0.0, 0.0], [1.0, 2.0]]))
+    continued = m.Plan(np.array([0.5, 1.5]), np.array([[0.5, 1.0], [1.5, 3.0]]))
+    jumped = m.Plan(np.array([0.5, 1.5]), np.array([[0.8, 1.0], [0.8, 1.0]]))
+    assert m.switch_jumps([ramp, continued], [0.0, 0.5]) == pytest.approx([0.0])
+    assert m.switch_jumps([ramp, jumped], [0.0, 0.5]) == pytest.approx([0.3])
+    # before its first point a plan holds it: arriving at 0.25, the new plan says 0.8
+    assert m.switch_jumps([ramp, jumped], [0.0, 0.25]) == pytest.approx([0.55])
+
+
+def test_language_judging_against_the_sims_own_texts():
+    place = Task("place", "red", "green")
+    for key, phase in m.task_phases(place).items():
+        for text in (phase.subtask, phase.narration):
+            if text != "done":
+                assert m.judge_text(place, text, {key}), (key, text)
+    assert not m.judge_text(place, "grasping the blue cube", {"grasp"})  # wrong object
+    assert not m.judge_text(place, "carrying the red cube to the green pad", {"reach"})  # phase
+    assert not m.judge_text(place, "carrying the red cube", {"carry"})  # the pad unnamed
+    touch = Task("touch", "blue")
+    assert m.phases_of_subtask(touch, "touch the blue cube") == {"reach", "done"}
+    timeline = [(0.0, "touch the blue cube")]
+    assert m.sim_phases(touch, timeline, None, 1.0, 2.0) == {"reach"}
+    assert m.sim_phases(touch, timeline, 1.5, 1.0, 2.0) == {"reach", "done"}
+    assert m.judge_text(touch, "reaching for the blue cube", {"reach"})
+    assert m.judge_text(touch, "touch the blue cube", {"reach"})  # the subtask of both phases
+    assert not m.judge_text(touch, "the gripper is touching the blue cube", {"reach"})
+    steps = [(0.0, "reach the red cube"), (3.0, "grasp the red cube")]
+    assert m.sim_phases(place, steps, None, 2.5, 3.5) == {"reach", "grasp"}
+    assert m.strip_kind("[narration] reaching for the red cube") == (
+        "narration",
+        "reaching for the red cube",
+    )
+    assert m.names_colour("the red one", "red") and not m.names_colour("red or blue", "red")
+
+
+def test_settings_delays_and_selection():
+    assert parse_delays("0,2,250ms", 0.1) == [(0.0, 0.0), (2.0, 200.0), (2.5, 250.0)]
+    settings = all_settings(parse_delays("0,5", 0.1), trained_rtc=False)
+    names = [s.name for s in settings]
+    assert "trained/d0" not in names and "identity/d5" in names
+    assert [s.name for s in select(settings, "expert,none")] == ["expert", "none/d0", "none/d5"]
+    with pytest.raises(ValueError):
+        select(settings, "bogus")
+    with_trained = all_settings(parse_delays("0", 0.1), trained_rtc=True)
+    assert "trained/d0" in [s.name for s in with_trained]
+
+
+def test_checkpoint_variants(tmp_path: Path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    save_file(
+        {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}, str(src / "model.safetensors")
+    )
+    (src / "config.json").write_text(json.dumps({"type": "pi05", "rtc_training_max_delay": 3}))
+    (src / "tokenizer.model").write_text("t")
+    shuffled = load_file(str(random_variant(src, tmp_path / "random") / "model.safetensors"))["w"]
+    assert shuffled.shape == (3, 4) and sorted(shuffled.flatten().tolist()) == list(range(12))
+    assert shuffled.flatten().tolist() != list(range(12))
+    guided = guided_variant(src, tmp_path / "guided")
+    assert json.loads((guided / "config.json").read_text())["rtc_training_max_delay"] == 0
+    assert (guided / "tokenizer.model").read_text() == "t"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    assert guided_variant(plain, tmp_path / "unused") == plain
+
+
+# -- the node starts a fresh run on activation ----------------------------------------------------
+@pytest.mark.ros
+def test_activation_forgets_the_executed_chunk_and_restarts_the_subtask(tiny_checkpoint):
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from oxygen_ros.ros.node import OxygenNode
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = OxygenNode(
+        "fresh_run_test",
+        context=context,
+        parameter_overrides=[
+            Parameter("checkpoint_dir", value=str(tiny_checkpoint)),
+            Parameter("chunk_continuity", value="rtc"),
+            Parameter("autostart", value=False),
+        ],
+    )
+    try:
+        assert node.start()
+        assert node.trigger_deactivate().name == "SUCCESS"
+        continuity = node._engine.continuity
+        continuity._latest = continuity._published = object()  # a chunk of the previous run
+        node._loop.restart_subtask = False
+        assert node.trigger_activate().name == "SUCCESS"
+        assert continuity.previous is None
+        assert node._loop.restart_subtask
+    finally:
+        node.release()
+        node.destroy_node()
+        context.try_shutdown()
+
+
+# -- the bench over DDS ---------------------------------------------------------------------------
+def bench_args(checkpoint: Path, tmp_path: Path, **overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    closed_loop.add_arguments(parser)
+    args = parser.parse_args(["--checkpoint", str(checkpoint), "--work", str(tmp_path / "work")])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    args.json = tmp_path / "bench.json"
+    return args
+
+
+@pytest.fixture(scope="module")
+def sim_checkpoint(tmp_path_factory):
+    """A random-weight LeRobot tiny folder named like the sim's (scene and wrist cameras)."""
+    from oxygen_ros.tools import make_checkpoint
+
+    out = tmp_path_factory.mktemp("sim_ckpt") / "random"
+    original = make_checkpoint.LEROBOT_CAMERAS
+    make_checkpoint.LEROBOT_CAMERAS = SIM_CAMERAS
+    try:
+        return make_checkpoint.make_lerobot_checkpoint(out, "tiny", seed=0)
+    finally:
+        make_checkpoint.LEROBOT_CAMERAS = original
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_the_bench_runs_the_expert_and_a_policy_through_the_node(sim_checkpoint, tmp_path):
+    args = bench_args(
+        sim_checkpoint, tmp_path, episodes=2, settings="expert,none/d0", timeout_s=4.0
+    )
+    out = closed_loop.run(args)
+    rows = {row["setting"]: row for row in out["rows"]}
+    assert set(rows) == {"expert", "none/d0"}
+    assert rows["expert"]["success"] == 1.0, out["episodes"]
+    policy = [e for e in out["episodes"] if e["setting"] == "none/d0"]
+    assert len(policy) == 2
+    for episode in policy:
+        assert episode["status"] in ("success", "timeout"), episode
+        assert episode["chunks"] > 5 and episode["switches"] > 5, episode
+        assert math.isfinite(episode["jerk_rms"]) and math.isfinite(episode["switch_jump_rad"])
+        assert episode["rejected"] == 0, episode["rejected_by_reason"]
+    for row in out["rows"]:
+        assert set(closed_loop.COLUMNS) <= set(row)
+        assert row["rejected"] == 0
+    assert json.loads(args.json.read_text())["rows"] == json.loads(json.dumps(out["rows"]))
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+@pytest.mark.skipif(not TRAINED.is_dir(), reason=f"no trained checkpoint in {TRAINED}")
+def test_the_trained_policy_succeeds_in_most_touch_episodes(tmp_path):
+    args = bench_args(TRAINED, tmp_path, episodes=4, settings="none/d0", timeout_s=15.0)
+    out = closed_loop.run(args)
+    (row,) = out["rows"]
+    assert row["success"] >= 0.75, out["episodes"]
+    assert row["rejected"] == 0
