@@ -333,15 +333,41 @@ def test_pi052_memory_note_when_the_subtask_changes_chained_with_the_previous(po
 
 
 def test_a_subtask_is_capped_to_what_the_prompt_leaves_of_max_token_len(policy):
+    """The cap is what the prompt leaves with the longest state text: any later frame's prompt
+    carries the whole subtask, whatever its state (a cap from this frame's state alone left a
+    longer state text one token short, and the task was shortened)."""
     engine = hierarchy_engine(policy, subtask_max_tokens=4096)
     try:
         obs = observation(0)
         engine.step(obs)
         request = engine.subtasks.in_flight
-        empty = policy.frame_prompt(obs.state, obs.prompt, preset("openpi_subtask"), True)
-        assert request.sampling.max_tokens == policy.config.max_token_len - len(empty.ids) > 0
+        fmt = preset("openpi_subtask")
+        longest = policy.longest_prompt(obs.prompt, len(obs.state), fmt, True)
+        assert request.sampling.max_tokens == policy.config.max_token_len - longest > 0
+        tokens = tuple(range(300, 300 + request.sampling.max_tokens))
+        for state in (obs.state, -obs.state, np.full(7, 0.999), np.full(7, -0.999)):
+            conditioned = policy.frame_prompt(
+                state, obs.prompt, fmt, True, SubtaskText(tokens, "x", 1)
+            )
+            assert len(conditioned.ids) <= policy.config.max_token_len
     finally:
         engine.close()
+
+
+def test_a_subtask_without_words_is_counted(policy):
+    """An untrained model can finish a subtask of spaces (~/subtask then says ''): diagnostics
+    count it as subtasks_empty."""
+    loop = SubtaskLoop(preset("openpi_subtask"), period_s=0.0)
+    loop.observe_task("tidy up")
+    blank = finished_request(policy, 1, "   ")
+    assert blank.tokens, "the tokenizer must give the spaces tokens"
+    loop.submitted(blank, 0.0)
+    loop.finished([blank.finish("eos")], 1.0)
+    assert loop.current.text.text == "" and loop.empty_subtasks == 1 and loop.refreshes == 1
+    worded = finished_request(policy, 2, "open the drawer")
+    loop.submitted(worded, 2.0)
+    loop.finished([worded.finish("eos")], 3.0)
+    assert loop.stats(3.0)["subtasks_empty"] == 1 and loop.refreshes == 2
 
 
 def test_questions_use_the_formats_question_turn(policy):

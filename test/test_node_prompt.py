@@ -17,6 +17,8 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
 
+from oxygen_ros.policy_io.prompts import MIN_SUBTASK_TOKENS, preset
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.ros.node import OxygenNode
 
 pytestmark = [pytest.mark.ros]
@@ -99,6 +101,51 @@ def test_configure_refuses_a_task_that_cannot_fit_and_the_node_stays_up(tiny_che
         assert "task refused" in node._last_error and "max_token_len 96" in node._last_error
         assert node.set_parameters([Parameter("task", value=SHORT_TASK)])[0].successful
         assert node.trigger_configure().name == "SUCCESS", node._last_error
+    finally:
+        node.release()
+        node.destroy_node()
+        context.try_shutdown()
+
+
+def task_leaving_a_subtask(tiny_checkpoint, room: int) -> str:
+    """A task whose subtask-conditioned openpi_subtask prompt (7-value state, worst case) leaves a
+    subtask exactly ``room`` of the tiny model's 96 tokens."""
+    tokenizer = Pi05Tokenizer(tiny_checkpoint / "tokenizer.model")
+    fmt = preset("openpi_subtask")
+    for repeats in range(60):
+        for ending in ("", " a", " up a", " cup"):
+            task = "pick" + " up" * repeats + ending
+            if tokenizer.longest_prompt(task, 7, fmt, True) == 96 - room:
+                return task
+    raise AssertionError(f"no task leaves a subtask {room} tokens")
+
+
+def test_configure_refuses_a_task_that_leaves_a_subtask_no_room(tiny_checkpoint):
+    """openpi_subtask, same_frame: a task whose prompt fits but leaves a subtask fewer tokens than
+    it can say anything with is refused with the numbers; one that leaves enough configures."""
+    cramped = task_leaving_a_subtask(tiny_checkpoint, MIN_SUBTASK_TOKENS - 1)
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = make_node(
+        "oxygen_subtask_room_test",
+        context,
+        tiny_checkpoint,
+        task=cramped,
+        prompt_format="openpi_subtask",
+        subtask_conditioning="same_frame",
+    )
+    try:
+        assert node.trigger_configure().name == "FAILURE"
+        error = node._last_error
+        assert "task refused" in error
+        assert f"leaves a subtask {MIN_SUBTASK_TOKENS - 1} of the model's max_token_len 96" in error
+        assert f"a subtask needs at least {MIN_SUBTASK_TOKENS}" in error
+        roomy = task_leaving_a_subtask(tiny_checkpoint, MIN_SUBTASK_TOKENS)
+        assert node.set_parameters([Parameter("task", value=roomy)])[0].successful
+        assert node.trigger_configure().name == "SUCCESS", node._last_error
+        # and when the task is set on the configured node
+        refused = node.set_parameters([Parameter("task", value=cramped)])[0]
+        assert not refused.successful and "a subtask needs at least" in refused.reason
     finally:
         node.release()
         node.destroy_node()

@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 
+from oxygen_ros.policy_io.prompts import preset
 from oxygen_ros.policy_io.tokenizer import (
     Pi05Tokenizer,
     PromptTooLong,
@@ -181,6 +182,15 @@ def test_check_task_refuses_a_task_that_cannot_fit_naming_the_limit(tok):
         tok.check_task("open the drawer " * 30, 7, 96)
     with pytest.raises(PromptTooLong, match="needs .* tokens before any task text"):
         tok.check_task("open", 60, 96)
+
+
+def test_check_task_refuses_a_conditioned_prompt_that_leaves_a_subtask_too_little(tok):
+    fmt = preset("openpi_subtask")
+    need = tok.longest_prompt("open the drawer", 7, fmt, True)
+    tok.check_task("open the drawer", 7, need + 4, fmt, True, subtask_tokens=4)
+    with pytest.raises(PromptTooLong, match=r"leaves a subtask 3 of the model's max_token_len"):
+        tok.check_task("open the drawer", 7, need + 3, fmt, True, subtask_tokens=4)
+    tok.check_task("open the drawer", 7, need + 3, fmt, False, subtask_tokens=4)  # unconditioned
 
 
 def test_a_task_accepted_at_set_time_is_never_shortened_later(tok):

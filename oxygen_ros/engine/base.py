@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..policy_io.policy import Pi05Policy
+from ..policy_io.prompts import subtask_max_tokens
 from .faults import NO_FAULTS, FaultInjector, describe, stage_of
 from .frames import max_prefix_tokens
 from .kv_cache import KVPool
@@ -31,9 +32,12 @@ WARM_UP_FRAMES = 5  # first-call frames `EngineBase.warm_up` runs after the buck
 
 def subtask_token_limit(policy: Pi05Policy, config: EngineConfig, prompt_tokens: int) -> int:
     """A subtask's token limit: ``subtask_max_tokens`` (0: the format's, else 64), and no more than
-    the conditioned prompt (``prompt_tokens`` without a subtask) leaves of ``max_token_len``, so
-    that the next frames' prompt carries all of it."""
-    limit = config.subtask_max_tokens or config.kinds["subtask"].max_tokens or 64
+    the conditioned prompt (``prompt_tokens`` without a subtask, measured with the longest state
+    text: `Pi05Policy.longest_prompt`) leaves of ``max_token_len``, so that every next frame's
+    prompt carries all of it, whatever its state. Configure refuses a task that leaves less than
+    a useful subtask (`prompts.MIN_SUBTASK_TOKENS`); the floor of 1 guards a task set without that
+    check."""
+    limit = subtask_max_tokens(config.format, config.subtask_max_tokens)
     return max(1, min(limit, policy.config.max_token_len - prompt_tokens))
 
 

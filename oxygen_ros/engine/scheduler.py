@@ -363,8 +363,9 @@ class OxygenEngine(EngineBase):
             return
         cfg = self.config
         state, task = self._last_prompt
-        empty = self.policy.frame_prompt(state, task, cfg.format, True)  # its room in max_token_len
-        limit = subtask_token_limit(self.policy, cfg, len(empty.ids))
+        # the room any frame's conditioned prompt leaves it, whatever that frame's state
+        longest = self.policy.longest_prompt(task, len(state), cfg.format, True)
+        limit = subtask_token_limit(self.policy, cfg, longest)
         sampling = SamplingParams(max_tokens=limit, temperature=0.0, seed=cfg.seed)
         request = self._enqueue("subtask", sampling=sampling, front=True, task=loop.task or "")
         loop.submitted(request, self.clock())

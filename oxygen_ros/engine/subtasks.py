@@ -53,6 +53,7 @@ class SubtaskLoop:
         self.current: Subtask | None = None
         self.task: str | None = None
         self.refreshes = 0  # subtasks that finished
+        self.empty_subtasks = 0  # finished with no words (only spaces or control text)
         self.chunks_by_subtask: collections.Counter[int] = collections.Counter()
         self.unconditioned_chunks = 0  # chunks of a task before its first subtask
         self.memory_note = ""
@@ -77,6 +78,7 @@ class SubtaskLoop:
             "subtask_age_s": now_s - current.born_s if current else 0.0,
             "subtask_decode_ms": current.decode_ms if current else 0.0,
             "subtask_refreshes": self.refreshes,
+            "subtasks_empty": self.empty_subtasks,
             "subtask_in_flight": self._request is not None,
             "chunks_unconditioned": self.unconditioned_chunks,
             "chunks_per_subtask": " ".join(f"{i}:{n}" for i, n in recent),
@@ -141,6 +143,9 @@ class SubtaskLoop:
         self._request = None
         if request.finish_reason not in ("eos", "length") or not request.tokens:
             return None  # refused, stalled, cancelled or failed: the next one is due on schedule
+        # A subtask of only spaces or control text (an untrained model's) still conditions the
+        # chunks, as the model said it; diagnostics count it, so a user sees why ~/subtask is ''.
+        self.empty_subtasks += not request.text.strip()
         previous = self.current
         same = previous is not None and tuple(request.tokens) == previous.text.ids
         subtask_id = previous.text.subtask_id if same else self._next_id

@@ -273,19 +273,42 @@ class Pi05Policy:
         state_dim: int,
         prompt_format: PromptFormat | None = None,
         conditioned: bool = False,
+        subtask_tokens: int = 0,
     ) -> None:
         """Refuse a task whose prompt would not fit ``max_token_len`` with a ``state_dim``-value
         state (the worst case: `Pi05Tokenizer.check_task`) in ``prompt_format`` (None: openpi's;
-        ``conditioned``: its subtask-conditioned prompt), before it is ever used.
+        ``conditioned``: its subtask-conditioned prompt, which must leave a subtask
+        ``subtask_tokens``), before it is ever used.
 
         Raises:
             PromptTooLong: naming the prompt's tokens and the model's limit.
         """
-        in_prompt = self.prompt_state(np.zeros(state_dim))  # the width the prompt really gets
-        width = None if in_prompt is None else len(in_prompt)
         self.tokenizer.check_task(
-            task, width, self.config.max_token_len, prompt_format, conditioned
+            task,
+            self._prompt_state_width(state_dim),
+            self.config.max_token_len,
+            prompt_format,
+            conditioned,
+            subtask_tokens,
         )
+
+    def longest_prompt(
+        self,
+        task: str,
+        state_dim: int,
+        prompt_format: PromptFormat | None = None,
+        conditioned: bool = False,
+    ) -> int:
+        """Tokens of ``task``'s prompt with the longest state text a ``state_dim``-value robot
+        state can make (`Pi05Tokenizer.longest_prompt`): what any frame's prompt can take."""
+        return self.tokenizer.longest_prompt(
+            task, self._prompt_state_width(state_dim), prompt_format, conditioned
+        )
+
+    def _prompt_state_width(self, state_dim: int) -> int | None:
+        """How many values a ``state_dim``-value robot state puts in the prompt (None: none)."""
+        in_prompt = self.prompt_state(np.zeros(state_dim))
+        return None if in_prompt is None else len(in_prompt)
 
     def encode(
         self,

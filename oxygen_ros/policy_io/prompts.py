@@ -45,6 +45,11 @@ LANGUAGE_KINDS = ("narration", "answer", "memory", "subtask")
 # by the format's conditioned prompt, or (exact formats only) by its ids appended causally on the
 # frame's shared prefix. Either way it is the frame's one prefill.
 SUBTASK_CONDITIONING = ("none", "prompt", "same_frame")
+DEFAULT_SUBTASK_MAX_TOKENS = 64  # a subtask's limit when neither the format nor the user sets one
+# The fewest tokens a subtask can be useful with: a verb and an object ("grasp the cup" is three
+# PaliGemma tokens). A prompt that leaves a subtask less is refused (or the configured limit, when
+# that is lower).
+MIN_SUBTASK_TOKENS = 4
 EOS_PIECE = "<eos>"
 SUBTASK_IDS_PIECE = "{subtask}"
 TASK_STYLES = ("openpi", "lower_period", "whitespace")
@@ -589,6 +594,14 @@ def _parse_text(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PromptFormatError(f"custom prompt format is neither JSON nor YAML: {exc}") from None
+
+
+def subtask_max_tokens(fmt: PromptFormat, configured: int = 0) -> int:
+    """A subtask's token limit before the prompt's room: ``configured`` (the node's
+    ``subtask_max_tokens``; 0: unset), else the format's limit for its subtask kind, else
+    ``DEFAULT_SUBTASK_MAX_TOKENS``."""
+    kind = fmt.kinds.get("subtask")
+    return configured or (kind.max_tokens if kind is not None else 0) or DEFAULT_SUBTASK_MAX_TOKENS
 
 
 def check_conditioning(fmt: PromptFormat, mode: str) -> None:

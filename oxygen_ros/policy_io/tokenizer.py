@@ -303,6 +303,17 @@ class Pi05Tokenizer:
         bins = discretize_state(state).tolist() if state is not None else None
         return list(_format(prompt_format).frame_prompt(self, task, bins, conditioned).ids)
 
+    def longest_prompt(
+        self, task: str, state_dim: int | None, prompt_format=None, conditioned: bool = False
+    ) -> int:
+        """Tokens of ``task``'s prompt with the longest state text a ``state_dim``-value state can
+        have (every value in the bin whose text takes the most tokens; with tokenizers that split
+        digits, as PaliGemma's does, no state takes more), or with no state (``None``: robots
+        without the state in the prompt), in ``prompt_format`` (None: openpi's; ``conditioned``:
+        its subtask-conditioned prompt with an empty subtask)."""
+        state = None if state_dim is None else self.worst_state(state_dim)
+        return len(self._prompt_ids(task, state, prompt_format, conditioned))
+
     def check_task(
         self,
         task: str,
@@ -310,23 +321,30 @@ class Pi05Tokenizer:
         max_len: int,
         prompt_format=None,
         conditioned: bool = False,
+        subtask_tokens: int = 0,
     ) -> None:
-        """Refuse (at set time) a task whose prompt would need shortening: measured with the
-        longest state text a ``state_dim``-value state can have (every value in the bin whose text
-        takes the most tokens; with tokenizers that split digits, as PaliGemma's does, no state
-        takes more), or with no state (``None``: robots without the state in the prompt), in
-        ``prompt_format`` (None: openpi's; ``conditioned``: its subtask-conditioned prompt, which
-        leaves the subtask the room the task leaves, see `engine.base.subtask_token_limit`).
+        """Refuse (at set time) a task whose prompt would need shortening, measured as
+        :meth:`longest_prompt` does. With ``conditioned``, the task must also leave a subtask
+        ``subtask_tokens`` of ``max_len``: the subtask rides in the same prompt and gets only the
+        room the task leaves (`engine.base.subtask_token_limit`).
 
         Raises:
-            PromptTooLong: naming the prompt's tokens, the state's share and ``max_len``.
+            PromptTooLong: naming the prompt's tokens, the state's share, the subtask's room and
+                ``max_len``.
         """
-        state = None if state_dim is None else self.worst_state(state_dim)
-        need = len(self._prompt_ids(task, state, prompt_format, conditioned))
+        need = self.longest_prompt(task, state_dim, prompt_format, conditioned)
+        what = f"a {state_dim}-value robot state" if state_dim is not None else "no state"
+        room = max_len - need
+        if conditioned and 0 <= room < subtask_tokens:
+            raise PromptTooLong(
+                f"the task makes a {need}-token subtask-conditioned prompt with {what} (worst "
+                f"case), which leaves a subtask {room} of the model's max_token_len {max_len} "
+                f"tokens; a subtask needs at least {subtask_tokens}: shorten the task by at least "
+                f"{subtask_tokens - room} tokens (or lower subtask_max_tokens)"
+            )
         if need <= max_len:
             return
-        fixed = len(self._prompt_ids("", state, prompt_format, conditioned))
-        what = f"a {state_dim}-value robot state" if state_dim is not None else "no state"
+        fixed = self.longest_prompt("", state_dim, prompt_format, conditioned)
         if fixed > max_len:
             raise PromptTooLong(
                 f"the prompt with {what} needs {fixed} tokens before any task text, more than the "

@@ -19,6 +19,7 @@ from ..engine.scheduler import OxygenEngine
 from ..engine.settings import EngineConfig
 from ..engine.types import Observation
 from ..policy_io.policy import Pi05Policy
+from ..policy_io.prompts import MIN_SUBTASK_TOKENS, subtask_max_tokens
 from ..policy_io.robots import DELTA_POSITION
 from ..policy_io.tokenizer import PromptTooLong
 from .params import NodeSettings, SettingsError
@@ -88,12 +89,18 @@ def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
         )
     if policy.lerobot is not None:
         check_fits_lerobot(settings, policy)
+    conditioned = settings.subtask_conditioning != "none"
     try:  # the task parameter, also when ~/instruction sets it
         policy.check_task(
             settings.task,
             len(settings.joint_names),
             settings.format,
-            settings.subtask_conditioning != "none",
+            conditioned,
+            subtask_tokens=min(
+                MIN_SUBTASK_TOKENS, subtask_max_tokens(settings.format, settings.subtask_max_tokens)
+            )
+            if conditioned
+            else 0,
         )
     except PromptTooLong as exc:
         raise SettingsError(f"task refused ({len(settings.task)} characters): {exc}") from exc

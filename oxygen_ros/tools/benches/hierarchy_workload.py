@@ -99,8 +99,11 @@ class PerCallMode:
         self.decoder = LanguageDecoder(policy, self.pool, self.runner)
         self.frame_id = 0
 
-    def _subtask_request(self, observation: Observation, prompt_tokens: int) -> LanguageRequest:
-        limit = subtask_token_limit(self.policy, self.config, prompt_tokens)
+    def _subtask_request(self, observation: Observation) -> LanguageRequest:
+        longest = self.policy.longest_prompt(
+            observation.prompt, len(observation.state), self.config.format, True
+        )
+        limit = subtask_token_limit(self.policy, self.config, longest)
         return new_request(
             self.policy,
             self.config,
@@ -117,7 +120,7 @@ class PerCallMode:
         full = self.policy.frame_prompt(
             observation.state, observation.prompt, self.config.format, True
         )
-        request = self._subtask_request(observation, len(full.ids))
+        request = self._subtask_request(observation)
         attach = len(request.prompt) + int(request.reads_shared)
         self.runner.warm_up(
             observation,
@@ -140,7 +143,7 @@ class PerCallMode:
         full = policy.frame_prompt(observation.state, observation.prompt, fmt, True)
         shared = FramePrompt(full.ids[: full.shared], full.shared)  # "...;\nSubtask: "
         frame = prefill_frame(policy, self.pool, observation, self.frame_id, runner, prompt=shared)
-        request = self._subtask_request(observation, len(full.ids))
+        request = self._subtask_request(observation)
         steps = self.decoder.run_to_completion(request, frame, [])
         self.pool.release(frame.segment)
         subtask = SubtaskText(tuple(request.tokens), request.text, self.frame_id)
