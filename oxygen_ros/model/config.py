@@ -118,6 +118,29 @@ PRESETS: dict[str, Pi05Config] = {
         action_horizon=50,
         max_token_len=200,
     ),
+    # `sim` exists to train the simulated SO-101 arm's policy (models/sim_so101) from scratch on
+    # this 2-core CPU in <= 30 min, where tiny's 224 px input is both slow (the sim's 128 px
+    # cameras upsampled, 64 tokens each) and too narrow to find the named cube: the tower takes
+    # the 128 px images as they are, in 32 px patches (16 tokens per image, so a training example
+    # is ~100 tokens), 4x wider than tiny's, 1.4 M params in all; horizon 10 (1 s at the
+    # dataset's 10 fps); 96 prompt tokens hold openpi_subtask's prompt with a 6-value state, the
+    # subtask and the narration (72 at most on the sim's texts).
+    "sim": Pi05Config(
+        name="sim",
+        vision=SiglipConfig(
+            width=128, depth=2, mlp_dim=256, num_heads=4, image_size=128, patch_size=32
+        ),
+        backbone=GemmaConfig(
+            width=128, depth=3, mlp_dim=256, num_heads=4, num_kv_heads=1, head_dim=32
+        ),
+        expert=GemmaConfig(
+            width=64, depth=3, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=32
+        ),
+        vocab_size=512,
+        action_dim=8,
+        action_horizon=10,
+        max_token_len=96,
+    ),
     "pi05": Pi05Config(
         name="pi05",
         vision=SiglipConfig(width=1152, depth=27, mlp_dim=4304, num_heads=16),  # So400m/14
