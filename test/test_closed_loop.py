@@ -119,6 +119,27 @@ def test_checkpoint_variants(tmp_path: Path):
     assert guided_variant(plain, tmp_path / "unused") == plain
 
 
+# -- the node's clock during a tick --------------------------------------------------------------
+def test_sim_time_moves_on_during_a_tick_at_the_measured_speed():
+    from oxygen_ros.ros.tick_clock import TickClock
+
+    ros, steady, simulated = [10_000], [0], [True]
+    clock = TickClock(lambda: ros[0], lambda: simulated[0], lambda: steady[0], 2.0)
+    assert clock.now_ns() == 10_000
+    ros[0], steady[0] = 10_000 + 500, 1_000  # /clock stepped: half a simulated ns per steady ns
+    assert clock.now_ns() == 10_500
+    steady[0] = 1_400  # a tick runs: no /clock taken, the clock reads the same
+    assert clock.now_ns() == 10_500 + 200
+    ros[0] = 10_800  # the next /clock: as given
+    assert clock.now_ns() == 10_800
+    simulated[0] = False  # wall-clock ROS time is always current
+    steady[0] = 5_000
+    assert clock.now_ns() == 10_800
+    simulated[0] = True
+    steady[0] = 10**12  # a paused simulation: extrapolation stops at 2 s (at speed 0.5 here)
+    assert clock.now_ns() - 10_800 <= 2e9
+
+
 # -- the node starts a fresh run on activation ----------------------------------------------------
 @pytest.mark.ros
 def test_activation_forgets_the_executed_chunk_and_restarts_the_subtask(tiny_checkpoint):

@@ -118,6 +118,7 @@ from .rclpy_compat import (
 )
 from .shutdown import StopSignals, close_node
 from .tick import MAX_PENDING_QUESTIONS, TickLoop
+from .tick_clock import TickClock
 
 NODE_NAME = "oxygen_node"
 
@@ -177,12 +178,17 @@ class OxygenNode(LifecycleNode):
         self._last_tick_start: float | None = None
         self._erroring = False  # the error transition is under way
         self._report = DiagnosticsReport()
+        # ROS time that moves during a tick under use_sim_time too (see tick_clock)
+        self._tick_clock = TickClock(
+            lambda: self.get_clock().now().nanoseconds,
+            lambda: self.get_clock().ros_time_is_active,
+        )
         self._loop = TickLoop(
             self._counters,
             self._warn,
             self.get_logger(),
             faults,
-            lambda: self.get_clock().now().nanoseconds,
+            self._tick_clock.now_ns,
             self._start_timer,
             self._next_tick_time,
             float(self.get_parameter("rate_hz").value),
@@ -617,9 +623,11 @@ class OxygenNode(LifecycleNode):
         loop = self._loop
         if loop.assembler is not None:
             loop.assembler.set_reset_threshold(settings.max_observation_age_s)
-        if (settings.rate_hz, settings.overrun_policy) != (
+        # a new injected delay changes the tick's cost as a new model would: plan the rate again
+        if (settings.rate_hz, settings.overrun_policy, settings.inject_inference_delay_ms) != (
             previous.rate_hz,
             previous.overrun_policy,
+            previous.inject_inference_delay_ms,
         ):
             loop.plan_rate(settings)
             if self._timer is not None:

@@ -96,6 +96,8 @@ COLUMNS = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = f"{__doc__}\n{m.__doc__}"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--episodes", type=int, default=50, help="episodes per setting")
     parser.add_argument("--json", type=Path, help="write every episode and the table as JSON")
     parser.add_argument(
@@ -266,6 +268,11 @@ class EpisodeRunner:
             sim.stop()
         return rec, {"episode": index}
 
+    def lost(self, bench: BenchNode) -> None:
+        """After a failed episode: stop recording, reconfigure the node before the next one."""
+        bench.stop_recording()
+        self.signature = None
+
     def run(self, setting: Setting, task: Task, seed: int, round_index: int) -> dict[str, Any]:
         started = time.monotonic()
         if setting.driver == EXPERT:
@@ -293,21 +300,14 @@ def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
     jumps = m.switch_jumps([p for p, _ in switches], [a for _, a in switches])
     chunk_stamps = [s for _, _, s in rec.chunks]
     span = (max(chunk_stamps) - min(chunk_stamps)) if len(chunk_stamps) > 1 else 0.0
-    narr = [
-        m.judge_text(
-            task, text, m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
-        )
-        for t, raw in rec.narrations
-        for kind, text in [m.strip_kind(raw)]
-        if kind in ("narration", "")
-    ]
-    subs = [
-        m.judge_text(
-            task, text, m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
-        )
-        for t, text in rec.policy_subtasks
-        if text
-    ]
+
+    def judged(t: float, text: str) -> bool:
+        window = m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
+        return m.judge_text(task, text, window)
+
+    narrations = [m.strip_kind(raw) + (t,) for t, raw in rec.narrations]
+    narr = [(text, judged(t, text)) for kind, text, t in narrations if kind in ("narration", "")]
+    subs = [(text, judged(t, text)) for t, text in rec.policy_subtasks if text]
     return {
         "status": final.get("status", "lost"),
         "success": final.get("status") == "success",
@@ -323,16 +323,18 @@ def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
         "chunks_late": sum(not on_time for _, on_time, _ in rec.chunks),
         "chunk_rate_hz": (len(chunk_stamps) - 1) / span if span > 0 else math.nan,
         "narrations": len(narr),
-        "narrations_right": sum(narr),
+        "narrations_right": sum(right for _, right in narr),
         "subtasks": len(subs),
-        "subtasks_right": sum(subs),
+        "subtasks_right": sum(right for _, right in subs),
+        "texts": {"narration": narr, "subtask": subs},  # (text, judged right)
     }
 
 
 def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, Any]]:
     rows = []
     for setting in settings:
-        mine = [e for e in episodes if e["setting"] == setting.name]
+        ran = [e for e in episodes if e["setting"] == setting.name]
+        mine = [e for e in ran if e["status"] != "error"]
         if not mine:
             continue
         n, wins = len(mine), sum(e["success"] for e in mine)
@@ -364,6 +366,7 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
                     sum(e["answer_names_target"] for e in asked), len(asked)
                 ),
                 "wall_s": m.mean_or_nan([e["wall_s"] for e in mine]),
+                "errors": len(ran) - len(mine),
             }
         )
     return rows
@@ -420,7 +423,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for setting in _ordered(settings, round_index):
                 kind = setting_task_kind(setting, args.tasks, round_index)
                 task, seed = round_task(round_index, args.seed, kind)
-                result = runner.run(setting, task, seed, round_index)
+                try:
+                    result = runner.run(setting, task, seed, round_index)
+                except (RuntimeError, TimeoutError) as exc:  # one lost episode, not the whole run
+                    runner.lost(bench)
+                    result = {"setting": setting.name, "round": round_index, "task": task.text}
+                    result.update(status="error", error=str(exc), elapsed_s=math.nan, wall_s=0.0)
                 episodes.append(result)
                 print(
                     f"[{round_index + 1}/{args.episodes}] {setting.name:>14}: "
