@@ -130,9 +130,10 @@ def test_the_step_schedule_is_made_once_and_again_when_a_weight_it_reads_changes
     images, image_masks, tokens, token_masks, noise = observation(batch=1)
     prefix = model.prefill(images, image_masks, tokens, token_masks)
     cpu, dt = torch.device("cpu"), torch.tensor(-0.1)
-    times, first = model.step_schedule(10, cpu)
-    assert model.step_schedule(10, cpu)[1] is first
-    assert model.step_schedule(5, cpu)[1] is not first
+    first = model.step_schedule(10, cpu)
+    times = first.times
+    assert model.step_schedule(10, cpu) is first
+    assert model.step_schedule(5, cpu) is not first
 
     def check_against_fresh_conditionings() -> Tensor:
         actions = model.sample_actions(prefix, noise, num_steps=10)
@@ -143,12 +144,12 @@ def test_the_step_schedule_is_made_once_and_again_when_a_weight_it_reads_changes
     before = check_against_fresh_conditionings()
     with torch.no_grad():
         model.expert.layers[0].input_layernorm.dense.weight.mul_(2.0)  # in place
-    assert model.step_schedule(10, cpu)[1] is not first
+    assert model.step_schedule(10, cpu) is not first
     changed = check_against_fresh_conditionings()
     assert not torch.allclose(changed, before)
-    second = model.step_schedule(10, cpu)[1]
+    second = model.step_schedule(10, cpu)
     model.time_mlp_in.weight.data = model.time_mlp_in.weight.data * 0.5  # replaced, as a cast
-    assert model.step_schedule(10, cpu)[1] is not second
+    assert model.step_schedule(10, cpu) is not second
     assert not torch.allclose(check_against_fresh_conditionings(), changed)
 
 

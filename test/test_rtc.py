@@ -16,7 +16,7 @@ from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.continuity import ChunkContinuity, resample_previous
 from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.types import ActionChunk
-from oxygen_ros.model.mot import attention_tables, condition_rows
+from oxygen_ros.model.mot import attention_tables, condition_rows, override_tokens, split_rows
 from oxygen_ros.model.pi05 import flow_schedule
 from oxygen_ros.model.rtc import (
     RTCGuidance,
@@ -467,6 +467,51 @@ def test_trained_prefix_is_the_previous_chunk_at_time_zero(policy, prefix):
     )
     with pytest.raises(ValueError, match="NaN"):
         TrainedPrefix(torch.full_like(previous, float("nan")), frozen)
+
+
+def test_a_trained_step_selects_time_zero_from_the_step_schedule(policy, prefix):
+    """A trained chunk runs no time MLP or adaRMS dense layer: every token selects its step's
+    cached modulation or time 0's, bit for bit; the chunk equals one conditioned on the fly with
+    time 0 as one more row of the same dense calls (as before the schedule held it) to 1e-6;
+    nothing frozen is the plain chunk bit for bit. Identity guidance reuses the schedule's
+    guidance weights."""
+    model, horizon = policy.model, policy.config.action_horizon
+    previous = model.sample_actions(prefix, _noise(policy, 1))
+    noise, d = _noise(policy, 2), 3
+    frozen = torch.arange(horizon) < d
+    schedule = model.step_schedule(10, noise.device)
+    for step, conditioning in zip(schedule.steps, schedule.conditionings(frozen), strict=True):
+        for norm, modulation in conditioning.items():
+            assert torch.equal(
+                modulation.scale[0, :d], schedule.at_zero[norm].scale[0].expand(d, -1)
+            )
+            assert torch.equal(modulation.gate[0, d:], step[norm].gate[0].expand(horizon - d, -1))
+    dense_calls = []
+    hook = model.time_mlp_in.register_forward_hook(lambda *_: dense_calls.append(1))
+    try:
+        trained = model.sample_actions(prefix, noise, guidance=TrainedPrefix(previous, frozen))
+        nothing = TrainedPrefix(previous, torch.zeros(horizon, dtype=torch.bool))
+        assert torch.equal(
+            model.sample_actions(prefix, noise, guidance=nothing),
+            model.sample_actions(prefix, noise),
+        )
+    finally:
+        hook.remove()
+    assert dense_calls == []
+    # the former per-chunk conditioning: time 0 as row ``steps`` of one dense call per norm
+    with_zero = model.action_conditioning(torch.cat([schedule.times, torch.zeros(1)]))
+    per_step, at_zero = split_rows(with_zero, 10)
+    conditionings = condition_rows(override_tokens(per_step, frozen[None, :], at_zero))
+    positions, allowed = model._action_layout(prefix.context, prefix.num_valid, 1, horizon)
+    dt = torch.tensor(-0.1, dtype=torch.float32)
+    x = torch.where(frozen[:, None], previous, noise)
+    with torch.no_grad():
+        for conditioning in conditionings:
+            v = model._velocity(prefix.context, x, conditioning, positions, allowed, None)
+            x = torch.where(frozen[:, None], previous, x + dt * v)
+    torch.testing.assert_close(trained, x, atol=1e-6, rtol=1e-6)
+    assert schedule.guidance_weights(5.0) is schedule.guidance_weights(5.0)
+    assert torch.equal(schedule.guidance_weights(5.0), guidance_weights(schedule.times, 5.0))
 
 
 def test_trained_continuity_freezes_the_delay_and_falls_back_to_guidance_beyond_it(policy):

@@ -190,6 +190,27 @@ def test_a_static_chunk_follows_a_weight_change_in_its_step_conditionings(tiny_c
     assert not torch.allclose(after, before)
 
 
+def test_a_static_trained_chunk_follows_a_weight_change_in_time_zeros_conditioning(
+    tiny_checkpoint,
+):
+    """A trained static chunk reads every step's conditioning and time 0's (its frozen tokens)
+    from buffers of its own; after an in-place change to a weight they are made of, its next
+    chunk is bit for bit the eager trained chunk."""
+    policy = scaled_policy(tiny_checkpoint)  # its own copy: this test changes a weight
+    pool, runner, dynamic, static = unpadded_frames(policy)
+    previous = act_on_frame(policy, pool, dynamic, frame_noise(policy.config, 0, 9, "cpu"), 10)
+    trained = TrainedPrefix(previous[None], torch.arange(policy.config.action_horizon) < 3)
+    noise = frame_noise(policy.config, 0, 2, policy.device)
+    before = act_on_frame(policy, pool, static, noise, 10, runner, trained)
+    assert torch.equal(before, act_on_frame(policy, pool, dynamic, noise, 10, guidance=trained))
+    with torch.no_grad():
+        policy.model.time_mlp_out.bias.add_(0.5)
+    after = act_on_frame(policy, pool, static, noise, 10, runner, trained)
+    assert runner.fallbacks == 0
+    assert torch.equal(after, act_on_frame(policy, pool, dynamic, noise, 10, guidance=trained))
+    assert not torch.allclose(after, before)
+
+
 def snapshot(pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
     return pool.keys.clone(), pool.values.clone()
 

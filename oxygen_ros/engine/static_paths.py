@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.mot import Conditioning, KVContext
+from ..model.mot import KVContext
 from ..model.pi05 import Pi05Model
 from ..model.rtc import RTCGuidance, TrainedPrefix
 from ..policy_io.policy import Pi05Policy
@@ -265,21 +265,14 @@ class StaticActionChunk(_StaticStep):
             1, cfg.action_horizon, cfg.action_dim, dtype=torch.float32, device=device
         )
         self.actions = torch.zeros_like(self.noise)
-        # The checkpoint framework's times (openpi's float32 accumulation, or LeRobot's) and every
-        # step's adaRMS conditioning (`Pi05Model.step_schedule`), in this chunk's own buffers: a
-        # captured graph reads them, so `load` refreshes the conditionings in place when the model
-        # remakes them. Training-time RTC conditions its frozen tokens inside the step.
-        times, schedule = model.step_schedule(num_steps, device)
-        self._times = times.clone()
+        # The checkpoint framework's times (openpi's float32 accumulation, or LeRobot's), every
+        # step's adaRMS conditioning and time 0's (`Pi05Model.step_schedule`), in this chunk's own
+        # buffers: a captured graph reads them, so `load` refreshes the conditionings in place
+        # when the model remakes them. A trained prefix's frozen tokens select time 0's per step.
+        self._schedule_source = model.step_schedule(num_steps, device)
+        self._schedule = self._schedule_source.clone()
         self._dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         self._num_steps = num_steps
-        self._schedule_source: list[Conditioning] | None = None
-        self._conditionings: list[Conditioning] | None = None
-        if kind[0] != "trained":
-            self._schedule_source = schedule
-            self._conditionings = [
-                {norm: m.clone() for norm, m in step.items()} for step in schedule
-            ]
         self._context_index = torch.arange(context, device=device)
         # the previous chunk and its mask; built once here, so no check runs inside a capture
         self.target = torch.zeros_like(self.noise)
@@ -287,6 +280,7 @@ class StaticActionChunk(_StaticStep):
         if kind[0] == "identity":
             self.weights = torch.zeros(cfg.action_horizon, cfg.action_dim, device=device)
             self.guidance = RTCGuidance(self.target, self.weights, kind[1], "identity")
+            self._schedule.guidance_weights(kind[1])  # made here, not inside a capture
         elif kind[0] == "trained":
             self.frozen = torch.zeros(cfg.action_horizon, dtype=torch.bool, device=device)
             self.guidance = TrainedPrefix(self.target, self.frozen)
@@ -317,13 +311,9 @@ class StaticActionChunk(_StaticStep):
     def _refresh_conditionings(self) -> None:
         """Copy the model's step conditionings into this chunk's buffers when it has remade them
         (a weight they read changed)."""
-        if self._conditionings is None:
-            return
-        source = self.model.step_schedule(self._num_steps, self.device)[1]
+        source = self.model.step_schedule(self._num_steps, self.device)
         if source is not self._schedule_source:
-            for own, fresh in zip(self._conditionings, source, strict=True):
-                for norm, modulation in own.items():
-                    modulation.copy_(fresh[norm])
+            self._schedule.copy_(source)
             self._schedule_source = source
 
     def _forward(self) -> None:
@@ -337,11 +327,11 @@ class StaticActionChunk(_StaticStep):
                 context,
                 n_valid,
                 self.noise,
-                self._times,
+                self._schedule.times,
                 self._dt,
                 self.guidance,
                 False,
-                self._conditionings,
+                self._schedule,
             )
         )
 

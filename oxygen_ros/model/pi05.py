@@ -40,7 +40,6 @@ from .mot import (
     condition_tokens,
     joint_forward,
     override_tokens,
-    split_rows,
 )
 from .rtc import RTCGuidance, TrainedPrefix, guidance_weights
 from .siglip import MultiModalProjector, SiglipVisionTower
@@ -91,6 +90,60 @@ class TextOutput:
     values: list[Tensor]
 
 
+@dataclasses.dataclass
+class StepSchedule:
+    """A denoising loop's flow times and the adaRMS conditioning of each of its steps: what every
+    chunk of that loop shares (`Pi05Model.step_schedule`, `Pi05Model.schedule_of`).
+
+    times: float32 [steps], or [steps, horizon] (a time per action token).
+    rows: every step's modulations as rows [steps, 1, W] ([steps, horizon, W]: a time per token).
+    at_zero: time 0's modulations [1, 1, W], which training-time RTC's frozen tokens take
+        (`rtc.TrainedPrefix`); None with a time per token.
+    """
+
+    times: Tensor
+    rows: Conditioning
+    at_zero: Conditioning | None
+    steps: list[Conditioning] = dataclasses.field(init=False)  # rows, one per step (views)
+    _weights: dict[float, Tensor] = dataclasses.field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.steps = condition_rows(self.rows)
+
+    def conditionings(self, frozen: Tensor | None = None) -> list[Conditioning]:
+        """Every step's conditioning: `steps`, or with the ``frozen`` tokens (bool [horizon]) on
+        time 0 instead. Each token selects one of two precomputed rows (no dense call, no
+        arithmetic), so a token not frozen gets its step's modulation bit for bit."""
+        if frozen is None:
+            return self.steps
+        if self.at_zero is None:
+            raise ValueError("a frozen prefix takes one time per step (times [steps])")
+        return condition_rows(override_tokens(self.rows, frozen[None, :], self.at_zero))
+
+    def guidance_weights(self, max_weight: float) -> Tensor:
+        """`rtc.guidance_weights` of the times, [steps]: made once per ``max_weight``."""
+        weights = self._weights.get(max_weight)
+        if weights is None:
+            weights = self._weights[max_weight] = guidance_weights(self.times, max_weight)
+        return weights
+
+    def clone(self) -> StepSchedule:
+        """A copy in tensors of its own (a fixed-shape path's buffers)."""
+        return StepSchedule(
+            self.times.clone(),
+            {norm: m.clone() for norm, m in self.rows.items()},
+            None if self.at_zero is None else {n: m.clone() for n, m in self.at_zero.items()},
+        )
+
+    def copy_(self, other: StepSchedule) -> None:
+        """Overwrite the conditionings with ``other``'s values, in place (same times and shapes):
+        `steps` are views, so they follow."""
+        for norm, modulation in self.rows.items():
+            modulation.copy_(other.rows[norm])
+        for norm, modulation in (self.at_zero or {}).items():
+            modulation.copy_(other.at_zero[norm])
+
+
 def flow_schedule(num_steps: int) -> list[Tensor]:
     """The float32 times openpi's Euler loop visits (1.0, 0.9, 0.79999995, ...), and dt."""
     if num_steps < 1:
@@ -135,17 +188,15 @@ class Pi05Model(nn.Module):
         # set by the policy from the checkpoint's input conventions
         self.flow_times = "openpi"
         # `step_schedule`'s results by (steps, framework), with the device and weights they used
-        self._step_schedules: dict[tuple, tuple[tuple, Tensor, list[Conditioning]]] = {}
+        self._step_schedules: dict[tuple, tuple[tuple, StepSchedule]] = {}
 
     def time_schedule(self, num_steps: int) -> list[Tensor]:
         """The float32 flow times of ``num_steps`` Euler steps in this model's framework."""
         return FLOW_SCHEDULES[self.flow_times](num_steps)
 
-    def step_schedule(
-        self, num_steps: int, device: torch.device
-    ) -> tuple[Tensor, list[Conditioning]]:
+    def step_schedule(self, num_steps: int, device: torch.device) -> StepSchedule:
         """The times of ``num_steps`` Euler steps on ``device`` (`time_schedule`) and every step's
-        adaRMS conditioning (`step_conditionings`).
+        adaRMS conditioning, with time 0's for a trained prefix's frozen tokens (`schedule_of`).
 
         They depend on the schedule and the weights only, so every chunk reuses the first chunk's;
         they are made again when a weight they read changed in place, moved or was cast.
@@ -155,9 +206,9 @@ class Pi05Model(nn.Module):
         cached = self._step_schedules.get(key)
         if cached is None or cached[0] != made_of:
             times = torch.stack(self.time_schedule(num_steps)).to(device)
-            conditionings = self.step_conditionings(times, self.config.action_horizon)
-            cached = self._step_schedules[key] = (made_of, times, conditionings)
-        return cached[1], cached[2]
+            schedule = self.schedule_of(times, self.config.action_horizon)
+            cached = self._step_schedules[key] = (made_of, schedule)
+        return cached[1]
 
     def _conditioning_weights(self) -> tuple[tuple[int, int], ...]:
         """Where each weight of the time MLP and the adaRMS dense layers lives, and its in-place
@@ -366,42 +417,41 @@ class Pi05Model(nn.Module):
         """Flow times [N] -> the action expert's adaRMS modulations, N rows."""
         return self.expert.condition(self.time_condition(t), self.compute_dtype)
 
-    def step_conditionings(
-        self, times: Tensor, horizon: int, clean: Tensor | None = None
-    ) -> list[Conditioning]:
+    def schedule_of(self, times: Tensor, horizon: int) -> StepSchedule:
         """The adaRMS conditioning of every Euler step of ``times``.
 
         ``times`` [steps]: one time per step, each step's modulations broadcast over the action
-        tokens (one dense call per norm for all steps, as openpi's per-step condition).
-        ``clean`` (bool [horizon], with [steps] times): those tokens are conditioned on time 0
-        instead, as training-time RTC conditions its frozen prefix (time 0 is one more row of the
-        same dense calls, selected per token).
-        ``times`` [steps, horizon]: a time per action token (training-time RTC conditions its frozen
-        prefix on time 0). Each step's last token is the step's reference time, conditioned exactly
-        as a [steps] schedule is (same rows, same matmul shapes); every token whose time equals its
-        step's reference takes those modulations by selection, the others their own. A uniform
-        per-token schedule is thus bit-identical to the per-step one (row-wise BLAS results depend
-        on the number of rows, so conditioning every token in one call would not be).
+        tokens (one dense call per norm for all steps, as openpi's per-step condition), and time
+        0's (one more call of one row), which training-time RTC's frozen tokens select instead.
+        ``times`` [steps, horizon]: a time per action token. Each step's last token is the step's
+        reference time, conditioned exactly as a [steps] schedule is (same rows, same matmul
+        shapes); every token whose time equals its step's reference takes those modulations by
+        selection, the others their own. A uniform per-token schedule is thus bit-identical to the
+        per-step one (row-wise BLAS results depend on the number of rows, so conditioning every
+        token in one call would not be).
         """
         if times.dim() == 1:
-            if clean is None:
-                return condition_rows(self.action_conditioning(times))
-            with_zero = self.action_conditioning(torch.cat([times, times.new_zeros(1)]))
-            per_step, at_zero = split_rows(with_zero, times.shape[0])
-            return condition_rows(override_tokens(per_step, clean[None, :], at_zero))
-        if clean is not None:
-            raise ValueError("a clean prefix takes one time per step (times [steps])")
-        steps = times.shape[0]
+            at_zero = self.action_conditioning(times.new_zeros(1))
+            return StepSchedule(times, self.action_conditioning(times), at_zero)
         if times.dim() != 2 or times.shape[1] != horizon:
             raise ValueError(
                 f"times must be [steps] or [steps, {horizon}] (a time per action token), got "
                 f"{tuple(times.shape)}"
             )
+        steps = times.shape[0]
         reference = times[:, -1]
         per_step = self.action_conditioning(reference)
         per_token = condition_tokens(self.action_conditioning(times.reshape(-1)), steps, horizon)
         own = times != reference[:, None]
-        return condition_rows(override_tokens(per_step, own, per_token))
+        return StepSchedule(times, override_tokens(per_step, own, per_token), None)
+
+    def step_conditionings(
+        self, times: Tensor, horizon: int, clean: Tensor | None = None
+    ) -> list[Conditioning]:
+        """The adaRMS conditioning of every Euler step of ``times`` (see `schedule_of`); ``clean``
+        (bool [horizon], with [steps] times): those tokens on time 0 instead, as training-time RTC
+        conditions its frozen prefix (see `StepSchedule.conditionings`)."""
+        return self.schedule_of(times, horizon).conditionings(clean)
 
     def _velocity(
         self,
@@ -442,12 +492,10 @@ class Pi05Model(nn.Module):
         guidance: real-time chunking (``model.rtc``), see `denoise`. None, or a guidance with
         nothing to guide, runs the plain sampler unchanged.
         """
-        times, conditionings = self.step_schedule(num_steps, noise.device)
+        schedule = self.step_schedule(num_steps, noise.device)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
-        if isinstance(guidance, TrainedPrefix):
-            conditionings = None  # its frozen tokens are conditioned on time 0 (see `denoise`)
         return self.denoise(
-            prefix.context, prefix.num_valid, noise, times, dt, guidance, None, conditionings
+            prefix.context, prefix.num_valid, noise, schedule.times, dt, guidance, None, schedule
         )
 
     @torch.no_grad()
@@ -460,7 +508,7 @@ class Pi05Model(nn.Module):
         dt: Tensor,
         guidance: RTCGuidance | TrainedPrefix | None = None,
         dense_mask: bool | None = None,
-        conditionings: list[Conditioning] | None = None,
+        schedule: StepSchedule | None = None,
     ) -> Tensor:
         """The Euler loop of `sample_actions` over prefix K/V ``context`` with ``num_valid`` [B]
         valid tokens: one step per row of ``times``, each adding ``dt`` times the velocity.
@@ -469,29 +517,24 @@ class Pi05Model(nn.Module):
             (see `step_conditionings`; a uniform one gives bit-identical actions).
         guidance: real-time chunking (``model.rtc``), with [steps] times:
             * `RTCGuidance` ``identity``: each velocity corrected by the weighted error towards
-              ``guidance.target``; no host sync, so the fixed-shape path runs it (with zero
-              weights it is the plain loop, bit for bit);
+              ``guidance.target``, with the schedule's guidance weights; no host sync, so the
+              fixed-shape path runs it (with zero weights it is the plain loop, bit for bit);
             * `RTCGuidance` ``vjp``: corrected through one vector-Jacobian product of the action
               expert w.r.t. x_t (the prefix KV is read, never differentiated); eager only;
             * `TrainedPrefix`: the frozen steps are the target before and after every step and
-              their tokens are conditioned on time 0 (no host sync either).
+              their tokens take the schedule's time-0 conditioning (no host sync either).
         dense_mask: see `attention_bias`.
-        conditionings: the step conditionings of ``times`` when the caller has them
-            (`step_schedule`); None: made here. Not with a `TrainedPrefix`, which conditions its
-            frozen tokens on time 0.
+        schedule: the `StepSchedule` of ``times`` when the caller has it (`step_schedule`); None:
+            made here.
         """
         b, horizon = noise.shape[:2]
         if guidance is not None and times.dim() != 1:
             raise ValueError("RTC guidance needs one time per step (times [steps])")
+        if schedule is None:
+            schedule = self.schedule_of(times, horizon)
         trained = guidance if isinstance(guidance, TrainedPrefix) else None
-        if conditionings is None:  # one per step, batch-broadcast
-            conditionings = self.step_conditionings(
-                times, horizon, trained.frozen if trained is not None else None
-            )
-        elif trained is not None:
-            raise ValueError(
-                "a TrainedPrefix conditions its frozen tokens itself: no conditionings"
-            )
+        # one per step, batch-broadcast; a trained prefix's frozen tokens select time 0's
+        conditionings = schedule.conditionings(trained.frozen if trained is not None else None)
         positions, allowed = self._action_layout(context, num_valid, b, horizon)
         tables = attention_tables(
             self.expert.cfg,
@@ -512,7 +555,7 @@ class Pi05Model(nn.Module):
                 x_t = trained.clamp(x_t + dt * velocity(x_t, conditioning))
             return x_t
         if guidance is not None and guidance.static:  # identity: tensors only, no host sync
-            weights = guidance_weights(times, guidance.max_guidance_weight)
+            weights = schedule.guidance_weights(guidance.max_guidance_weight)
             for t, weight, conditioning in zip(times, weights, conditionings, strict=True):
                 step = functools.partial(velocity, conditioning=conditioning)
                 x_t = x_t + dt * guidance.velocity(step, x_t, t, weight)

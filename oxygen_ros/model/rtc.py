@@ -111,7 +111,7 @@ def guidance_weight(t: float, max_weight: float) -> float:
 
 def guidance_weights(times: Tensor, max_weight: float) -> Tensor:
     """`guidance_weight` of every time in ``times`` [steps], float32 on their device, without a
-    host sync (the fixed-shape path computes them inside its graph)."""
+    host sync; made once per schedule and beta (`pi05.StepSchedule.guidance_weights`)."""
     t = times.double()
     denominator = t * (1.0 - t)
     weight = (t * t + (1.0 - t) ** 2) / denominator
