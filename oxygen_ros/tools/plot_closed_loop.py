@@ -45,8 +45,9 @@ def plot(data: dict, out: Path) -> Path:
             "no continuity rows with a delay in the bench JSON (run none/identity/...)"
         )
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, points in lines.items():
-        delays = [p["delay_steps"] for p in points]
+    for index, (mode, points) in enumerate(lines.items()):
+        dodge = 0.06 * (index - (len(lines) - 1) / 2)  # overlapping points stay visible
+        delays = [p["delay_steps"] + dodge for p in points]
         success = [p["success"] for p in points]
         below = [p["success"] - p["ci_low"] for p in points]
         above = [p["ci_high"] - p["success"] for p in points]
