@@ -1,0 +1,80 @@
+"""The shipped sim checkpoint (models/sim_so101): pi0.5 trained here on the simulated SO-101 arm.
+
+It loads through `load_policy` unchanged, declares training-time RTC, and given an observation
+rendered by the simulation itself (no ROS) returns finite actions inside the joints' ranges.
+Closed-loop success over DDS is the closed-loop bench's to measure.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import, as oxygen_ros.sim does
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from oxygen_ros.engine.runtime import ModelSpec, load_policy  # noqa: E402
+from oxygen_ros.policy_io.prompts import resolve_format  # noqa: E402
+from oxygen_ros.sim.episode import Simulation  # noqa: E402
+from oxygen_ros.sim.scene import ARM_JOINTS, GRIPPER_JOINT, JOINT_RANGES  # noqa: E402
+from oxygen_ros.sim.tasks import parse_task  # noqa: E402
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "sim_so101"
+CAMERAS = ("scene", "wrist")
+IMAGE_SIZE = 128  # the sim node's image_width / image_height
+MARGIN = 0.05  # rad (arm) / opening (gripper): a sampled chunk may overshoot the data slightly
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(ModelSpec(checkpoint_dir=str(CHECKPOINT)))
+
+
+def test_loads_unchanged_with_training_time_rtc(policy):
+    assert policy.rtc_training_max_delay > 0
+    assert policy.image_slots == tuple(f"observation.images.{c}" for c in CAMERAS)
+    assert policy.action_dim == 6 and policy.state_dim == 6
+    assert policy.config.vision.image_size == IMAGE_SIZE
+
+
+@pytest.mark.parametrize("task", ["touch the red cube", "put the blue cube on the green pad"])
+def test_rendered_sim_observation_gives_actions_in_joint_ranges(policy, task):
+    sim = Simulation()
+    try:
+        sim.reset(parse_task(task), seed=3)
+        for _ in range(5):
+            sim.control_step()
+        world = sim.world
+        state = np.array([*world.arm_positions(), world.gripper_opening()])
+        images = {c: world.render(c, IMAGE_SIZE, IMAGE_SIZE) for c in CAMERAS}
+    finally:
+        sim.world.close()
+    prompt = policy.frame_prompt(state, task, resolve_format("openpi_subtask"))
+    inputs = policy.encode(images, state, task, prompt)
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        prefix = policy.model.prefill(
+            inputs.images,
+            inputs.image_masks,
+            inputs.tokens,
+            inputs.token_masks,
+            inputs.token_causal,
+        )
+        noise = torch.randn(
+            1, policy.config.action_horizon, policy.config.action_dim, generator=generator
+        )
+        chunk = policy.model.sample_actions(prefix, noise, policy.num_steps or 10)
+    actions = policy.robot_actions(chunk[0], state)
+    assert actions.shape == (policy.published_horizon, 6)
+    assert np.isfinite(actions).all()
+    for j, name in enumerate(ARM_JOINTS):
+        low, high = JOINT_RANGES[name]
+        assert (actions[:, j] >= low - MARGIN).all() and (actions[:, j] <= high + MARGIN).all(), (
+            name
+        )
+    gripper = actions[:, len(ARM_JOINTS)]
+    assert ((gripper >= -MARGIN) & (gripper <= 1 + MARGIN)).all(), GRIPPER_JOINT
