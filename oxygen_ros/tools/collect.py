@@ -225,6 +225,9 @@ def record_episode(
         time.sleep(0.1)  # the last messages in flight reach the recorder
     finally:
         counts = recorder.close()
+        # DDS unmatches the closed recorder's subscriptions asynchronously: wait for it, so that
+        # the next episode's count before its recorder is not this one's, still matched
+        _wait_until_unsubscribed((sim, expert), topics, before)
     report = sim.episode_report()
     size = sum(f.stat().st_size for f in bag_dir.rglob("*") if f.is_file())
     return report, size, counts
@@ -252,6 +255,19 @@ def _wait_until_subscribed(nodes, topics: Sequence[str], before: dict, recorder)
     raise TimeoutError(
         f"the recorder did not subscribe to {recorder.pending_topics() or 'every topic'} "
         f"within {SUBSCRIBE_TIMEOUT_S} s"
+    )
+
+
+def _wait_until_unsubscribed(nodes, topics: Sequence[str], before: dict) -> None:
+    """Until the publishers on ``topics`` are back to the matched subscriptions of ``before``."""
+    deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        counts = _subscription_counts(nodes, topics)
+        if all(counts[t] <= n for t, n in before.items()):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(
+        f"a closed recorder's subscriptions were still matched after {SUBSCRIBE_TIMEOUT_S} s"
     )
 
 
