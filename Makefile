@@ -9,7 +9,7 @@ VENV ?= $(if $(filter jazzy,$(ROS_DISTRO)),.venv,.venv-$(ROS_DISTRO))
 ABS_VENV := $(abspath $(VENV))
 ARGS ?=
 
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo demo-bag bench lint clean
 
 setup:
 	OXYGEN_VENV="$(ABS_VENV)" bash scripts/setup_env.sh
@@ -20,7 +20,12 @@ test: setup
 	$(ABS_VENV)/bin/ruff format --check .
 	$(ABS_VENV)/bin/python -m pytest -q test $(ARGS)
 
+# The policy trained here (models/sim_so101) drives the simulated arm through the node, narrating;
+# demo-bag: the node on a synthetic rosbag2 with a random-weight model (frame rate, tokens/s).
 demo: setup
+	$(ABS_VENV)/bin/oxygen-demo --sim $(ARGS)
+
+demo-bag: setup
 	$(ABS_VENV)/bin/oxygen-demo $(ARGS)
 
 bench: setup

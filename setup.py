@@ -43,6 +43,7 @@ setup(
         ("share/" + PACKAGE + "/launch", sorted(glob("launch/*.py"))),
         ("share/" + PACKAGE + "/config", sorted(glob("config/*.yaml"))),
         ("share/" + PACKAGE + "/rviz", sorted(glob("rviz/*.rviz"))),
+        ("share/" + PACKAGE + "/models/sim_so101", sorted(glob("models/sim_so101/*"))),
     ],
     python_requires=">=3.10",
     install_requires=[

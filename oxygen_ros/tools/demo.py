@@ -1,4 +1,5 @@
-"""The live demo (``oxygen-demo``): the node on a synthetic bag, with stats printed as it runs.
+"""The live demo (``oxygen-demo``): the node on a synthetic bag, with stats printed as it runs
+(``--sim``: the policy trained here driving the simulated arm instead, see ``sim_demo``).
 
 Steps: build (once, cached) a random-weight checkpoint and a synthetic bag; start ``oxygen_node``
 in a subprocess (this Python, ``-m oxygen_ros.ros.node``) on an isolated ROS graph
@@ -62,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="also write the summary as JSON"
+    )
+    parser.add_argument(
+        "--sim",
+        action="store_true",
+        help="instead of the bag: the policy trained here (models/sim_so101) drives the simulated "
+        "arm through the node, narrating (oxygen_ros/tools/sim_demo.py)",
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=3, help="with --sim: episodes to run (default 3)"
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=10.0, help="with --sim: sim seconds an episode"
     )
     return parser
 
@@ -413,6 +426,10 @@ def _summary(monitor: Monitor, played: float, requested_hz: float) -> dict[str, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.sim:
+        from oxygen_ros.tools.sim_demo import run_sim_demo  # the sim's processes and plumbing
+
+        return run_sim_demo(args.episodes, args.timeout, args.work)
     return run(args)
 
 

@@ -1,0 +1,105 @@
+"""``oxygen-demo --sim``: the pi0.5 trained here drives the simulated arm through the node.
+
+The sim (``oxygen-sim``) and the policy node (``config/sim_policy.yaml`` with the shipped
+``models/sim_so101`` checkpoint, its trajectories remapped onto the sim's two controllers) run as
+processes in a private ROS graph; this process resets an episode per task, activates the node and
+prints a line per second — sim time, the sim's own phase, the node's latest narration and
+subtask, chunks — then the sim's verdict. The processes and the ROS plumbing are the closed-loop
+bench's (:mod:`oxygen_ros.tools.benches.closed_loop_ros`); its numbers are the bench's to measure.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from oxygen_ros.tools.benches.closed_loop_ros import (
+    BenchNode,
+    Process,
+    config_file,
+    ros_environment,
+    start_policy,
+    start_sim,
+    wait_for,
+)
+
+CONFIGURE, ACTIVATE, DEACTIVATE = 1, 3, 4  # lifecycle_msgs/Transition ids
+TASKS = ("touch the red cube", "touch the blue cube", "touch the green cube")
+SHIPPED_CHECKPOINT = "models/sim_so101"
+
+
+def shipped_checkpoint() -> Path:
+    """The checkpoint trained here: the repository's models/ (a source checkout) or
+    share/oxygen_ros/models/."""
+    repo = Path(__file__).resolve().parents[2] / SHIPPED_CHECKPOINT
+    if repo.is_dir():
+        return repo
+    from ament_index_python.packages import get_package_share_directory
+
+    return Path(get_package_share_directory("oxygen_ros")) / SHIPPED_CHECKPOINT
+
+
+def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> int:
+    """Run ``episodes`` episodes (the touch tasks in turn, seed = episode number); 0 when every
+    episode ended with the sim's verdict (success or timeout)."""
+    env = ros_environment()
+    work = work or Path(tempfile.mkdtemp(prefix="oxygen_sim_demo_"))
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint = shipped_checkpoint()
+    print(f"sim demo: {checkpoint} driving the simulated arm; logs in {work}", flush=True)
+    processes: list[Process] = [
+        start_sim(env, work, timeout_s),
+        start_policy(env, work, config_file("sim_policy.yaml"), checkpoint),
+    ]
+    bench = BenchNode(namespaces=("",))
+    ended = successes = 0
+    try:
+        bench.wait_for_policy()
+        if not bench.transition(CONFIGURE):
+            raise RuntimeError(f"the policy node did not configure: see {work}/policy_node.log")
+        for index in range(episodes):
+            task = TASKS[index % len(TASKS)]
+            status = _episode(bench, task, seed=index, timeout_s=timeout_s)
+            ended += status in ("success", "timeout")
+            successes += status == "success"
+    finally:
+        bench.close()
+        for process in reversed(processes):
+            process.stop()
+    print(f"sim demo summary: {successes} of {episodes} episodes succeeded", flush=True)
+    return 0 if ended == episodes else 1
+
+
+def _episode(bench: BenchNode, task: str, seed: int, timeout_s: float) -> str:
+    """One episode of ``task``, printed as it runs; the sim's verdict."""
+    bench.set_policy_parameters({"task": task})
+    rec = bench.start_recording("")
+    index = bench.start_episode("", task, seed)
+    start_s = bench.now("")
+    print(f"episode {index}: {task!r} (layout seed {seed})", flush=True)
+    if not bench.transition(ACTIVATE):
+        raise RuntimeError("the policy node did not activate")
+
+    def over() -> bool:
+        report = bench.report("")
+        return report.get("episode") == index and report.get("status") != "running"
+
+    deadline = time.monotonic() + 4 * timeout_s + 30.0  # a slow machine slows sim time
+    while not wait_for(over, 1.0) and time.monotonic() < deadline:
+        with bench.lock:
+            phase = rec.sim_subtasks[-1][1] if rec.sim_subtasks else ""
+            said = rec.narrations[-1][1] if rec.narrations else ""
+            subtask = rec.policy_subtasks[-1][1] if rec.policy_subtasks else ""
+            chunks = len(rec.chunks)
+        print(
+            f"  t={bench.now('') - start_s:4.1f} sim s  sim: {phase!r}  node says: {said!r}"
+            f"{f'  subtask: {subtask!r}' if subtask else ''}  chunks: {chunks}",
+            flush=True,
+        )
+    bench.transition(DEACTIVATE)
+    bench.stop_recording()
+    report = bench.report("")
+    status = report.get("status", "lost") if report.get("episode") == index else "lost"
+    print(f"  -> {status} after {report.get('elapsed_s', float('nan')):.1f} sim s", flush=True)
+    return status
