@@ -514,6 +514,25 @@ def test_a_trained_step_selects_time_zero_from_the_step_schedule(policy, prefix)
     assert torch.equal(schedule.guidance_weights(5.0), guidance_weights(schedule.times, 5.0))
 
 
+def test_a_frozen_masks_selection_is_made_once_and_follows_the_schedules_values(policy):
+    """The selection for a frozen mask is reused (a delay takes a few values), a new mask gets
+    its own, and overwriting the schedule in place (a fixed-shape path's copy) drops them."""
+    model, horizon = policy.model, policy.config.action_horizon
+    schedule = model.step_schedule(10, torch.device("cpu")).clone()
+    three, four = torch.arange(horizon) < 3, torch.arange(horizon) < 4
+    first = schedule.conditionings(three)
+    assert schedule.conditionings(three.clone()) is first
+    assert schedule.conditionings(four) is not first
+    changed = schedule.clone()
+    for modulation in changed.at_zero.values():
+        modulation.scale.add_(1.0)
+    schedule.copy_(changed)
+    again = schedule.conditionings(three)
+    assert again is not first
+    norm = next(iter(again[0]))
+    assert torch.equal(again[0][norm].scale[0, 0], changed.at_zero[norm].scale[0, 0])
+
+
 def test_trained_continuity_freezes_the_delay_and_falls_back_to_guidance_beyond_it(policy):
     continuity = ChunkContinuity(policy, action_dt=0.02, guidance="identity", training_max_delay=2)
     assert continuity.mode == "trained"

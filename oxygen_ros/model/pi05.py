@@ -106,6 +106,8 @@ class StepSchedule:
     at_zero: Conditioning | None
     steps: list[Conditioning] = dataclasses.field(init=False)  # rows, one per step (views)
     _weights: dict[float, Tensor] = dataclasses.field(init=False, default_factory=dict)
+    # the conditionings of each frozen mask met so far (a prefix of d tokens: horizon + 1 at most)
+    _frozen: dict[bytes, list[Conditioning]] = dataclasses.field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.steps = condition_rows(self.rows)
@@ -113,12 +115,18 @@ class StepSchedule:
     def conditionings(self, frozen: Tensor | None = None) -> list[Conditioning]:
         """Every step's conditioning: `steps`, or with the ``frozen`` tokens (bool [horizon]) on
         time 0 instead. Each token selects one of two precomputed rows (no dense call, no
-        arithmetic), so a token not frozen gets its step's modulation bit for bit."""
+        arithmetic), so a token not frozen gets its step's modulation bit for bit; the selection
+        is made once per frozen mask (the delay takes a few values) and reused."""
         if frozen is None:
             return self.steps
         if self.at_zero is None:
             raise ValueError("a frozen prefix takes one time per step (times [steps])")
-        return condition_rows(override_tokens(self.rows, frozen[None, :], self.at_zero))
+        key = frozen.detach().cpu().numpy().tobytes()
+        selected = self._frozen.get(key)
+        if selected is None:
+            overridden = override_tokens(self.rows, frozen[None, :], self.at_zero)
+            selected = self._frozen[key] = condition_rows(overridden)
+        return selected
 
     def guidance_weights(self, max_weight: float) -> Tensor:
         """`rtc.guidance_weights` of the times, [steps]: made once per ``max_weight``."""
@@ -142,6 +150,7 @@ class StepSchedule:
             modulation.copy_(other.rows[norm])
         for norm, modulation in (self.at_zero or {}).items():
             modulation.copy_(other.at_zero[norm])
+        self._frozen.clear()  # selected from the values just overwritten
 
 
 def flow_schedule(num_steps: int) -> list[Tensor]:
