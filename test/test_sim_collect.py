@@ -68,7 +68,8 @@ def test_collect_writes_one_bag_per_episode(tmp_path: Path, ros_env):
         images = messages["/camera/scene/image_raw"]
         # 10 Hz over the episode and its tail, from its first step
         assert len(images) >= int(elapsed * 10)
-        assert len(messages["/camera/wrist/image_raw"]) == len(images)
+        # both cameras render at the same steps; the last pair can straddle the bag's close
+        assert abs(len(messages["/camera/wrist/image_raw"]) - len(images)) <= 1
         assert (images[0].height, images[0].width, images[0].encoding) == (128, 128, "rgb8")
         joints = messages["/joint_states"]
         assert len(joints) >= int(elapsed * 50)
