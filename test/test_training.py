@@ -38,6 +38,7 @@ from oxygen_ros.training.augment import augment_camera, color_jitter
 from oxygen_ros.training.batches import BatchError, BatchMaker, action_chunk
 from oxygen_ros.training.dataset import (
     TrainingDataError,
+    concatenate_frames,
     held_narrations,
     load_training_frames,
 )
@@ -100,13 +101,13 @@ def dataset(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer_path(dataset, tmp_path_factory) -> Path:
-    return dataset_tokenizer(dataset, tmp_path_factory.mktemp("tok"), 512)
+    return dataset_tokenizer([dataset], tmp_path_factory.mktemp("tok"), 512)
 
 
 @pytest.fixture(scope="module")
 def trained(dataset, tokenizer_path, tmp_path_factory):
     settings = TrainSettings(
-        dataset=dataset,
+        datasets=(dataset,),
         out=tmp_path_factory.mktemp("ckpt") / "tiny",
         tokenizer=tokenizer_path,
         steps=48,
@@ -124,7 +125,7 @@ def trained(dataset, tokenizer_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def maker(dataset, tokenizer_path):
     frames = load_training_frames(dataset)
-    settings = TrainSettings(dataset=dataset, out=Path("unused"), tokenizer=tokenizer_path)
+    settings = TrainSettings(datasets=(dataset,), out=Path("unused"), tokenizer=tokenizer_path)
     return BatchMaker(
         frames,
         dataset_norms(frames),
@@ -320,7 +321,7 @@ def test_dataset_errors_name_the_feature(tmp_path, tokenizer_path):
     with pytest.raises(TrainingDataError, match="'action'"):
         load_training_frames(write_dataset(tmp_path / "no_action", 1, with_action=False))
     wide = load_training_frames(write_dataset(tmp_path / "wide", 1, width=9))
-    settings = TrainSettings(dataset=tmp_path, out=tmp_path, tokenizer=tokenizer_path)
+    settings = TrainSettings(datasets=(tmp_path,), out=tmp_path, tokenizer=tokenizer_path)
     with pytest.raises(BatchError, match="'action' has 9 dims"):
         BatchMaker(
             wide,
@@ -330,6 +331,26 @@ def test_dataset_errors_name_the_feature(tmp_path, tokenizer_path):
             preset("openpi_subtask"),
             lerobot_conventions("main", ["test"], 32),
         )
+
+
+def test_datasets_concatenate_with_their_episodes_apart(tmp_path, dataset):
+    one = load_training_frames(dataset)
+    two = load_training_frames(write_dataset(tmp_path / "two", 2))
+    both = concatenate_frames([one, two])
+    assert len(both) == len(one) + len(two)
+    assert both.num_episodes == one.num_episodes + two.num_episodes
+    np.testing.assert_array_equal(both.episode_end[len(one) :], two.episode_end + len(one))
+    np.testing.assert_array_equal(both.actions[len(one) :], two.actions)
+    assert both.tasks[len(one) :] == two.tasks
+    # an action chunk never crosses from one dataset into the next
+    last = len(one) - 1
+    chunk = action_chunk(both.actions, last, int(both.episode_end[last]), 4)
+    np.testing.assert_array_equal(chunk, np.repeat(one.actions[-1:], 4, axis=0))
+    wide = load_training_frames(write_dataset(tmp_path / "wide", 1, width=9))
+    with pytest.raises(TrainingDataError, match="differ in state names"):
+        concatenate_frames([one, wide])
+    with pytest.raises(TrainingDataError, match="no dataset"):
+        concatenate_frames([])
 
 
 def test_augmentation_is_seeded_and_spares_wrist_cameras():

@@ -14,6 +14,12 @@ approach, a close that grasps nothing is retried.
 privileged state through a Python callable, never from a topic) and publishes to the same
 ``arm_controller/joint_trajectory`` and ``gripper_controller/joint_trajectory`` topics a policy
 would. Its timer runs on ROS time, so with ``use_sim_time`` it ticks in simulated seconds.
+
+:class:`ArmPerturbation` makes demonstrations that teach recovery (DART, Laskey et al. 2017): the
+arm trajectory the controller executes is the expert's plan plus a smooth random joint offset, so
+the arm wanders off the expert's path, while the clean plan, published on ``expert/arm_plan``, is
+what a dataset takes as the action label. Every plan starts from where the arm really is, so the
+labels show the way back from states a perfect expert never visits.
 """
 
 from __future__ import annotations
@@ -53,6 +59,48 @@ APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, OPEN, RETREAT = (
     "retreat",
 )
 HOLDING_STEPS = (LIFT, CARRY, LOWER)
+
+
+class ArmPerturbation:
+    """A joint offset drifting as an Ornstein-Uhlenbeck process: stationary standard deviation
+    ``scale_rad`` per joint, correlation time ``correlation_s``; zero when ``scale_rad`` is 0."""
+
+    def __init__(self, scale_rad: float, correlation_s: float = 0.5, seed: int = 0) -> None:
+        if not (math.isfinite(scale_rad) and scale_rad >= 0):
+            raise ValueError(f"perturbation scale must be >= 0 rad, got {scale_rad}")
+        if not (math.isfinite(correlation_s) and correlation_s > 0):
+            raise ValueError(f"perturbation correlation time must be > 0 s, got {correlation_s}")
+        self.scale_rad = float(scale_rad)
+        self.correlation_s = float(correlation_s)
+        self._rng = np.random.default_rng(seed)
+        self.offset = np.zeros(len(ARM_JOINTS))
+
+    def reset(self, seed: int) -> None:
+        """A fresh episode: offset zero, draws from ``seed``."""
+        self._rng = np.random.default_rng([seed, 11])
+        self.offset = np.zeros(len(ARM_JOINTS))
+
+    def advance(self, dt_s: float) -> np.ndarray:
+        """The offset ``dt_s`` seconds later (exact OU transition)."""
+        if self.scale_rad == 0.0:
+            return self.offset
+        keep = math.exp(-dt_s / self.correlation_s)
+        spread = self.scale_rad * math.sqrt(1.0 - keep * keep)
+        self.offset = keep * self.offset + spread * self._rng.standard_normal(self.offset.shape)
+        return self.offset
+
+    def apply(self, plan: JointTrajectory) -> JointTrajectory:
+        """``plan`` with the current offset added to every point's positions."""
+        out = JointTrajectory(header=plan.header, joint_names=list(plan.joint_names))
+        for point in plan.points:
+            out.points.append(
+                JointTrajectoryPoint(
+                    positions=(np.asarray(point.positions) + self.offset).tolist(),
+                    velocities=list(point.velocities),
+                    time_from_start=point.time_from_start,
+                )
+            )
+        return out
 
 
 class ScriptedExpert:
@@ -193,6 +241,8 @@ class ExpertNode(Node):
     """The expert as a ROS 2 node publishing both controllers' trajectories at ``rate_hz``.
 
     ``state`` returns the sim's privileged state (a copy, taken under the sim's lock).
+    ``perturbation_rad`` > 0 adds an :class:`ArmPerturbation` to the arm trajectory the controller
+    gets; the clean plan goes out on ``expert/arm_plan`` either way.
     """
 
     def __init__(
@@ -201,6 +251,7 @@ class ExpertNode(Node):
         rate_hz: float = 10.0,
         namespace: str = "",
         use_sim_time: bool = True,
+        perturbation_rad: float = 0.0,
         **node_kwargs,
     ) -> None:
         from rclpy.parameter import Parameter
@@ -215,7 +266,11 @@ class ExpertNode(Node):
             raise ValueError(f"rate_hz must be positive, got {rate_hz}")
         self._state = state
         self.expert = ScriptedExpert()
+        self.perturbation = ArmPerturbation(perturbation_rad)
+        self._period_s = 1.0 / rate_hz
+        self._episode = -1
         qos = trajectory_qos()
+        self._plan = self.create_publisher(JointTrajectory, "expert/arm_plan", qos)
         self._arm = self.create_publisher(JointTrajectory, "arm_controller/joint_trajectory", qos)
         self._gripper = self.create_publisher(
             JointTrajectory, "gripper_controller/joint_trajectory", qos
@@ -224,10 +279,16 @@ class ExpertNode(Node):
         self.create_timer(1.0 / rate_hz, self._tick)
 
     def _tick(self) -> None:
-        planned = self.expert.plan(self._state())
+        state = self._state()
+        planned = self.expert.plan(state)
         if planned is None:
             return
         arm, gripper = planned
-        self._arm.publish(arm)
+        if state.episode != self._episode:
+            self._episode = state.episode
+            self.perturbation.reset(state.episode)
+        self.perturbation.advance(self._period_s)
+        self._plan.publish(arm)
+        self._arm.publish(self.perturbation.apply(arm))
         self._gripper.publish(gripper)
         self.published += 1

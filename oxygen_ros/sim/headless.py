@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, Simulation
-from .expert import ScriptedExpert
+from .expert import ArmPerturbation, ScriptedExpert
 from .tasks import Task
 
 
@@ -25,19 +25,27 @@ class EpisodeResult:
 
 
 def run_expert_episode(
-    sim: Simulation, task: Task | None, seed: int, expert_rate_hz: float = 10.0
+    sim: Simulation,
+    task: Task | None,
+    seed: int,
+    expert_rate_hz: float = 10.0,
+    perturbation_rad: float = 0.0,
 ) -> EpisodeResult:
-    """One episode of ``task`` (random from ``seed`` when None) driven by a fresh expert."""
+    """One episode of ``task`` (random from ``seed`` when None) driven by a fresh expert, its arm
+    trajectories perturbed as :class:`~.expert.ExpertNode` does with ``perturbation_rad``."""
     started = time.perf_counter()
     expert = ScriptedExpert()
+    perturbation = ArmPerturbation(perturbation_rad)
     task = sim.reset(task, seed)
+    perturbation.reset(sim.episode)
     steps_per_plan = max(1, round(1.0 / (expert_rate_hz * sim.control_dt)))
     step = 0
     while sim.status == RUNNING:
         if step % steps_per_plan == 0:
             planned = expert.plan(sim.privileged_state())
             if planned is not None:
-                sim.receive(ARM_CONTROLLER, planned[0])
+                perturbation.advance(steps_per_plan * sim.control_dt)
+                sim.receive(ARM_CONTROLLER, perturbation.apply(planned[0]))
                 sim.receive(GRIPPER_CONTROLLER, planned[1])
         sim.control_step()
         step += 1

@@ -12,6 +12,11 @@ headers are. Each episode: the sim is paused, reset to the episode's task and se
 task, subtask and episode messages of the new episode are what the new bag hears first), the
 recorder subscribes, the sim resumes and runs until success or timeout, plus a short tail.
 
+``--perturb RAD`` records demonstrations that teach recovery: the expert's arm trajectories reach
+the controller with a smooth random joint offset (:class:`~oxygen_ros.sim.expert.ArmPerturbation`)
+and the bag also holds the clean plan, ``expert/arm_plan``, for the dataset's action
+(``config/sim_dataset_perturbed.yaml``).
+
 ``--headless`` measures the expert's success rate instead, without ROS, bags or cameras.
 """
 
@@ -42,6 +47,9 @@ TOPICS = (
 )
 """What every episode's bag holds (resolved in the sim's namespace)."""
 
+PLAN_TOPIC = "expert/arm_plan"
+"""The expert's clean arm plan, recorded as well when the arm is perturbed."""
+
 TAIL_S = 0.3  # sim seconds recorded after an episode ends (its final messages arrive)
 SUBSCRIBE_TIMEOUT_S = 15.0
 
@@ -67,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", default="", help="one task text for every episode")
     parser.add_argument(
         "--seed", type=int, default=0, help="episode i uses seed SEED + i (default 0)"
+    )
+    parser.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        metavar="RAD",
+        help="perturb the expert's arm trajectories by a drifting joint offset of this standard "
+        "deviation and record its clean plan too (default 0: none); 0.03 keeps the expert "
+        "succeeding",
     )
     parser.add_argument(
         "--headless",
@@ -101,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             episode_task(args, 0)
     except TaskError as error:
         parser.error(str(error))
+    if not (np.isfinite(args.perturb) and args.perturb >= 0):
+        parser.error(f"--perturb must be a finite angle >= 0 rad, got {args.perturb}")
     if args.headless:
         return _measure_headless(args)
     if args.out is None:
@@ -116,7 +135,9 @@ def _measure_headless(args: argparse.Namespace) -> int:
     results = []
     for i in range(args.episodes):
         seed = args.seed + i
-        results.append(run_expert_episode(sim, episode_task(args, seed), seed))
+        results.append(
+            run_expert_episode(sim, episode_task(args, seed), seed, perturbation_rad=args.perturb)
+        )
     for kind in ("touch", "put"):
         mine = [r for r in results if r.task.startswith(kind)]
         if mine:
@@ -146,7 +167,7 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
     init_without_signal_handlers(args=["oxygen-collect", *ros_args])
     sim = SimNode(parameter_overrides=[Parameter("autostart", value=False)])
     namespace = sim.get_namespace()
-    expert = ExpertNode(sim.privileged_state, namespace=namespace)
+    expert = ExpertNode(sim.privileged_state, namespace=namespace, perturbation_rad=args.perturb)
     recorder_node = Node(
         "sim_recorder",
         namespace=namespace,
@@ -210,9 +231,10 @@ def record_episode(
     from oxygen_ros.tools.record import BagRecorder
 
     sim.request_reset(task.text, seed, wait=True)  # paused: applied and announced, not stepped
-    topics = [recorder_node.resolve_topic_name(topic) for topic in TOPICS]
+    recorded = TOPICS + ((PLAN_TOPIC,) if expert.perturbation.scale_rad > 0 else ())
+    topics = [recorder_node.resolve_topic_name(topic) for topic in recorded]
     before = _subscription_counts((sim, expert), topics)
-    recorder = BagRecorder(recorder_node, bag_dir, TOPICS)
+    recorder = BagRecorder(recorder_node, bag_dir, recorded)
     try:
         _wait_until_subscribed((sim, expert), topics, before, recorder)
         sim.resume()

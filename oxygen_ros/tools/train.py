@@ -45,10 +45,11 @@ def tokenizer_sentences(texts: Sequence[str]) -> list[str]:
     return sentences
 
 
-def dataset_tokenizer(dataset: Path, out_dir: Path, vocab_size: int) -> Path:
-    """Train the tiny tokenizer with ``dataset``'s texts into ``out_dir/tokenizer.model``."""
+def dataset_tokenizer(datasets: Sequence[Path], out_dir: Path, vocab_size: int) -> Path:
+    """Train the tiny tokenizer with the ``datasets``' texts into ``out_dir/tokenizer.model``."""
+    texts = sorted({text for dataset in datasets for text in dataset_texts(dataset)})
     return train_tiny_tokenizer(
-        out_dir / TOKENIZER_FILENAME, vocab_size, tokenizer_sentences(dataset_texts(dataset))
+        out_dir / TOKENIZER_FILENAME, vocab_size, tokenizer_sentences(texts)
     )
 
 
@@ -56,7 +57,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="oxygen-train", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
-    parser.add_argument("--dataset", type=Path, required=True, help="LeRobotDataset v3 folder")
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        required=True,
+        action="append",
+        help="LeRobotDataset v3 folder; repeat it to train on several together",
+    )
     parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=positive_int, default=1000)
@@ -115,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.dataset, args.out, get_preset(args.preset).vocab_size
         )
         settings = TrainSettings(
-            dataset=args.dataset,
+            datasets=tuple(args.dataset),
             out=args.out,
             tokenizer=tokenizer,
             preset=args.preset,

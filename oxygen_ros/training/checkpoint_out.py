@@ -73,7 +73,7 @@ def readme_text(frames: TrainingFrames, record: Mapping[str, Any]) -> str:
         "",
         "    " + record["command"],
         "",
-        f"- dataset: `{record['dataset']}` ({record['frames']} frames, {record['episodes']} "
+        f"- datasets: {', '.join(f'`{d}`' for d in record['datasets'])} ({record['frames']} frames, {record['episodes']} "
         f"episodes, {frames.fps} fps)",
         f"- model preset `{record['preset']}`, seed {record['seed']}, data seed "
         f"{record['data_seed']}; {record['steps_done']} steps of batch {record['batch_size']} "

@@ -11,6 +11,7 @@ describes the frame's phase, or only the frames where one was said (``event``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,51 @@ def load_training_frames(root: Path | str, narration: str = "held") -> TrainingF
         narrations=narrations,
         state_names=features[STATE_KEY].get("names"),
         action_names=features[ACTION_KEY].get("names"),
+    )
+
+
+def concatenate_frames(parts: Sequence[TrainingFrames]) -> TrainingFrames:
+    """Several datasets' frames as one (episodes kept apart), for training on all of them.
+
+    Raises:
+        TrainingDataError: datasets whose fps, cameras, image sizes or state/action names differ.
+    """
+    if not parts:
+        raise TrainingDataError("no dataset to train on")
+    first = parts[0]
+    for other in parts[1:]:
+        for what, mine, theirs in (
+            ("fps", first.fps, other.fps),
+            ("cameras", first.cameras, other.cameras),
+            ("state names", first.state_names, other.state_names),
+            ("action names", first.action_names, other.action_names),
+            (
+                "image sizes",
+                [first.images[k].shape[1:] for k in first.cameras],
+                [other.images[k].shape[1:] for k in other.cameras],
+            ),
+        ):
+            if mine != theirs:
+                raise TrainingDataError(
+                    f"{other.root} and {first.root} differ in {what}: {theirs} vs {mine}"
+                )
+    if len(parts) == 1:
+        return first
+    offsets = np.cumsum([0] + [len(part) for part in parts[:-1]])
+    return TrainingFrames(
+        root=first.root,
+        fps=first.fps,
+        images={k: np.concatenate([part.images[k] for part in parts]) for k in first.cameras},
+        states=np.concatenate([part.states for part in parts]),
+        actions=np.concatenate([part.actions for part in parts]),
+        episode_end=np.concatenate(
+            [part.episode_end + offset for part, offset in zip(parts, offsets, strict=True)]
+        ),
+        tasks=[t for part in parts for t in part.tasks],
+        subtasks=[t for part in parts for t in part.subtasks],
+        narrations=[t for part in parts for t in part.narrations],
+        state_names=first.state_names,
+        action_names=first.action_names,
     )
 
 

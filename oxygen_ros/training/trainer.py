@@ -30,7 +30,7 @@ from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 
 from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
-from .dataset import TrainingFrames, load_training_frames
+from .dataset import TrainingFrames, concatenate_frames, load_training_frames
 from .normalization import dataset_norms
 from .schedule import learning_rate
 
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 class TrainSettings:
     """Everything that decides a training run (``training.json`` records all of it)."""
 
-    dataset: Path
+    datasets: tuple[Path, ...]  # LeRobotDataset v3 folders, trained on together
     out: Path
     tokenizer: Path
     preset: str = "tiny"
@@ -108,13 +108,17 @@ def new_model(config: Pi05Config, seed: int) -> Pi05Model:
     return model.train().requires_grad_(True)
 
 
+def _names(paths: tuple[Path, ...]) -> str:
+    return " + ".join(str(p) for p in paths)
+
+
 def _window_mean(history: list[StepLog], name: str, count: int) -> float:
     values = [getattr(h, name) for h in history[-count:]]
     return float(np.mean(values)) if values else math.nan
 
 
 def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainResult:
-    """Train from random weights on ``settings.dataset`` and write the checkpoint to
+    """Train from random weights on ``settings.datasets`` and write the checkpoint to
     ``settings.out``.
 
     Raises:
@@ -123,7 +127,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     """
     torch.manual_seed(settings.seed)
     held = "event" if settings.narration == "none" else settings.narration
-    frames = load_training_frames(settings.dataset, held)
+    frames = concatenate_frames([load_training_frames(d, held) for d in settings.datasets])
     norms = dataset_norms(frames)
     config = model_config(settings, frames)
     tokenizer = Pi05Tokenizer(settings.tokenizer)
@@ -143,7 +147,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     longest_prompt, longest = maker.prompt_lengths()
     if tokenizer.tasks_shortened:
         raise ValueError(
-            f"a prompt of {settings.dataset} needs more than max_token_len "
+            f"a prompt of {_names(settings.datasets)} needs more than max_token_len "
             f"{config.max_token_len} tokens ({tokenizer.last_shortened}); raise --max-token-len"
         )
     model = new_model(config, settings.seed)
@@ -158,7 +162,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     augment_generator = torch.Generator().manual_seed(settings.effective_data_seed)
     flow_generator = torch.Generator().manual_seed(settings.seed)
     log(
-        f"dataset {settings.dataset}: {len(frames)} frames, {frames.num_episodes} episodes, "
+        f"dataset {_names(settings.datasets)}: {len(frames)} frames, {frames.num_episodes} episodes, "
         f"cameras {list(frames.cameras)}; preset {config.name} "
         f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params); prompt format "
         f"{prompt_format.name}: longest action prompt {longest_prompt} tokens, with narration "
@@ -236,9 +240,9 @@ def _record(
     final_text: float,
     config: Pi05Config,
 ) -> dict[str, Any]:
-    fields = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()
-    }
+    fields = dataclasses.asdict(settings)
+    fields = {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
+    fields["datasets"] = [str(d) for d in settings.datasets]
     return {
         **fields,
         "data_seed": settings.effective_data_seed,
