@@ -17,6 +17,7 @@ from oxygen_ros.ros.convert import seconds_to_duration, seconds_to_stamp
 from oxygen_ros.ros.trajectory_rules import TrajectoryRejected
 from oxygen_ros.sim.controller import REJECT_NON_FINITE, TrajectoryController
 from oxygen_ros.sim.episode import SUCCESS, Simulation
+from oxygen_ros.sim.expert import ArmPerturbation
 from oxygen_ros.sim.headless import run_expert_episode
 from oxygen_ros.sim.kinematics import Unreachable, tip_down_ik
 from oxygen_ros.sim.language import SceneFacts, current_phase
@@ -227,3 +228,14 @@ def test_the_expert_succeeds_headless(kind):
         result = run_expert_episode(sim, task, seed)
         assert result.status == SUCCESS, result
         assert sim.phase.key == "done"
+
+
+def test_perturbed_expert_wanders_yet_succeeds():
+    """--perturb's offset moves the arm off the expert's path, and the expert still succeeds."""
+    sim = Simulation()
+    clean = run_expert_episode(sim, Task(TOUCH, "red"), 3)
+    perturbed = run_expert_episode(sim, Task(TOUCH, "red"), 3, perturbation_rad=0.03)
+    assert clean.status == perturbed.status == SUCCESS
+    assert perturbed.sim_s != clean.sim_s  # a different path, not the same one replayed
+    with pytest.raises(ValueError, match="perturbation scale"):
+        ArmPerturbation(-0.1)

@@ -73,8 +73,8 @@ def readme_text(frames: TrainingFrames, record: Mapping[str, Any]) -> str:
         "",
         "    " + record["command"],
         "",
-        f"- datasets: {', '.join(f'`{d}`' for d in record['datasets'])} ({record['frames']} frames, {record['episodes']} "
-        f"episodes, {frames.fps} fps)",
+        f"- datasets: {', '.join(f'`{d}`' for d in record['datasets'])} "
+        f"({record['frames']} frames, {record['episodes']} episodes, {frames.fps} fps)",
         f"- model preset `{record['preset']}`, seed {record['seed']}, data seed "
         f"{record['data_seed']}; {record['steps_done']} steps of batch {record['batch_size']} "
         f"in {record['train_seconds']:.0f} s",

@@ -162,7 +162,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     augment_generator = torch.Generator().manual_seed(settings.effective_data_seed)
     flow_generator = torch.Generator().manual_seed(settings.seed)
     log(
-        f"dataset {_names(settings.datasets)}: {len(frames)} frames, {frames.num_episodes} episodes, "
+        f"dataset {_names(settings.datasets)}: {len(frames)} frames, "
+        f"{frames.num_episodes} episodes, "
         f"cameras {list(frames.cameras)}; preset {config.name} "
         f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params); prompt format "
         f"{prompt_format.name}: longest action prompt {longest_prompt} tokens, with narration "
