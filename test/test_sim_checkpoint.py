@@ -78,3 +78,35 @@ def test_rendered_sim_observation_gives_actions_in_joint_ranges(policy, task):
         )
     gripper = actions[:, len(ARM_JOINTS)]
     assert ((gripper >= -MARGIN) & (gripper <= 1 + MARGIN)).all(), GRIPPER_JOINT
+
+
+def test_sim_policy_bench_drives_the_sim_with_trajectories_the_controllers_accept(tmp_path):
+    import argparse
+    import json
+
+    from oxygen_ros.tools.benches import sim_policy
+
+    parser = argparse.ArgumentParser()
+    sim_policy.add_arguments(parser)
+    out = tmp_path / "sp.json"
+    args = parser.parse_args(
+        [
+            "--checkpoint",
+            str(CHECKPOINT),
+            "--episodes",
+            "2",
+            "--timeout-s",
+            "1.5",
+            "--json",
+            str(out),
+        ]
+    )
+    result = sim_policy.run(args)
+    assert json.loads(out.read_text())["episodes"] == 2
+    assert [run["status"] in ("success", "timeout") for run in result["runs"]] == [True, True]
+    assert all(run["rejected"] == {} for run in result["runs"])
+    # the policy moves the arm towards the named cube
+    assert all(
+        run["closest_tip_to_cube_m"] < run["start_tip_to_cube_m"] - 0.05 for run in result["runs"]
+    ), result["runs"]
+    assert 0 <= result["successes"] <= 2 and result["ci95"][0] <= result["success_rate"]

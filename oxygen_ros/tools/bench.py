@@ -14,6 +14,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench hierarchy --preset tiny           # subtasks: none vs per call vs in the slack
     oxygen-bench closed-loop --episodes 50 --json cl.json
                                                    # the sim arm through the node over DDS
+    oxygen-bench sim-policy --episodes 100         # a checkpoint drives the sim directly
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (policy_io/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -41,6 +42,7 @@ from oxygen_ros.tools.benches import (
     model,
     overload,
     realtime,
+    sim_policy,
     soak,
     summary,
 )
@@ -57,6 +59,7 @@ BENCHES = {
     "hierarchy": hierarchy,
     "summary": summary,
     "closed-loop": closed_loop,
+    "sim-policy": sim_policy,
 }
 
 
