@@ -381,3 +381,30 @@ def test_settings_record_the_command_and_seeds(trained):
     config = json.loads((result.out / "config.json").read_text())
     assert config["rtc_training_max_delay"] == 3
     assert dataclasses.asdict(settings)["steps"] == record["steps_done"]
+
+
+def test_state_noise_and_dropout_change_only_the_prompts_state(maker):
+    frame = 5
+    plain = maker.text_layout(frame, conditioned=False).ids
+    rng = np.random.default_rng(0)
+    maker.state_noise, maker.state_dropout = 0.3, 0.0
+    try:
+        shown = maker._state(frame, rng)
+        assert shown is not None and not np.allclose(shown, maker.normalized_states[frame])
+        assert np.abs(shown - maker.normalized_states[frame]).max() < 2.0
+        maker.state_noise, maker.state_dropout = 0.0, 1.0
+        dropped = maker._state(frame, rng)
+        assert dropped is not None and (np.abs(dropped) <= 1.0).all()
+        changed = maker.text_layout(frame, conditioned=False, state=dropped).ids
+        assert changed != plain  # the state's bins differ, after the same task text
+        first_difference = next(i for i, (a, b) in enumerate(zip(changed, plain)) if a != b)
+        assert first_difference >= len(maker.tokenizer.encode_text("touch"))
+        maker.state_dropout = 0.0
+        assert maker._state(frame, rng) is None  # neither: the frame's own state
+    finally:
+        maker.state_noise, maker.state_dropout = 0.0, 0.0
+    frames, norms = maker.frames, maker.norms
+    for bad in ({"state_noise": -0.1}, {"state_dropout": 1.5}):
+        with pytest.raises(BatchError, match=next(iter(bad))):
+            BatchMaker(frames, norms, maker.config, maker.tokenizer, maker.format,
+                       maker.conventions, **bad)  # fmt: skip

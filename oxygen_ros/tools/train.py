@@ -94,6 +94,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="share of frames with a subtask given the plain action prompt instead",
     )
     parser.add_argument(
+        "--state-noise",
+        type=float,
+        default=0.0,
+        help="std of Gaussian noise on the prompt's normalised state ([-1, 1] units; default 0)",
+    )
+    parser.add_argument(
+        "--state-dropout",
+        type=float,
+        default=0.0,
+        help="share of examples whose prompt shows a uniformly random state instead (default 0)",
+    )
+    parser.add_argument(
         "--narration",
         default="held",
         choices=[*NARRATION_MODES, "none"],
@@ -140,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_token_len=args.max_token_len,
             augment=not args.no_augment,
             flat_fraction=args.flat_fraction,
+            state_noise=args.state_noise,
+            state_dropout=args.state_dropout,
             narration=args.narration,
             text_weight=args.text_weight,
             knowledge_insulation=not args.no_knowledge_insulation,

@@ -6,7 +6,11 @@ Each example is one frame, drawn uniformly from the dataset:
   (LeRobot main's: float bilinear resize with padding, borders -1, scale to [-1, 1];
   `policy_io.preprocess_torch.lerobot_resize_with_pad`), then openpi's augmentation
   (:mod:`.augment`) when on;
-* **prompt**: the task and the normalised state's bins in the prompt format. In a format with a
+* **prompt**: the task and the normalised state's bins in the prompt format. Asked for, the state
+  shown is perturbed: Gaussian noise of ``state_noise`` (normalised units), or with probability
+  ``state_dropout`` a uniformly random state. A policy that cannot read its next move off the
+  state has to find it in the images (a policy trained from scratch otherwise learns to continue
+  the motion its state shows and never where the named cube is). In a format with a
   subtask generated inside the prompt (``openpi_subtask``, ``opentau``, ``brunofang``) a frame with
   a subtask gets the subtask-conditioned prompt, its subtask tokens and their eos supervised (the
   text the subtask request generates), except a ``flat_fraction`` of them, which get the plain
@@ -104,6 +108,8 @@ class BatchMaker:
         augment: bool = True,
         flat_fraction: float = 0.25,
         narration: bool = True,
+        state_noise: float = 0.0,
+        state_dropout: float = 0.0,
     ) -> None:
         check_format(prompt_format)
         if frames.actions.shape[1] > config.action_dim:
@@ -118,6 +124,10 @@ class BatchMaker:
             )
         if not 0.0 <= flat_fraction <= 1.0:
             raise BatchError(f"flat_fraction must be in [0, 1], got {flat_fraction}")
+        if not (np.isfinite(state_noise) and state_noise >= 0.0):
+            raise BatchError(f"state_noise must be >= 0, got {state_noise}")
+        if not 0.0 <= state_dropout <= 1.0:
+            raise BatchError(f"state_dropout must be in [0, 1], got {state_dropout}")
         if tokenizer.vocab_size > config.vocab_size:
             raise BatchError(
                 f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} ids, more than the "
@@ -131,6 +141,8 @@ class BatchMaker:
         self.conventions = conventions
         self.augment = augment
         self.flat_fraction = flat_fraction
+        self.state_noise = float(state_noise)
+        self.state_dropout = float(state_dropout)
         self.narration = narration and NARRATION_KIND in prompt_format.kinds
         self.normalized_states = norms.state.normalize(frames.states)
         actions = norms.action.normalize(frames.actions)
@@ -139,9 +151,12 @@ class BatchMaker:
         self.normalized_actions = padded
 
     # -- text ----------------------------------------------------------------------------------
-    def text_layout(self, index: int, conditioned: bool) -> TextLayout:
+    def text_layout(
+        self, index: int, conditioned: bool, state: np.ndarray | None = None
+    ) -> TextLayout:
         """The prompt (conditioned on the frame's subtask when ``conditioned``) and the narration
-        of frame ``index``."""
+        of frame ``index``; ``state``: the normalised state to write in the prompt instead of the
+        frame's."""
         frames, tok = self.frames, self.tokenizer
         subtask = None
         if conditioned:
@@ -149,7 +164,7 @@ class BatchMaker:
             subtask = SubtaskText(tuple(tok.encode_text(text)), text)
         prompt = tok.frame_prompt(
             frames.tasks[index],
-            self.normalized_states[index],
+            self.normalized_states[index] if state is None else state,
             self.config.max_token_len,
             self.format,
             conditioned,
@@ -182,6 +197,16 @@ class BatchMaker:
         if not self.format.has_subtask or not self.frames.subtasks[index]:
             return False
         return bool(rng.random() >= self.flat_fraction)
+
+    def _state(self, index: int, rng: np.random.Generator) -> np.ndarray | None:
+        """The state the prompt shows (None: the frame's own): with probability ``state_dropout``
+        one drawn uniformly over the normalised range, else the frame's with ``state_noise``."""
+        if self.state_noise == 0.0 and self.state_dropout == 0.0:
+            return None
+        state = self.normalized_states[index]
+        if self.state_dropout and rng.random() < self.state_dropout:
+            return rng.uniform(-1.0, 1.0, state.shape).astype(state.dtype)
+        return state + self.state_noise * rng.standard_normal(state.shape).astype(state.dtype)
 
     # -- images --------------------------------------------------------------------------------
     def model_images(
@@ -216,7 +241,10 @@ class BatchMaker:
         """The training batch of frames ``indices``: ``rng`` decides which prompts are
         conditioned, ``generator`` draws the augmentation (None: no augmentation)."""
         indices = np.asarray(indices, dtype=np.int64)
-        layouts = [self.text_layout(int(i), self._conditioned(int(i), rng)) for i in indices]
+        layouts = [
+            self.text_layout(int(i), self._conditioned(int(i), rng), self._state(int(i), rng))
+            for i in indices
+        ]
         b, length = len(layouts), max(len(t.ids) for t in layouts)
         tokens = torch.zeros(b, length, dtype=torch.int64)
         masks = torch.zeros(b, length, dtype=torch.bool)

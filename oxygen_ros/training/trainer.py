@@ -60,6 +60,8 @@ class TrainSettings:
     max_token_len: int | None = None  # None: the preset's
     augment: bool = True
     flat_fraction: float = 0.25
+    state_noise: float = 0.0  # std of noise on the prompt's normalised state (`BatchMaker`)
+    state_dropout: float = 0.0  # share of examples whose prompt shows a random state
     narration: str = "held"  # held / event (`dataset.NARRATION_MODES`), or none: no narration loss
     text_weight: float = 1.0
     knowledge_insulation: bool = True
@@ -142,6 +144,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         conventions,
         augment=settings.augment,
         flat_fraction=settings.flat_fraction,
+        state_noise=settings.state_noise,
+        state_dropout=settings.state_dropout,
         narration=settings.narration != "none",
     )
     longest_prompt, longest = maker.prompt_lengths()

@@ -133,7 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' tasks/layouts")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=777,
+        help="seed of the rounds' tasks; round r's layout seed is SEED*1000+r (default 777: "
+        "layouts 777000.., apart from the shipped policy's training episodes)",
+    )
     parser.add_argument(
         "--ask-after-s", type=float, default=2.0, help="ask setting: seconds into the episode"
     )
