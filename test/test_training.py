@@ -408,3 +408,22 @@ def test_state_noise_and_dropout_change_only_the_prompts_state(maker):
         with pytest.raises(BatchError, match=next(iter(bad))):
             BatchMaker(frames, norms, maker.config, maker.tokenizer, maker.format,
                        maker.conventions, **bad)  # fmt: skip
+
+
+def test_start_share_draws_from_where_episodes_begin(maker):
+    ends = maker.frames.episode_end
+    starts = {int(e) - EPISODE_LENGTH for e in np.unique(ends)}
+    assert starts == {0, EPISODE_LENGTH, 2 * EPISODE_LENGTH}  # the fixture's episodes
+    within = {s + k for s in starts for k in range(5)}
+    np.testing.assert_array_equal(maker.start_indices, sorted(within))
+    rng = np.random.default_rng(1)
+    maker.start_share = 1.0
+    try:
+        assert set(maker.sample_indices(200, rng).tolist()) <= within
+        maker.start_share = 0.5
+        drawn = maker.sample_indices(2000, rng)
+        share = np.isin(drawn, list(within)).mean()  # half from the starts + their uniform share
+        assert 0.5 < share < 0.5 + 0.5 * len(within) / len(maker.frames) + 0.05
+    finally:
+        maker.start_share = 0.0
+    assert not set(maker.sample_indices(400, rng).tolist()) <= within  # uniform again

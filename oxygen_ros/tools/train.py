@@ -106,6 +106,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="share of examples whose prompt shows a uniformly random state instead (default 0)",
     )
     parser.add_argument(
+        "--start-share",
+        type=float,
+        default=0.0,
+        help="share of examples drawn from their episode's first --start-frames frames, where "
+        "only the images and the task say where to go (default 0: frames uniformly)",
+    )
+    parser.add_argument("--start-frames", type=positive_int, default=5)
+    parser.add_argument(
         "--narration",
         default="held",
         choices=[*NARRATION_MODES, "none"],
@@ -154,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flat_fraction=args.flat_fraction,
             state_noise=args.state_noise,
             state_dropout=args.state_dropout,
+            start_share=args.start_share,
+            start_frames=args.start_frames,
             narration=args.narration,
             text_weight=args.text_weight,
             knowledge_insulation=not args.no_knowledge_insulation,

@@ -110,6 +110,8 @@ class BatchMaker:
         narration: bool = True,
         state_noise: float = 0.0,
         state_dropout: float = 0.0,
+        start_share: float = 0.0,
+        start_frames: int = 5,
     ) -> None:
         check_format(prompt_format)
         if frames.actions.shape[1] > config.action_dim:
@@ -128,6 +130,11 @@ class BatchMaker:
             raise BatchError(f"state_noise must be >= 0, got {state_noise}")
         if not 0.0 <= state_dropout <= 1.0:
             raise BatchError(f"state_dropout must be in [0, 1], got {state_dropout}")
+        if not 0.0 <= start_share <= 1.0 or start_frames < 1:
+            raise BatchError(
+                f"start_share must be in [0, 1] and start_frames >= 1, got {start_share}, "
+                f"{start_frames}"
+            )
         if tokenizer.vocab_size > config.vocab_size:
             raise BatchError(
                 f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} ids, more than the "
@@ -143,6 +150,10 @@ class BatchMaker:
         self.flat_fraction = flat_fraction
         self.state_noise = float(state_noise)
         self.state_dropout = float(state_dropout)
+        self.start_share = float(start_share)
+        ends = np.unique(frames.episode_end)  # episodes are contiguous, in order
+        episode_start = np.r_[0, ends][np.searchsorted(ends, frames.episode_end)]
+        self.start_indices = np.flatnonzero(np.arange(len(frames)) - episode_start < start_frames)
         self.narration = narration and NARRATION_KIND in prompt_format.kinds
         self.normalized_states = norms.state.normalize(frames.states)
         actions = norms.action.normalize(frames.actions)
@@ -229,8 +240,14 @@ class BatchMaker:
 
     # -- batches -------------------------------------------------------------------------------
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-        """Frames drawn uniformly (with replacement)."""
-        return rng.integers(0, len(self.frames), size=batch_size)
+        """Frames drawn uniformly (with replacement), a ``start_share`` of them from the first
+        ``start_frames`` of their episodes: where the arm has not moved yet, the images and the
+        task alone say where to go."""
+        uniform = rng.integers(0, len(self.frames), size=batch_size)
+        if self.start_share == 0.0:
+            return uniform
+        from_start = self.start_indices[rng.integers(0, len(self.start_indices), size=batch_size)]
+        return np.where(rng.random(batch_size) < self.start_share, from_start, uniform)
 
     def batch(
         self,

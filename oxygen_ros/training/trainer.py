@@ -62,6 +62,8 @@ class TrainSettings:
     flat_fraction: float = 0.25
     state_noise: float = 0.0  # std of noise on the prompt's normalised state (`BatchMaker`)
     state_dropout: float = 0.0  # share of examples whose prompt shows a random state
+    start_share: float = 0.0  # share of examples from their episode's first start_frames
+    start_frames: int = 5
     narration: str = "held"  # held / event (`dataset.NARRATION_MODES`), or none: no narration loss
     text_weight: float = 1.0
     knowledge_insulation: bool = True
@@ -146,6 +148,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         flat_fraction=settings.flat_fraction,
         state_noise=settings.state_noise,
         state_dropout=settings.state_dropout,
+        start_share=settings.start_share,
+        start_frames=settings.start_frames,
         narration=settings.narration != "none",
     )
     longest_prompt, longest = maker.prompt_lengths()
