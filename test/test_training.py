@@ -397,7 +397,9 @@ def test_state_noise_and_dropout_change_only_the_prompts_state(maker):
         assert dropped is not None and (np.abs(dropped) <= 1.0).all()
         changed = maker.text_layout(frame, conditioned=False, state=dropped).ids
         assert changed != plain  # the state's bins differ, after the same task text
-        first_difference = next(i for i, (a, b) in enumerate(zip(changed, plain, strict=False)) if a != b)
+        first_difference = next(
+            i for i, (a, b) in enumerate(zip(changed, plain, strict=False)) if a != b
+        )
         assert first_difference >= len(maker.tokenizer.encode_text("touch"))
         maker.state_dropout = 0.0
         assert maker._state(frame, rng) is None  # neither: the frame's own state
