@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,9 @@ def test_collect_writes_one_bag_per_episode(tmp_path: Path, ros_env):
         assert [m.data for m in messages["/sim/task"]] == [task] and task.startswith("touch")
         color = task.split()[2]
         narrations = [m.data for m in messages["/sim/narration"]]
-        assert narrations[0] == f"reaching for the {color} cube"
+        assert re.fullmatch(
+            rf"reaching for the {color} cube, (near|far) (left|centre|right)", narrations[0]
+        ), narrations[0]
         assert narrations[-1] == f"the gripper is touching the {color} cube"
         elapsed = reports[-1]["elapsed_s"]
         images = messages["/camera/scene/image_raw"]

@@ -20,7 +20,7 @@ from oxygen_ros.sim.episode import SUCCESS, Simulation
 from oxygen_ros.sim.expert import ArmPerturbation
 from oxygen_ros.sim.headless import run_expert_episode
 from oxygen_ros.sim.kinematics import Unreachable, tip_down_ik
-from oxygen_ros.sim.language import SceneFacts, current_phase
+from oxygen_ros.sim.language import SceneFacts, current_phase, place_words
 from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS, scene_mjcf
 from oxygen_ros.sim.tasks import (
     MIN_CUBE_GAP,
@@ -217,6 +217,20 @@ def test_phases_name_the_object_and_follow_the_state():
     assert phase(success=True).narration == "the red cube is on the green pad"
     touch = current_phase(Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, False, False))
     assert (touch.subtask, touch.narration) == ("touch the blue cube", "reaching for the blue cube")
+    placed = current_phase(
+        Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, False, False, place_words(0.25, 0.1))
+    )
+    assert placed.narration == "reaching for the blue cube, far left"
+
+
+def test_place_words_split_the_reach_into_sides_and_depths():
+    assert place_words(0.16, 0.0) == "near centre"
+    assert place_words(0.25, -0.12) == "far right"  # atan2 -0.45 rad: the robot's right
+    assert place_words(0.12, 0.12) == "near left"
+    # every layout the tasks draw gets words, and all six places occur
+    rng = np.random.default_rng(0)
+    said = {place_words(*random_layout(rng).cubes["red"][:2]) for _ in range(300)}
+    assert said == {f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right")}
 
 
 # -- the expert without ROS ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .controller import TrajectoryController
-from .language import Phase, SceneFacts, current_phase
+from .language import Phase, SceneFacts, current_phase, place_words
 from .scene import ARM_JOINTS, CUBE_COLORS, GRIPPER_JOINT, HOME, PAD_COLORS, PAD_HALF
 from .tasks import PLACE, Task, cube_on_pad, random_layout, random_task, tip_touches
 from .world import World
@@ -159,6 +159,7 @@ class Simulation:
             tip_to_cube=float(np.linalg.norm(tip - cube)),
             cube_over_pad=over_pad,
             cube_on_pad=on_pad,
+            cube_place=place_words(float(cube[0]), float(cube[1])),
         )
 
     def privileged_state(self) -> PrivilegedState:

@@ -7,15 +7,30 @@ slips out of the gripper puts a place task back to "reach", whoever drives the a
 * place: ``reach`` the cube, ``grasp`` it once the tip is at it, ``carry`` it while it is held
   away from the pad, ``release`` it once it is held over the pad (or lies on it, not yet let go),
   ``done`` when the task succeeded.
+
+While reaching, the narration also says where the cube is, as the robot sees it ("reaching for the
+red cube, far left"): a sentence a policy can only learn to say by finding the named cube in its
+camera images, which is what it needs to find to reach it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .tasks import PLACE, Task
+from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, Task
 
 NEAR_CUBE = 0.03  # the tip this close to the cube's centre is "at" the cube
+SIDE_ANGLE = PLACE_ANGLE[1] / 3  # rad from straight ahead: the outer thirds are left and right
+FAR_RADIUS = sum(PLACE_RADIUS) / 2  # m from the base: the outer half of the reach is far
+
+
+def place_words(x: float, y: float) -> str:
+    """Where a point on the table is, seen from the robot's base: "far left", "near centre"."""
+    angle = math.atan2(y, x)  # +y is the robot's left
+    side = "left" if angle > SIDE_ANGLE else "right" if angle < -SIDE_ANGLE else "centre"
+    depth = "far" if math.hypot(x, y) >= FAR_RADIUS else "near"
+    return f"{depth} {side}"
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,7 @@ class SceneFacts:
     tip_to_cube: float  # metres from the tip to the task's cube
     cube_over_pad: bool  # the task's cube is within the pad's edges, at any height
     cube_on_pad: bool  # ... and rests on it
+    cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
 
 
 @dataclass(frozen=True)
@@ -41,10 +57,11 @@ class Phase:
 def current_phase(task: Task, facts: SceneFacts) -> Phase:
     """The phase ``task`` is in, given ``facts``."""
     cube = f"the {task.cube} cube"
+    reaching = f"reaching for {cube}" + (f", {facts.cube_place}" if facts.cube_place else "")
     if task.kind != PLACE:
         if facts.success:
             return Phase("done", f"touch {cube}", f"the gripper is touching {cube}")
-        return Phase("reach", f"touch {cube}", f"reaching for {cube}")
+        return Phase("reach", f"touch {cube}", reaching)
     pad = f"the {task.pad} pad"
     if facts.success:
         return Phase("done", "done", f"{cube} is on {pad}")
@@ -55,4 +72,4 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
         return Phase("carry", f"carry {cube} to {pad}", f"carrying {cube} to {pad}")
     if facts.tip_to_cube <= NEAR_CUBE:
         return Phase("grasp", f"grasp {cube}", f"grasping {cube}")
-    return Phase("reach", f"reach {cube}", f"reaching for {cube}")
+    return Phase("reach", f"reach {cube}", reaching)
