@@ -221,6 +221,7 @@ def test_phases_name_the_object_and_follow_the_state():
         Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, False, False, place_words(0.25, 0.1))
     )
     assert placed.narration == "reaching for the blue cube, far left"
+    assert placed.subtask == "touch the blue cube, far left"
 
 
 def test_place_words_split_the_reach_into_sides_and_depths():

@@ -8,9 +8,10 @@ slips out of the gripper puts a place task back to "reach", whoever drives the a
   away from the pad, ``release`` it once it is held over the pad (or lies on it, not yet let go),
   ``done`` when the task succeeded.
 
-While reaching, the narration also says where the cube is, as the robot sees it ("reaching for the
-red cube, far left"): a sentence a policy can only learn to say by finding the named cube in its
-camera images, which is what it needs to find to reach it.
+While reaching, the subtask and the narration also say where the cube is, as the robot sees it
+("touch the red cube, far left", "reaching for the red cube, far left"): words a policy can only
+learn to say by finding the named cube in its camera images, which is what it must find to reach
+it, and a subtask that, read back as the action prompt's condition, tells the actions where to go.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ class Phase:
 def current_phase(task: Task, facts: SceneFacts) -> Phase:
     """The phase ``task`` is in, given ``facts``."""
     cube = f"the {task.cube} cube"
-    reaching = f"reaching for {cube}" + (f", {facts.cube_place}" if facts.cube_place else "")
+    where = f", {facts.cube_place}" if facts.cube_place else ""
+    reaching = f"reaching for {cube}{where}"
     if task.kind != PLACE:
         if facts.success:
             return Phase("done", f"touch {cube}", f"the gripper is touching {cube}")
-        return Phase("reach", f"touch {cube}", reaching)
+        return Phase("reach", f"touch {cube}{where}", reaching)
     pad = f"the {task.pad} pad"
     if facts.success:
         return Phase("done", "done", f"{cube} is on {pad}")
@@ -72,4 +74,4 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
         return Phase("carry", f"carry {cube} to {pad}", f"carrying {cube} to {pad}")
     if facts.tip_to_cube <= NEAR_CUBE:
         return Phase("grasp", f"grasp {cube}", f"grasping {cube}")
-    return Phase("reach", f"reach {cube}", reaching)
+    return Phase("reach", f"reach {cube}{where}", reaching)
