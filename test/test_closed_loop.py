@@ -72,6 +72,7 @@ def test_language_judging_against_the_sims_own_texts():
     assert not m.judge_text(place, "carrying the red cube", {"carry"})  # the pad unnamed
     touch = Task("touch", "blue")
     assert m.phases_of_subtask(touch, "touch the blue cube") == {"reach", "done"}
+    assert m.phases_of_subtask(touch, "touch the blue cube, near right") == {"reach", "done"}
     timeline = [(0.0, "touch the blue cube")]
     assert m.sim_phases(touch, timeline, None, 1.0, 2.0) == {"reach"}
     assert m.sim_phases(touch, timeline, 1.5, 1.0, 2.0) == {"reach", "done"}

@@ -20,7 +20,7 @@ from oxygen_ros.sim.episode import SUCCESS, Simulation
 from oxygen_ros.sim.expert import ArmPerturbation
 from oxygen_ros.sim.headless import run_expert_episode
 from oxygen_ros.sim.kinematics import Unreachable, tip_down_ik
-from oxygen_ros.sim.language import SceneFacts, current_phase, place_words
+from oxygen_ros.sim.language import SceneFacts, current_phase, place_words, without_place
 from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS, scene_mjcf
 from oxygen_ros.sim.tasks import (
     MIN_CUBE_GAP,
@@ -222,6 +222,7 @@ def test_phases_name_the_object_and_follow_the_state():
     )
     assert placed.narration == "reaching for the blue cube, far left"
     assert placed.subtask == "touch the blue cube, far left"
+    assert without_place(placed.subtask) == touch.subtask
 
 
 def test_place_words_split_the_reach_into_sides_and_depths():

@@ -17,6 +17,7 @@ it, and a subtask that, read back as the action prompt's condition, tells the ac
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, Task
@@ -32,6 +33,14 @@ def place_words(x: float, y: float) -> str:
     side = "left" if angle > SIDE_ANGLE else "right" if angle < -SIDE_ANGLE else "centre"
     depth = "far" if math.hypot(x, y) >= FAR_RADIUS else "near"
     return f"{depth} {side}"
+
+
+_PLACE_SUFFIX = re.compile(r", (near|far) (left|centre|right)$")
+
+
+def without_place(text: str) -> str:
+    """``text`` without the place words a reaching phase appends ("..., far left")."""
+    return _PLACE_SUFFIX.sub("", text)
 
 
 @dataclass(frozen=True)

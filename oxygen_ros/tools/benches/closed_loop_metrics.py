@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oxygen_ros.sim.language import Phase, SceneFacts, current_phase
+from oxygen_ros.sim.language import Phase, SceneFacts, current_phase, without_place
 from oxygen_ros.sim.scene import CUBE_COLORS, PAD_COLORS
 from oxygen_ros.sim.tasks import PLACE, Task
 
@@ -138,8 +138,9 @@ def task_phases(task: Task) -> dict[str, Phase]:
 
 def phases_of_subtask(task: Task, subtask: str) -> set[str]:
     """The phases in which the sim publishes ``subtask`` for ``task`` (touch: reach and done
-    share one)."""
-    return {key for key, phase in task_phases(task).items() if phase.subtask == subtask}
+    share one), whatever place words it carries."""
+    plain = without_place(subtask)
+    return {key for key, phase in task_phases(task).items() if phase.subtask == plain}
 
 
 def text_phases(task: Task, text: str) -> set[str]:
