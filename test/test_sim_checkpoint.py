@@ -110,3 +110,20 @@ def test_sim_policy_bench_drives_the_sim_with_trajectories_the_controllers_accep
         run["closest_tip_to_cube_m"] < run["start_tip_to_cube_m"] - 0.05 for run in result["runs"]
     ), result["runs"]
     assert 0 <= result["successes"] <= 2 and result["ci95"][0] <= result["success_rate"]
+
+
+def test_heading_correlation_of_first_chunks():
+    from oxygen_ros.tools.benches.sim_policy import heading_correlation
+
+    def episodes(pans, azimuths):
+        return [
+            {"first_chunk_pan_rad": p, "cube_azimuth_rad": a}
+            for p, a in zip(pans, azimuths, strict=True)
+        ]
+
+    azimuths = [-0.6, -0.1, 0.3, 0.7]
+    assert heading_correlation(episodes([0.8 * a for a in azimuths], azimuths)) == pytest.approx(1)
+    assert heading_correlation(episodes([0.1, 0.1, 0.1, 0.1], azimuths)) != heading_correlation(
+        episodes([0.1, 0.1, 0.1, 0.1], azimuths)
+    )  # nan: a policy that always heads the same way has no correlation to report
+    assert np.isnan(heading_correlation(episodes([0.1, 0.2], azimuths[:2])))
