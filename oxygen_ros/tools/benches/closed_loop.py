@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--settings",
         default="all",
         help="comma-separated settings or families (expert,random,none,identity,trained,flat,"
-        "same_frame,contention,ask; none/d2 picks one delay); default all",
+        "same_frame,contention,ask; none/d3 picks one delay); default all",
     )
     parser.add_argument(
         "--tasks",
@@ -126,9 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--delays",
-        default="0,2,5",
-        help="injected inference delays, controller steps (action_dt) or NNms (default 0,2,5: "
-        "up to half the 10-step chunk)",
+        default="0,3,5",
+        help="injected inference delays, controller steps (action_dt) or NNms (default 0,3,5: "
+        "30 %% and half of the 10-step chunk)",
     )
     parser.add_argument(
         "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
