@@ -41,6 +41,7 @@ from visualization_msgs.msg import Marker
 
 from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk, Narration
+from oxygen_ros.tools.benches.closed_loop_ros import wait_for
 from oxygen_ros.tools.make_bag import camera_topic, joint_names
 from oxygen_ros.tools.replay import BagPlayer
 
@@ -63,16 +64,6 @@ def synthetic_bag_params(checkpoint: Path) -> dict[str, Any]:
 
 
 STATE_UNCONFIGURED, STATE_INACTIVE, STATE_ACTIVE = 1, 2, 3
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
 
 
 def send_request(client: Any, name: str, request: Any, timeout: float, tries: int = 1) -> Any:

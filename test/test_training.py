@@ -429,3 +429,13 @@ def test_start_share_draws_from_where_episodes_begin(maker):
     finally:
         maker.start_share = 0.0
     assert not set(maker.sample_indices(400, rng).tolist()) <= within  # uniform again
+
+
+def test_train_cli_takes_several_datasets_and_refuses_negative_threads(capsys):
+    from oxygen_ros.tools.train import _parse_args
+
+    args = _parse_args(["--dataset", "a", "--dataset", "b", "--out", "o", "--threads", "1"])
+    assert [str(d) for d in args.dataset] == ["a", "b"] and args.threads == 1
+    with pytest.raises(SystemExit):
+        _parse_args(["--dataset", "a", "--out", "o", "--threads", "-1"])
+    assert "--threads must be >= 0" in capsys.readouterr().err

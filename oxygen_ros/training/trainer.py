@@ -68,6 +68,7 @@ class TrainSettings:
     text_weight: float = 1.0
     knowledge_insulation: bool = True
     log_every: int = 10
+    threads: int = 0  # torch CPU threads (0: torch's default, every core)
     command: str = ""
 
     @property
@@ -130,6 +131,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
             named in the message.
     """
     torch.manual_seed(settings.seed)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     held = "event" if settings.narration == "none" else settings.narration
     frames = concatenate_frames([load_training_frames(d, held) for d in settings.datasets])
     norms = dataset_norms(frames)

@@ -144,6 +144,7 @@ def start_busy(env: dict[str, str], work: Path) -> Process:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
