@@ -72,8 +72,7 @@ class ArmPerturbation:
             raise ValueError(f"perturbation correlation time must be > 0 s, got {correlation_s}")
         self.scale_rad = float(scale_rad)
         self.correlation_s = float(correlation_s)
-        self._rng = np.random.default_rng(seed)
-        self.offset = np.zeros(len(ARM_JOINTS))
+        self.reset(seed)
 
     def reset(self, seed: int) -> None:
         """A fresh episode: offset zero, draws from ``seed``."""
@@ -268,7 +267,6 @@ class ExpertNode(Node):
         self.expert = ScriptedExpert()
         self.perturbation = ArmPerturbation(perturbation_rad)
         self._period_s = 1.0 / rate_hz
-        self._episode = -1
         qos = trajectory_qos()
         self._plan = self.create_publisher(JointTrajectory, "expert/arm_plan", qos)
         self._arm = self.create_publisher(JointTrajectory, "arm_controller/joint_trajectory", qos)
@@ -276,16 +274,16 @@ class ExpertNode(Node):
             JointTrajectory, "gripper_controller/joint_trajectory", qos
         )
         self.published = 0
-        self.create_timer(1.0 / rate_hz, self._tick)
+        self.create_timer(self._period_s, self._tick)
 
     def _tick(self) -> None:
         state = self._state()
+        new_episode = state.episode != self.expert.episode  # the expert's, before it plans
         planned = self.expert.plan(state)
         if planned is None:
             return
         arm, gripper = planned
-        if state.episode != self._episode:
-            self._episode = state.episode
+        if new_episode:
             self.perturbation.reset(state.episode)
         self.perturbation.advance(self._period_s)
         self._plan.publish(arm)

@@ -183,10 +183,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ],
         ["checkpoint", "tasks", "success", "time to success s", "median closest m", "heading corr"],
     )
-    result = {"bench": "sim-policy", "args": _plain(vars(args)), **summary, "runs": episodes}
+    result = {"bench": "sim-policy", "args": vars(args), **summary, "runs": episodes}
     write_json(args.json, result)
     return result
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items() if k != "func"}
