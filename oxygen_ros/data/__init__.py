@@ -7,7 +7,7 @@ module:
 * :mod:`.bag_episode`     one rosbag2 read into time-stamped messages per topic, on one timeline;
 * :mod:`.alignment`       the frame grid at a fixed fps, zero-order hold, staleness drops;
 * :mod:`.message_values`  ROS messages -> numpy (images, joint positions, trajectory references);
-* :mod:`.stats`           per-episode statistics and their aggregation, as LeRobot computes them;
+* :mod:`.stats`           per-episode statistics and their aggregation, in LeRobot's layout;
 * :mod:`.lerobot_dataset` writing and reading a LeRobotDataset v3 folder;
 * :mod:`.bag_to_lerobot`  the conversion of bags into episodes, driven by the mapping.
 """
