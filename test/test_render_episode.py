@@ -1,17 +1,26 @@
 """oxygen-render-episode on the hand-made episode bag of test_bag_to_lerobot: GIF frame count and
-size, PNG strip size, the scene image kept and the text/joint panel drawn and changing."""
+size, PNG strip size, the scene image kept and the text/joint panel drawn and changing; long texts
+wrapped, never cut, and an episode's tiles of one height."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFont
 from test_bag_to_lerobot import MAPPING, write_episode_bag
 
 from oxygen_ros.data.mapping import load_mapping
-from oxygen_ros.tools.render_episode import load_episode_view, main, render_tile
+from oxygen_ros.tools.render_episode import (
+    load_episode_view,
+    main,
+    render_episode,
+    render_tile,
+    tile_text,
+    wrap_to_width,
+)
 
 FRAMES = 9  # the bag's kept frames (see test_bag_to_lerobot)
 
@@ -50,3 +59,27 @@ def test_png_strip_and_panel(bag: Path, tmp_path: Path) -> None:
 
 def test_bad_output_suffix(bag: Path, tmp_path: Path) -> None:
     assert main([str(bag), "--out", str(tmp_path / "x.mp4")]) == 1
+
+
+def test_wrap_keeps_every_word_within_the_width() -> None:
+    font = ImageFont.load_default()
+    text = "subtask: touch the red cube, far left and a_word_far_wider_than_any_line"
+    lines = wrap_to_width(text, font, 60)
+    assert len(lines) > 2
+    assert all(font.getlength(line) <= 60 for line in lines)
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    assert "subtask: touch the red cube, far left" in " ".join(lines)
+
+
+def test_long_subtask_is_wrapped_and_tiles_line_up(bag: Path, tmp_path: Path) -> None:
+    view = load_episode_view(bag, load_mapping(MAPPING))
+    subtask = "touch the red cube, far left, then come back to the start pose"
+    subtasks = [subtask if f == 2 else "" for f in range(len(view.tasks))]
+    view = dataclasses.replace(view, subtasks=subtasks)
+    text = " ".join(tile_text(view, 2, 96))
+    assert f"subtask: {subtask}" in text
+    assert len(tile_text(view, 2, 96)) > len(tile_text(view, 0, 96))
+    tiles = render_episode(view, tmp_path / "strip.png", every=1, width=96)
+    assert len({tile.height for tile in tiles}) == 1
+    with Image.open(tmp_path / "strip.png") as strip:
+        assert strip.height == tiles[0].height

@@ -8,10 +8,11 @@
 Each tile is the scene camera at one dataset frame (the same frames, time alignment and mapping
 as ``oxygen-bag-to-lerobot``, :mod:`oxygen_ros.data.bag_to_lerobot`; every ``--every``-th), scaled
 to ``--width``, above a panel with the task, the current subtask, the latest narration (held
-since it was said) and one bar per joint: the executed position (``joint_states``, a filled bar)
-and the commanded reference (both controllers' trajectories, a red tick), on a range common to
-both over the episode. ``.gif`` writes an animation at the frames' pace, ``.png`` a horizontal
-strip.
+since it was said), each wrapped to the tile's width and never cut, and one bar per joint: the
+executed position (``joint_states``, a filled bar) and the commanded reference (both controllers'
+trajectories, a red tick), on a range common to both over the episode. Every tile of an episode
+has the panel of its longest text. ``.gif`` writes an animation at the frames' pace, ``.png`` a
+horizontal strip.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,19 +99,52 @@ def _font() -> ImageFont.ImageFont:
     return ImageFont.load_default()
 
 
-def render_tile(view: EpisodeView, frame: int, width: int) -> Image.Image:
-    """One frame: the scene image scaled to ``width`` over the text and joint panel."""
+def wrap_to_width(text: str, font: ImageFont.ImageFont, width: float) -> list[str]:
+    """``text`` as lines no wider than ``width`` pixels in ``font``, broken between words (a word
+    wider than a line is broken inside it): every character is kept."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        candidate = f"{line} {word}" if line else word
+        if font.getlength(candidate) <= width:
+            line = candidate
+            continue
+        if line:
+            lines.append(line)
+        while font.getlength(word) > width and len(word) > 1:
+            fits = (i for i in range(len(word) - 1, 0, -1) if font.getlength(word[:i]) <= width)
+            cut = next(fits, 1)
+            lines.append(word[:cut])
+            word = word[cut:]
+        line = word
+    if line:
+        lines.append(line)
+    return lines
+
+
+def tile_text(view: EpisodeView, frame: int, width: int) -> list[str]:
+    """The panel's text lines for ``frame``: task, subtask and narration, wrapped to the tile."""
+    font = _font()
+    fields = (
+        ("task", view.tasks[frame]),
+        ("subtask", view.subtasks[frame] or "-"),
+        ("says", view.narration[frame] or "-"),
+    )
+    return [
+        line for name, text in fields for line in wrap_to_width(f"{name}: {text}", font, width - 8)
+    ]
+
+
+def render_tile(view: EpisodeView, frame: int, width: int, text_rows: int = 0) -> Image.Image:
+    """One frame: the scene image scaled to ``width`` over the text and joint panel; the panel
+    keeps room for at least ``text_rows`` text lines, so that an episode's tiles line up."""
     image = Image.fromarray(view.images[frame])
     height = round(image.height * width / image.width)
     image = image.resize((width, height), Image.NEAREST)
-    chars = max(10, width // 6)
-    lines = [
-        *textwrap.wrap(f"task: {view.tasks[frame]}", chars)[:2],
-        *textwrap.wrap(f"subtask: {view.subtasks[frame] or '-'}", chars)[:1],
-        *textwrap.wrap(f"says: {view.narration[frame] or '-'}", chars)[:2],
-    ]
+    lines = tile_text(view, frame, width)
     joints = len(view.joint_names)
-    panel_height = 6 + LINE_HEIGHT * len(lines) + 4 + joints * 10 + 4
+    rows = max(len(lines), text_rows)
+    panel_height = 6 + LINE_HEIGHT * rows + 4 + joints * 10 + 4
     tile = Image.new("RGB", (width, height + panel_height), BACKGROUND)
     tile.paste(image, (0, 0))
     draw = ImageDraw.Draw(tile)
@@ -120,14 +153,14 @@ def render_tile(view: EpisodeView, frame: int, width: int) -> Image.Image:
     for line in lines:
         draw.text((4, y), line, fill=TEXT, font=font)
         y += LINE_HEIGHT
-    y += 4
+    y += LINE_HEIGHT * (rows - len(lines)) + 4
     both = np.concatenate([view.state, view.action])
     low, high = both.min(axis=0), both.max(axis=0)
     span = np.where(high - low > 1e-9, high - low, 1.0)
-    label = 40
+    label = min(round(max(font.getlength(name) for name in view.joint_names)) + 6, width // 2)
     bar_width = width - label - 8
     for j, name in enumerate(view.joint_names):
-        draw.text((4, y - 2), name[:7], fill=TEXT, font=font)
+        draw.text((4, y - 2), name, fill=TEXT, font=font)
         x0 = 4 + label
         executed = (view.state[frame, j] - low[j]) / span[j]
         commanded = (view.action[frame, j] - low[j]) / span[j]
@@ -144,7 +177,8 @@ def render_episode(
 ) -> list[Image.Image]:
     """Write every ``every``-th frame of ``view`` to ``out`` (.gif animation or .png strip)."""
     frames = list(range(0, len(view.tasks), every))
-    tiles = [render_tile(view, f, width) for f in frames]
+    text_rows = max(len(tile_text(view, f, width)) for f in frames)
+    tiles = [render_tile(view, f, width, text_rows) for f in frames]
     suffix = out.suffix.lower()
     if suffix == ".gif":
         duration = round(1000 * every / view.fps)
