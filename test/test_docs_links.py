@@ -2,9 +2,10 @@
 
 * every relative link and image resolves to a file of the repository, and an ``#anchor`` to a
   heading of the page it names (GitHub's heading ids);
-* every ``oxygen-*`` command (and ``oxygen_node``) is a console script of setup.py, every
-  ``oxygen-bench SUBCOMMAND`` written as code is one of the bench's subcommands, every
-  ``make TARGET`` written as code is a Makefile target.
+* every ``oxygen-*`` command (and ``oxygen_node``) is a console script of setup.py; written as
+  code, every ``--flag`` after such a command (up to ``--ros-args``) is defined in its tool's
+  source, every ``oxygen-bench SUBCOMMAND`` is one of the bench's subcommands, every
+  ``make TARGET`` is a Makefile target.
 
 A failure names the file and line of each broken reference.
 """
@@ -25,6 +26,8 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 COMMAND = re.compile(r"(?<![\w./-])(oxygen(?:-[a-z0-9]+)+|oxygen_node)(?![\w.-])")
 BENCH_SUBCOMMAND = re.compile(r"(?<![\w-])oxygen-bench\s+([a-z][\w-]*)")
+COMMAND_LINE = re.compile(r"(?<![\w./-])(oxygen(?:-[a-z0-9]+)+)(.*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 MAKE_TARGET = re.compile(r"(?<![\w-])make\s+([a-z][\w-]*)")
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:, ...
 
@@ -98,6 +101,20 @@ def bench_subcommands() -> set[str]:
     raise AssertionError("oxygen_ros/tools/bench.py has no BENCHES dict")
 
 
+def tool_sources() -> dict[str, str]:
+    """Each console script's source text: its module, the shared argument types, and for
+    oxygen-bench every bench module."""
+    shared = (ROOT / "oxygen_ros/tools/cli.py").read_text()
+    sources = {}
+    for entry in CONSOLE_SCRIPTS:
+        name, target = entry.split("=")
+        files = [ROOT / (target.split(":")[0].replace(".", "/") + ".py")]
+        if name == "oxygen-bench":
+            files += sorted((ROOT / "oxygen_ros/tools/benches").glob("*.py"))
+        sources[name] = "\n".join([shared, *(f.read_text() for f in files if f.exists())])
+    return sources
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
 
@@ -145,6 +162,23 @@ def test_every_bench_subcommand_and_make_target_exists():
                 for name in MAKE_TARGET.findall(code)
                 if name not in targets
             ]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_flag_of_a_named_command_is_defined():
+    sources = tool_sources()
+    problems = []
+    for path in DOCS:
+        for number, code in code_texts(path):
+            for command, rest in COMMAND_LINE.findall(code):
+                if command not in sources:
+                    continue  # test_every_named_command_is_an_entry_point names it
+                rest = COMMAND.split(rest.split("--ros-args")[0])[0]  # up to the next command
+                problems += [
+                    f"{path.relative_to(ROOT)}:{number}: {command} defines no {flag}"
+                    for flag in FLAG.findall(rest)
+                    if f'"{flag}"' not in sources[command] and flag != "--help"
+                ]
     assert not problems, "\n".join(problems)
 
 
