@@ -1,7 +1,9 @@
 """README.md and docs/*.md point at things that exist.
 
 * every relative link and image resolves to a file of the repository, and an ``#anchor`` to a
-  heading of the page it names (GitHub's heading ids);
+  heading of the page it names (GitHub's heading ids); a file path written as code
+  (``config/x.yaml``, ``ros/node.py``) under one of the repository's or the package's folders
+  exists;
 * every ``oxygen-*`` command (and ``oxygen_node``) is a console script of setup.py; written as
   code, every ``--flag`` after such a command (up to ``--ros-args``) is defined in its tool's
   source, every ``oxygen-bench SUBCOMMAND`` is one of the bench's subcommands, every
@@ -28,6 +30,9 @@ COMMAND = re.compile(r"(?<![\w./-])(oxygen(?:-[a-z0-9]+)+|oxygen_node)(?![\w.-])
 BENCH_SUBCOMMAND = re.compile(r"(?<![\w-])oxygen-bench\s+([a-z][\w-]*)")
 COMMAND_LINE = re.compile(r"(?<![\w./-])(oxygen(?:-[a-z0-9]+)+)(.*)")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+FILE_PATH = re.compile(
+    r"(?<![\w./~$-])((?:[\w.-]+/)+[\w.-]+\.(?:py|yaml|json|txt|sh|rviz|md|xml))\b"
+)
 MAKE_TARGET = re.compile(r"(?<![\w-])make\s+([a-z][\w-]*)")
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:, ...
 
@@ -127,6 +132,19 @@ def test_docs_are_found():
 def test_every_relative_link_and_image_resolves():
     problems = [problem for path in DOCS for problem in link_problems(path)]
     assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_every_repository_path_written_as_code_exists():
+    bases = (ROOT, ROOT / "oxygen_ros")  # repository paths, and package paths like ros/node.py
+    problems = []
+    for path in DOCS:
+        for number, code in code_texts(path):
+            for named in FILE_PATH.findall(code):
+                top = named.split("/")[0]
+                ours = [base for base in bases if (base / top).is_dir()]
+                if ours and not any((base / named).exists() for base in ours):
+                    problems.append(f"{path.relative_to(ROOT)}:{number}: no file {named}")
+    assert not problems, "\n".join(problems)
 
 
 def test_readme_links_the_robot_guide():
