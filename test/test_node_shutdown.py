@@ -3,9 +3,9 @@ model, a replayed synthetic bag) and an rclpy ActionClient in the test's own nod
 
 SIGINT reaches the node while one Ask goal is streaming its answer and another is still waiting
 for a frame (the inputs stopped, so no frame takes questions). Both clients get their result,
-ABORTED with finish_reason ``cancelled`` (the README's promise), the streaming one with the text
-said before; the node exits 0 with no traceback in its log. Unit tests of the pieces (the stop
-handler, a teardown step that fails) are at the end.
+ABORTED with finish_reason ``cancelled`` (docs/ros_interfaces.md's promise), the streaming one
+with the text said before; the node exits 0 with no traceback in its log. Unit tests of the
+pieces (the stop handler, a teardown step that fails) are at the end.
 """
 
 from __future__ import annotations

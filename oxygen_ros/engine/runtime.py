@@ -24,7 +24,8 @@ from .types import Clock, Observation, WarmUpReport
 
 MAKE_CHECKPOINT_HINT = (
     "make one with `oxygen-make-checkpoint --preset tiny --out DIR` (random weights, for trying "
-    "the package) or run `make demo`; for a robot, convert openpi's pi0.5 weights (see the README)"
+    "the package) or run `make demo`; for a robot, convert openpi's pi0.5 weights "
+    "(see docs/robot_guide.md)"
 )
 
 

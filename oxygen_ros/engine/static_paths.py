@@ -15,7 +15,7 @@ gathering K/V from the pool by slot index, writing new K/V to it and picking the
 The static paths run when ``EngineConfig.static_shapes`` or ``cuda_graphs`` is set (the GPU
 setting); the eager paths run otherwise (the CPU default) and whenever a frozen runner has no
 captured bucket for a shape. Both stay because neither is within 10% of the other everywhere on a
-CPU (see the README's GPU section for the measurements).
+CPU (see docs/gpu.md for the measurements).
 
 * `StaticPrefill` (present image slots, prompt bucket): SigLIP on the present slots only (a static
   slot list, so no ``nonzero``), the backbone over [images, prompt padded to the bucket] with an

@@ -533,8 +533,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "prompt_format",
         _T.PARAMETER_STRING,
         DEFAULT_FORMAT,
-        f"the text format the checkpoint was trained with: {' | '.join(PROMPT_PRESETS)} (see the "
-        "README: which preset fits which checkpoint family), or the name of prompt_format_custom",
+        f"the text format the checkpoint was trained with: {' | '.join(PROMPT_PRESETS)} (see "
+        "docs/prompt_formats.md: which preset fits which checkpoint family), or the name of "
+        "prompt_format_custom",
         CONFIGURE,
     ),
     ParamSpec(

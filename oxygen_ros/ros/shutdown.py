@@ -4,8 +4,8 @@ rclpy's own signal handler shuts the ROS context down the moment the signal arri
 the node then does to finish (publish an Ask goal's last feedback, send its result) fails on
 invalid publishers, and the clients never hear back. So the node installs no rclpy handler
 (:func:`.rclpy_compat.init_without_signal_handlers`) and its own :class:`StopSignals` only
-*requests* a stop. ``main()`` then takes the node down in an order that keeps the README's promise
-(open goals end ABORTED with ``cancelled``) with :func:`close_node`:
+*requests* a stop. ``main()`` then takes the node down in an order that keeps the promise of
+docs/ros_interfaces.md (open goals end ABORTED with ``cancelled``) with :func:`close_node`:
 
 1. release the node while the context is valid (the engine closes, open questions and answers end
    their Ask goals, which schedules each goal's result on the executor);
