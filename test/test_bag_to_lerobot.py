@@ -36,7 +36,8 @@ TASKS = [(120, "touch the red cube"), (700, "put the red cube on the green pad")
 SUBTASKS = [(100, "reach"), (420, "grasp")]
 NARRATION = [(100, "reaching for the red cube"), (430, "closing the gripper"), (440, "got it"),
              (640, "lifting")]  # fmt: skip
-# (receipt ms, header stamp ms or None for 0, [(time_from_start s, positions)])
+# (receipt ms, header stamp ms or None for 0, [(time_from_start s, positions)]); the second arm
+# trajectory is received at 500 ms but starts at its stamp, 600 ms
 ARM_TRAJECTORIES = [
     (0, None, [(0.1, [1, 2, 3, 4, 5]), (0.3, [3, 4, 5, 6, 7])]),
     (500, 600, [(0.2, [10] * 5), (0.4, [20] * 5)]),
@@ -52,11 +53,50 @@ def _header(store, ns: int):
     return store.types["std_msgs/msg/Header"](stamp=_stamp(store, ns), frame_id="")
 
 
+def _image(store, stamp_ns: int, pixels: np.ndarray, encoding: str) -> object:
+    height, width = pixels.shape[:2]
+    return store.types["sensor_msgs/msg/Image"](
+        header=_header(store, stamp_ns), height=height, width=width, encoding=encoding,
+        is_bigendian=0, step=width * 3, data=pixels.reshape(-1))  # fmt: skip
+
+
+def _joint_state(store, stamp_ns: int, names: list[str], positions: list[float]) -> object:
+    return store.types["sensor_msgs/msg/JointState"](
+        header=_header(store, stamp_ns), name=names, position=np.array(positions, float),
+        velocity=np.zeros(0), effort=np.zeros(0))  # fmt: skip
+
+
+def _trajectory(store, stamp_ns: int, names: list[str], points) -> object:
+    """A JointTrajectory from ``points``: [(time_from_start s, positions)]."""
+    t = store.types
+    return t["trajectory_msgs/msg/JointTrajectory"](
+        header=_header(store, stamp_ns), joint_names=names, points=[
+            t["trajectory_msgs/msg/JointTrajectoryPoint"](
+                positions=np.array(p, float), velocities=np.zeros(0),
+                accelerations=np.zeros(0), effort=np.zeros(0),
+                time_from_start=t["builtin_interfaces/msg/Duration"](
+                    sec=int(s), nanosec=round(s % 1 * 1e9)))
+            for s, p in points])  # fmt: skip
+
+
+def _write_bag(path: Path, store, records: list[tuple[int, str, object]], ns: str = "") -> Path:
+    """A rosbag2 (mcap) of ``records``: (record time ns, relative topic, message)."""
+    with Writer(path, version=Writer.VERSION_LATEST, storage_plugin=StoragePlugin.MCAP) as w:
+        connections = {}
+        for _, topic, msg in records:
+            if topic not in connections:
+                connections[topic] = w.add_connection(
+                    f"{ns}/{topic}", msg.__msgtype__, typestore=store
+                )
+        for stamp, topic, msg in sorted(records, key=lambda r: r[0]):
+            w.write(connections[topic], stamp, store.serialize_cdr(msg, msg.__msgtype__))
+    return path
+
+
 def write_episode_bag(path: Path, ns: str = "/r1", size: int = 8) -> Path:
     """The hand-made episode: every stream at the times above, record time = header time +
     RECORD_OFFSET_NS (strings and trajectories: their timeline time + RECORD_OFFSET_NS)."""
     store = get_typestore(Stores.ROS2_JAZZY)
-    t = store.types
     records: list[tuple[int, str, object]] = []
 
     def add(ms: int, topic: str, msg: object) -> None:
@@ -65,65 +105,38 @@ def write_episode_bag(path: Path, ns: str = "/r1", size: int = 8) -> Path:
     for ms in SCENE_MS:
         pixels = np.zeros((size, size, 3), np.uint8)
         pixels[..., 0], pixels[..., 1], pixels[..., 2] = ms // 10, 200, np.arange(size)[None, :]
-        add(ms, "camera/scene/image_raw", t["sensor_msgs/msg/Image"](
-            header=_header(store, T0_NS + ms * MS), height=size, width=size, encoding="rgb8",
-            is_bigendian=0, step=size * 3, data=pixels.reshape(-1)))  # fmt: skip
+        add(ms, "camera/scene/image_raw", _image(store, T0_NS + ms * MS, pixels, "rgb8"))
     for ms in WRIST_MS:
         bgr = np.zeros((size, size, 3), np.uint8)
         bgr[..., 0], bgr[..., 1], bgr[..., 2] = 7, 1, ms // 10  # B, G, R
-        add(ms, "camera/wrist/image_raw", t["sensor_msgs/msg/Image"](
-            header=_header(store, T0_NS + ms * MS), height=size, width=size, encoding="bgr8",
-            is_bigendian=0, step=size * 3, data=bgr.reshape(-1)))  # fmt: skip
+        add(ms, "camera/wrist/image_raw", _image(store, T0_NS + ms * MS, bgr, "bgr8"))
     for ms in JOINT_MS:
         names = list(reversed(JOINTS))  # message order differs from the mapping's
         positions = [ms / 1000 + JOINTS.index(n) for n in names]
-        add(ms, "joint_states", t["sensor_msgs/msg/JointState"](
-            header=_header(store, T0_NS + ms * MS), name=names, position=np.array(positions),
-            velocity=np.zeros(0), effort=np.zeros(0)))  # fmt: skip
+        add(ms, "joint_states", _joint_state(store, T0_NS + ms * MS, names, positions))
     for topic, names, trajectories in (
         ("arm_controller/joint_trajectory", ARM, ARM_TRAJECTORIES),
         ("gripper_controller/joint_trajectory", ["gripper"], GRIPPER_TRAJECTORIES),
     ):
         for ms, stamp_ms, points in trajectories:
             stamp = 0 if stamp_ms is None else T0_NS + stamp_ms * MS
-            add(ms, topic, t["trajectory_msgs/msg/JointTrajectory"](
-                header=_header(store, stamp), joint_names=names, points=[
-                    t["trajectory_msgs/msg/JointTrajectoryPoint"](
-                        positions=np.array(p, float), velocities=np.zeros(0),
-                        accelerations=np.zeros(0), effort=np.zeros(0),
-                        time_from_start=t["builtin_interfaces/msg/Duration"](
-                            sec=int(s), nanosec=round(s % 1 * 1e9)))
-                    for s, p in points]))  # fmt: skip
+            add(ms, topic, _trajectory(store, stamp, names, points))
     for topic, items in (("sim/task", TASKS), ("sim/subtask", SUBTASKS),
                          ("sim/narration", NARRATION)):  # fmt: skip
         for ms, text in items:
-            add(ms, topic, t["std_msgs/msg/String"](data=text))
-    add(300, "sim/episode", t["std_msgs/msg/String"](data=json.dumps({"status": "running"})))
-
-    types = {
-        "camera/scene/image_raw": "sensor_msgs/msg/Image",
-        "camera/wrist/image_raw": "sensor_msgs/msg/Image",
-        "joint_states": "sensor_msgs/msg/JointState",
-        "arm_controller/joint_trajectory": "trajectory_msgs/msg/JointTrajectory",
-        "gripper_controller/joint_trajectory": "trajectory_msgs/msg/JointTrajectory",
-    }
-    with Writer(path, version=Writer.VERSION_LATEST, storage_plugin=StoragePlugin.MCAP) as w:
-        connections = {}
-        for _, topic, _msg in records:
-            if topic not in connections:
-                msgtype = types.get(topic, "std_msgs/msg/String")
-                connections[topic] = w.add_connection(f"{ns}/{topic}", msgtype, typestore=store)
-        for stamp, topic, msg in sorted(records, key=lambda r: r[0]):
-            w.write(connections[topic], stamp, store.serialize_cdr(msg, msg.__msgtype__))
-    return path
+            add(ms, topic, store.types["std_msgs/msg/String"](data=text))
+    add(300, "sim/episode", store.types["std_msgs/msg/String"](
+        data=json.dumps({"status": "running"})))  # fmt: skip
+    return _write_bag(path, store, records, ns)
 
 
 # Expected frames: t = 50, 150, ..., 950 ms; 650 dropped (scene image 400 ms is 250 ms old).
 FRAME_MS = [50, 150, 250, 350, 450, 550, 750, 850, 950]
 EPISODES = [FRAME_MS[:6], FRAME_MS[6:]]
 SCENE_HELD = [0, 100, 200, 300, 400, 400, 700, 800, 900]
-ARM_REF = [1.0, 1.5, 2.5, 3.0, 3.0, 10.0, 10.0, 12.5, 17.5]  # first joint; others + j
-GRIPPER_REF = [1.0] * 7 + [0.4, 0.3]
+# actions: the trajectory started by the frame, sampled one frame later (t + 100 ms)
+ARM_REF = [1.5, 2.5, 3.0, 3.0, 3.0, 3.0, 12.5, 17.5, 20.0]  # first joint; others + j
+GRIPPER_REF = [1.0] * 7 + [0.3, 0.1]
 SUBTASK = ["", "reach", "reach", "reach", "grasp", "grasp", "grasp", "grasp", "grasp"]
 NARRATED = ["", "reaching for the red cube", "", "", "closing the gripper got it", "",
             "lifting", "", ""]  # fmt: skip
@@ -167,10 +180,68 @@ def test_frame_grid_hold_and_staleness_on_known_stamps(dataset) -> None:
 
 def test_action_samples_each_controllers_latest_trajectory(dataset) -> None:
     action = dataset[2].frames["action"]
-    expected = np.array([[a + j for j in range(5)] for a in ARM_REF[:5]] + [
-        [a] * 5 for a in ARM_REF[5:]])  # fmt: skip
+    # the first trajectory (joint j: + j) until the second starts, at 600 ms
+    expected = np.array([[a + j for j in range(5)] for a in ARM_REF[:6]] + [
+        [a] * 5 for a in ARM_REF[6:]])  # fmt: skip
     np.testing.assert_allclose(action[:, :5], expected, rtol=1e-6)
     np.testing.assert_allclose(action[:, 5], GRIPPER_REF, rtol=1e-6)
+
+
+# An expert episode as oxygen-collect records it unpaced: the recorder on the sim clock, joint
+# states reaching it ever later (a backlog of up to 750 ms), and the expert planning on the camera
+# ticks (its plan arrives at the tick or 20 ms after it; the tick at 700 ms missed).
+EXPERT_FRAMES_MS = list(range(0, 1501, 100))
+EXPERT_PLANS_MS = [ms for ms in range(0, 1201, 100) if ms != 700]
+SPEED = 1.0  # rad/s of every arm joint along the expert's plans
+GRASP_MS = 500  # the gripper is commanded closed from the plan of this tick on
+
+
+def write_expert_bag(path: Path) -> Path:
+    store = get_typestore(Stores.ROS2_JAZZY)
+    string = store.types["std_msgs/msg/String"]
+    records: list[tuple[int, str, object]] = []
+
+    def add(ms: int, latency_ms: float, topic: str, msg: object) -> None:
+        records.append((T0_NS + round((ms + latency_ms) * MS), topic, msg))
+
+    pixels = np.zeros((4, 4, 3), np.uint8)
+    for ms in EXPERT_FRAMES_MS:
+        for camera in ("scene", "wrist"):
+            add(ms, 5, f"camera/{camera}/image_raw", _image(store, T0_NS + ms * MS, pixels, "rgb8"))
+    for ms in range(0, 1501, 20):
+        positions = [ms / 1000] * len(JOINTS)
+        add(ms, ms / 2, "joint_states", _joint_state(store, T0_NS + ms * MS, JOINTS, positions))
+    for n, ms in enumerate(EXPERT_PLANS_MS):
+        latency = 20 * (n % 2)
+        points = [(k / 10, [j + SPEED * (ms / 1000 + k / 10) for j in range(5)])
+                  for k in range(1, 5)]  # fmt: skip
+        add(ms, latency, "arm_controller/joint_trajectory",
+            _trajectory(store, T0_NS + ms * MS, ARM, points))  # fmt: skip
+        closed = [(0.25, [float(ms >= GRASP_MS)])]
+        add(ms, latency, "gripper_controller/joint_trajectory",
+            _trajectory(store, T0_NS + ms * MS, ["gripper"], closed))  # fmt: skip
+    add(0, 0, "sim/task", string(data="touch the red cube"))
+    add(0, 0, "sim/subtask", string(data="reach"))
+    add(550, 0, "sim/subtask", string(data="grasp"))
+    return _write_bag(path, store, records)
+
+
+def test_action_is_the_command_in_force_one_frame_later(tmp_path) -> None:
+    """Each frame's action is the plan started by the frame, sampled at the next frame: no label
+    repeats while the arm moves, whether a plan arrives at its tick or after it, or a tick is
+    missed; and a recorder's backlog does not move the strings placed by receipt."""
+    bag = write_expert_bag(tmp_path / "expert")
+    (episode,) = convert_bag(bag, load_mapping(MAPPING)).episodes
+    assert ((episode.frame_ns - T0_NS) // MS).tolist() == EXPERT_FRAMES_MS
+    action = np.asarray(episode.frames["action"], np.float64)
+    ahead = (np.array(EXPERT_FRAMES_MS) + 100) / 1000
+    expected_arm = np.array([[j + SPEED * t for j in range(5)] for t in ahead])
+    np.testing.assert_allclose(action[:, :5], expected_arm, atol=1e-6)
+    closed = (np.array(EXPERT_FRAMES_MS) >= GRASP_MS).astype(float)
+    np.testing.assert_allclose(action[:, 5], closed)
+    assert not np.any(np.all(action[1:] == action[:-1], axis=1))
+    subtasks = episode.frames["subtask"]
+    assert subtasks == ["reach"] * 6 + ["grasp"] * 10  # "grasp" said at 550 ms, on the clock
 
 
 def test_strings_and_tasks(dataset) -> None:

@@ -5,11 +5,14 @@ it, on the recorder's clock) and, when it has one, its **header stamp** (the sim
 image was rendered, the joint state sampled, the trajectory should start).
 
 The episode's timeline is the header-stamp clock. A message without a header (``std_msgs/String``)
-or with a zero stamp is placed at its record time minus the **clock offset**: the median of
+or with a zero stamp is placed at its record time minus the **clock offset**: the smallest
 ``record time - header stamp`` over every message of the episode whose header time is used
-(``header_topics``), i.e. the clocks' difference plus the typical transport latency (about a
-millisecond when the recorder and the sim share a clock). So a recorder on wall time and a sim on
-``/clock`` still give one consistent timeline. Without any header-stamped message the offset is 0.
+(``header_topics``), i.e. the clocks' difference plus the shortest transport latency. Latency is
+never negative and a busy recorder only adds to it (a backlog of queued joint states reaches the
+recorder up to seconds of sim time late when the sim runs faster than real time), so the smallest
+difference is the one closest to the clocks' own; a median would move every string and command
+placed by receipt that much too early. So a recorder on wall time and a sim on ``/clock`` still
+give one consistent timeline. Without any header-stamped message the offset is 0.
 
 Topics are asked for by relative name; a bag recorded in a namespace (``/r1/joint_states``)
 matches ``joint_states`` when exactly one bag topic ends with it.
@@ -157,5 +160,5 @@ def read_bag_episode(
         if header_topics is None or name in header_topics
     ]
     offsets = [o for o in offsets if o.size]
-    offset = int(np.median(np.concatenate(offsets))) if offsets else 0
+    offset = int(np.min(np.concatenate(offsets))) if offsets else 0
     return BagEpisode(path=path, topics=streams, clock_offset_ns=offset)

@@ -8,9 +8,16 @@ time ``t`` (all on the bag's timeline, :mod:`.bag_episode`):
   RGB (resized when the mapping says so); dropped frame when older than ``max_staleness_s``.
 * ``joint_positions``: the latest ``JointState`` (header stamp ``<= t``), positions in the
   mapping's ``names`` order, float32.
-* ``trajectory_reference``: per controller topic, its latest ``JointTrajectory`` *received*
-  ``<= t`` (a new one replaces the old on receipt, as in ros2_control), sampled at ``t`` as
+* ``trajectory_reference``: per controller topic, the latest ``JointTrajectory`` that has
+  *started* by ``t`` (start: its header stamp, or its receipt when the stamp is zero, as
+  ros2_control reads it), sampled one frame period later, at ``t + 1/fps``, as
   :mod:`.message_values` says; each joint of ``names`` from the controller that commands it.
+  So the action of a frame is where the command in force at the frame asks the joints to be by
+  the next frame: the first action of a chunk means what ``oxygen_node`` publishes it as (point
+  one ``action_dt`` after the observation's stamp), and a command that spans two frames gives two
+  different labels, not one repeated. Starts, not receipts, pick the command: a plan made at the
+  frame's instant (the sim's expert plans on the camera's ticks) arrives a few milliseconds after
+  it, and choosing by receipt would label the frame with the previous plan, by jitter.
   Each controller topic is a stream of its own for the frame grid.
 * ``task``: the latest ``String`` received ``<= t``, else the episode's first one (a latched
   task may arrive after the first frames); becomes ``task_index`` and ``meta/tasks.parquet``,
@@ -34,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from oxygen_ros.data.alignment import (
+    NS_PER_S,
     TimedStream,
     align,
     contiguous_runs,
@@ -120,8 +128,8 @@ class _BagStreams:
         self.streams: list[TimedStream] = []
         for spec in mapping.features:
             for topic in spec.topics:
-                if spec.kind in HEADER_TIME_KINDS:
-                    times = episode.message_time_ns(topic)
+                if spec.kind in HEADER_TIME_KINDS or spec.kind == "trajectory_reference":
+                    times = episode.message_time_ns(topic)  # a trajectory's: its start
                 else:
                     times = episode.receipt_time_ns(topic)
                 order = _sorted(times)
@@ -161,6 +169,7 @@ def _feature_values(
     held: dict[str, np.ndarray],
     frame_ns: np.ndarray,
     kept: np.ndarray,
+    fps: int,
 ) -> list[Any]:
     """The value of ``spec`` at every kept frame."""
     frames = np.flatnonzero(kept)
@@ -178,14 +187,15 @@ def _feature_values(
     if spec.kind == "trajectory_reference":
         readers = []
         for topic in spec.topics:
-            receipt = bag.times[_stream_name(spec, topic)]
+            start = bag.times[_stream_name(spec, topic)]
             readers.append(
                 _memo(
-                    lambda i, topic=topic, receipt=receipt: TrajectoryReference.from_message(
-                        bag.message(spec, topic, i), int(receipt[i]), topic
+                    lambda i, topic=topic, start=start: TrajectoryReference.from_message(
+                        bag.message(spec, topic, i), int(start[i]), topic
                     )
                 )
             )
+        next_frame_ns = round(NS_PER_S / fps)
         values = []
         for f in frames:
             refs = [
@@ -194,7 +204,9 @@ def _feature_values(
                 else read(int(held[_stream_name(spec, t)][f]))
                 for t, read in zip(spec.topics, readers, strict=False)
             ]
-            values.append(sample_reference(refs, spec.topics, spec.names, int(frame_ns[f])))
+            values.append(
+                sample_reference(refs, spec.topics, spec.names, int(frame_ns[f]) + next_frame_ns)
+            )
         return values
     if spec.kind in ("task", "string"):
         count = len(bag.times[spec.key])
@@ -239,7 +251,7 @@ def convert_bag(
     for run in runs:
         kept[run.start : run.stop] = True
     values = {
-        spec.key: _feature_values(spec, bag, alignment.held, alignment.frame_ns, kept)
+        spec.key: _feature_values(spec, bag, alignment.held, alignment.frame_ns, kept, mapping.fps)
         for spec in mapping.features
     }
     task_key = mapping.task_feature.key

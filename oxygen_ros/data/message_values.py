@@ -4,7 +4,8 @@
   uint8 RGB, honouring ``step`` (row padding), optionally resized (PIL bilinear);
 * :func:`joint_positions`: ``sensor_msgs/JointState`` -> float32 positions in a given name order;
 * :class:`TrajectoryReference` / :func:`sample_reference`: the commanded position of each joint
-  from the latest ``trajectory_msgs/JointTrajectory`` of each controller, at a frame time.
+  from the latest ``trajectory_msgs/JointTrajectory`` of each controller, at a given time (the
+  converter asks one frame period after the frame, :mod:`.bag_to_lerobot`).
 
 Trajectory sampling (a controller's reference at time ``t``), with the trajectory's start time
 ``start`` = its header stamp, or its receipt time when the stamp is zero (ros2_control's "now"):
