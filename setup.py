@@ -30,6 +30,7 @@ CONSOLE_SCRIPTS = [
     "oxygen-bag-to-lerobot=oxygen_ros.tools.bag_to_lerobot:main",
     "oxygen-render-episode=oxygen_ros.tools.render_episode:main",
     "oxygen-train=oxygen_ros.tools.train:main",
+    "oxygen-sim-dataset=oxygen_ros.tools.sim_dataset:main",
     "oxygen-plot-closed-loop=oxygen_ros.tools.plot_closed_loop:main",
 ]
 

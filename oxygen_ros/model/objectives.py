@@ -263,3 +263,10 @@ def training_losses(
     prompt_hidden = prefix.hidden[0][:, -batch.tokens.shape[1] :]
     text, count = text_loss(model, prompt_hidden, batch)
     return Losses(flow, text, flow + text_weight * text, count)
+
+
+def text_only_loss(model: Pi05Model, batch: ObjectiveBatch) -> tuple[Tensor, int]:
+    """The text loss of a batch without actions (vision-language data): the backbone pass and
+    `text_loss` only."""
+    prefix, _ = backbone_pass(model, batch)
+    return text_loss(model, prefix.hidden[0][:, -batch.tokens.shape[1] :], batch)

@@ -5,10 +5,28 @@ Module names mirror Hugging Face's SiglipVisionModel so openpi checkpoints load 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import SiglipConfig
+
+
+def sincos_positions(grid: int, width: int) -> Tensor:
+    """Fixed 2-D sin-cos position embeddings [grid * grid, width] for a row-major patch grid (as
+    MAE's from-scratch ViTs use): a quarter of the channels each for sin and cos of the column,
+    then of the row, at frequencies 10000^(-i / (width / 4))."""
+    if width % 4:
+        raise ValueError(f"sin-cos positions need a width divisible by 4, got {width}")
+    quarter = width // 4
+    omega = 1.0 / (10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+
+    def embed(t: Tensor) -> Tensor:
+        angles = t.reshape(-1, 1).float() * omega[None]
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    return torch.cat([embed(cols), embed(rows)], dim=1)
 
 
 class SiglipEmbeddings(nn.Module):

@@ -25,15 +25,17 @@ from pathlib import Path
 from oxygen_ros.checkpoints.core import TOKENIZER_FILENAME
 from oxygen_ros.model.config import PRESETS, get_preset
 from oxygen_ros.policy_io.prompts import PRESETS as PROMPT_FORMATS
+from oxygen_ros.sim.grounding import question_sentences
 from oxygen_ros.tools.cli import positive_float, positive_int
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 from oxygen_ros.training.dataset import NARRATION_MODES, dataset_texts
-from oxygen_ros.training.trainer import TrainSettings, train
+from oxygen_ros.training.trainer import IMAGE_POSITIONS, RESUME_FILE, TrainSettings, train
 
 # a tokenizer trained here covers the prompt formats' fixed words as well as the dataset's
 FORMAT_SENTENCES = (
     "Task: {task}, State: 12 200 128 3 45 250;\nSubtask: {subtask}\nAction: ",
     "\nNarrate: {narration}",
+    "\nQuestion: {narration}\nAnswer: {narration}",
 )
 
 
@@ -45,9 +47,15 @@ def tokenizer_sentences(texts: Sequence[str]) -> list[str]:
     return sentences
 
 
-def dataset_tokenizer(datasets: Sequence[Path], out_dir: Path, vocab_size: int) -> Path:
-    """Train the tiny tokenizer with the ``datasets``' texts into ``out_dir/tokenizer.model``."""
-    texts = sorted({text for dataset in datasets for text in dataset_texts(dataset)})
+def dataset_tokenizer(
+    datasets: Sequence[Path], out_dir: Path, vocab_size: int, grounding: bool = False
+) -> Path:
+    """Train the tiny tokenizer with the ``datasets``' texts (and the grounding questions' and
+    answers' wordings, with ``grounding``) into ``out_dir/tokenizer.model``."""
+    texts = {text for dataset in datasets for text in dataset_texts(dataset)}
+    if grounding:
+        texts |= set(question_sentences())
+    texts = sorted(texts)
     return train_tiny_tokenizer(
         out_dir / TOKENIZER_FILENAME, vocab_size, tokenizer_sentences(texts)
     )
@@ -136,6 +144,45 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer", type=Path, default=None, help="sentencepiece model (default: train one)"
     )
+    parser.add_argument(
+        "--image-positions",
+        default="learned",
+        choices=IMAGE_POSITIONS,
+        help="sincos: fixed 2-D sin-cos image positions, frozen (a from-scratch ViT finds "
+        "objects with them; the checkpoint layout is the same)",
+    )
+    parser.add_argument(
+        "--grounding",
+        type=Path,
+        action="append",
+        default=[],
+        help="grounding scenes (oxygen-sim-dataset grounding); repeat for several: co-trains "
+        "the backbone on questions about them",
+    )
+    parser.add_argument("--grounding-heldout", type=Path, help="held-out scenes for the probe")
+    parser.add_argument("--grounding-batch-size", type=positive_int, default=16)
+    parser.add_argument("--grounding-weight", type=float, default=1.0)
+    parser.add_argument(
+        "--grounding-only-steps",
+        type=int,
+        default=0,
+        help="first steps on the grounding questions alone, before the demonstrations join",
+    )
+    parser.add_argument(
+        "--one-colour-steps",
+        type=int,
+        default=0,
+        help="first steps asking only where the first colour's cube is and where all cubes "
+        "are (the warm-up that breaks the colours' symmetry)",
+    )
+    parser.add_argument("--probe-every", type=int, default=500, help="steps between probes")
+    parser.add_argument("--probe-scenes", type=positive_int, default=150)
+    parser.add_argument(
+        "--resume", action="store_true", help=f"continue from OUT/{RESUME_FILE} (same arguments)"
+    )
+    parser.add_argument(
+        "--resume-every-min", type=positive_float, default=5.0, help="minutes between resume files"
+    )
     parser.add_argument("--log-every", type=positive_int, default=10)
     args = parser.parse_args(argv)
     if args.threads < 0:
@@ -148,8 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["oxygen-train", *(sys.argv[1:] if argv is None else argv)])
     try:
         args.out.mkdir(parents=True, exist_ok=True)
+        resumed_tokenizer = args.out / TOKENIZER_FILENAME
+        if args.resume and args.tokenizer is None and resumed_tokenizer.exists():
+            args.tokenizer = resumed_tokenizer  # the run being resumed trained it
         tokenizer = args.tokenizer or dataset_tokenizer(
-            args.dataset, args.out, get_preset(args.preset).vocab_size
+            args.dataset, args.out, get_preset(args.preset).vocab_size, bool(args.grounding)
         )
         settings = TrainSettings(
             datasets=tuple(args.dataset),
@@ -179,6 +229,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             text_weight=args.text_weight,
             knowledge_insulation=not args.no_knowledge_insulation,
             log_every=args.log_every,
+            image_positions=args.image_positions,
+            grounding=tuple(args.grounding),
+            grounding_heldout=args.grounding_heldout,
+            grounding_batch_size=args.grounding_batch_size,
+            grounding_weight=args.grounding_weight,
+            grounding_only_steps=args.grounding_only_steps,
+            one_colour_steps=args.one_colour_steps,
+            probe_every=args.probe_every,
+            probe_scenes=args.probe_scenes,
+            resume=args.resume,
+            resume_every_s=args.resume_every_min * 60,
             command=command,
         )
         train(settings)

@@ -89,6 +89,42 @@ def check_format(fmt: PromptFormat) -> None:
         )
 
 
+def collate(
+    layouts: Sequence[TextLayout], images: torch.Tensor, actions: torch.Tensor
+) -> ObjectiveBatch:
+    """One batch of ``layouts`` (right-padded to the longest), with their images [B, slots, 3, S,
+    S] and normalised action chunks [B, horizon, action_dim]."""
+    b, length = len(layouts), max(len(t.ids) for t in layouts)
+    tokens = torch.zeros(b, length, dtype=torch.int64)
+    masks = torch.zeros(b, length, dtype=torch.bool)
+    causal = torch.zeros(b, length, dtype=torch.bool)
+    reads = torch.zeros(b, length, dtype=torch.bool)
+    supervised = torch.zeros(b, length, dtype=torch.bool)
+    for row, layout in enumerate(layouts):
+        n = len(layout.ids)
+        tokens[row, :n] = torch.tensor(layout.ids)
+        masks[row, :n] = True
+        causal[row, :n] = torch.tensor(layout.causal)
+        reads[row, :n] = torch.tensor(layout.action_reads)
+        supervised[row, :n] = torch.tensor(layout.supervised)
+    # position i predicts token i + 1
+    targets = torch.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]
+    loss_mask = torch.zeros_like(supervised)
+    loss_mask[:, :-1] = supervised[:, 1:]
+    return ObjectiveBatch(
+        images=images,
+        image_masks=torch.ones(images.shape[:2], dtype=torch.bool),
+        tokens=tokens,
+        token_masks=masks,
+        token_causal=causal,
+        action_reads=reads,
+        text_targets=targets,
+        text_loss_mask=loss_mask,
+        actions=actions,
+    )
+
+
 class BatchMaker:
     """Makes seeded training batches from a dataset for one model and prompt format.
 
@@ -262,24 +298,6 @@ class BatchMaker:
             self.text_layout(int(i), self._conditioned(int(i), rng), self._state(int(i), rng))
             for i in indices
         ]
-        b, length = len(layouts), max(len(t.ids) for t in layouts)
-        tokens = torch.zeros(b, length, dtype=torch.int64)
-        masks = torch.zeros(b, length, dtype=torch.bool)
-        causal = torch.zeros(b, length, dtype=torch.bool)
-        reads = torch.zeros(b, length, dtype=torch.bool)
-        supervised = torch.zeros(b, length, dtype=torch.bool)
-        for row, layout in enumerate(layouts):
-            n = len(layout.ids)
-            tokens[row, :n] = torch.tensor(layout.ids)
-            masks[row, :n] = True
-            causal[row, :n] = torch.tensor(layout.causal)
-            reads[row, :n] = torch.tensor(layout.action_reads)
-            supervised[row, :n] = torch.tensor(layout.supervised)
-        # position i predicts token i + 1
-        targets = torch.zeros_like(tokens)
-        targets[:, :-1] = tokens[:, 1:]
-        loss_mask = torch.zeros_like(supervised)
-        loss_mask[:, :-1] = supervised[:, 1:]
         horizon = self.config.action_horizon
         actions = np.stack(
             [
@@ -290,17 +308,7 @@ class BatchMaker:
             ]
         )
         images = self.model_images(indices, generator)
-        return ObjectiveBatch(
-            images=images,
-            image_masks=torch.ones(images.shape[:2], dtype=torch.bool),
-            tokens=tokens,
-            token_masks=masks,
-            token_causal=causal,
-            action_reads=reads,
-            text_targets=targets,
-            text_loss_mask=loss_mask,
-            actions=torch.from_numpy(actions),
-        )
+        return collate(layouts, images, torch.from_numpy(actions))
 
     def prompt_lengths(self) -> tuple[int, int]:
         """The longest action prompt and the longest full example (prompt + narration), in

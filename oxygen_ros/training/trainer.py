@@ -5,6 +5,15 @@ clipped by global norm, a fixed seed for the weights and the flow draws and a da
 frames and the augmentation, and a wall-clock budget: the loop stops at ``steps`` or when the
 budget is spent, whichever comes first, and writes the checkpoint either way
 (:mod:`.checkpoint_out`).
+
+pi0.5's co-training: with grounding scenes (`oxygen_ros.sim.grounding`), every step adds a
+text-only batch of questions about rendered scenes (:mod:`.grounding`) to the demonstrations'
+batch; the first ``grounding_only_steps`` train on the questions alone, and the first
+``one_colour_steps`` ask only the warm-up's questions (`curriculum_questions`). With knowledge
+insulation the backbone learns from text alone (the questions, the subtask, the narration), the
+action expert reads what it learned. A held-out probe (:func:`.grounding.probe`) is logged every
+``probe_every`` steps. A resume file (``resume.pt`` in ``out``) is written every
+``resume_every_s`` seconds; ``resume`` continues from it.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +32,17 @@ import torch
 from oxygen_ros.checkpoints.conventions import lerobot_conventions
 from oxygen_ros.checkpoints.core import build_model, init_random_weights
 from oxygen_ros.model.config import Pi05Config, get_preset
-from oxygen_ros.model.objectives import Losses, sample_flow, training_losses
+from oxygen_ros.model.objectives import Losses, sample_flow, text_only_loss, training_losses
 from oxygen_ros.model.pi05 import Pi05Model
+from oxygen_ros.model.siglip import sincos_positions
 from oxygen_ros.policy_io.prompts import resolve_format
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
+from oxygen_ros.sim.grounding import GroundingScenes
 
 from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
 from .dataset import TrainingFrames, concatenate_frames, load_training_frames
+from .grounding import GroundingBatchMaker, probe
 from .normalization import dataset_norms
 from .schedule import learning_rate
 
@@ -69,11 +81,26 @@ class TrainSettings:
     knowledge_insulation: bool = True
     log_every: int = 10
     threads: int = 0  # torch CPU threads (0: torch's default, every core)
+    image_positions: str = "learned"  # or "sincos": fixed 2-D sin-cos, frozen (IMAGE_POSITIONS)
+    grounding: tuple[Path, ...] = ()  # GroundingScenes files (.npz) for co-training
+    grounding_heldout: Path | None = None  # GroundingScenes for the probe
+    grounding_batch_size: int = 16
+    grounding_weight: float = 1.0
+    grounding_only_steps: int = 0  # steps of questions alone before the demonstrations join
+    one_colour_steps: int = 0  # steps asking the warm-up's questions only
+    probe_every: int = 500
+    probe_scenes: int = 150
+    resume: bool = False  # continue from out/resume.pt
+    resume_every_s: float = 300.0
     command: str = ""
 
     @property
     def effective_data_seed(self) -> int:
         return self.seed if self.data_seed is None else self.data_seed
+
+
+IMAGE_POSITIONS = ("learned", "sincos")
+RESUME_FILE = "resume.pt"
 
 
 @dataclasses.dataclass
@@ -84,6 +111,7 @@ class StepLog:
     text_tokens: int
     lr: float
     seconds: float  # wall time since the loop started
+    grounding: float = 0.0  # the grounding questions' text loss (0 without them)
 
 
 @dataclasses.dataclass
@@ -117,19 +145,34 @@ def _names(paths: tuple[Path, ...]) -> str:
     return " + ".join(str(p) for p in paths)
 
 
+def freeze_sincos_positions(model: Pi05Model) -> None:
+    """Write fixed 2-D sin-cos values into the vision tower's position table and freeze it (the
+    checkpoint's layout is unchanged: loaders read the table as before)."""
+    vision = model.config.vision
+    table = model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings
+    grid = vision.image_size // vision.patch_size
+    table.position_embedding.weight.data.copy_(sincos_positions(grid, vision.width))
+    table.position_embedding.weight.requires_grad_(False)
+
+
 def _window_mean(history: list[StepLog], name: str, count: int) -> float:
     values = [getattr(h, name) for h in history[-count:]]
     return float(np.mean(values)) if values else math.nan
 
 
 def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainResult:
-    """Train from random weights on ``settings.datasets`` and write the checkpoint to
-    ``settings.out``.
+    """Train from random weights (or ``out/resume.pt`` with ``resume``) on ``settings.datasets``
+    (and grounding questions, when given) and write the checkpoint to ``settings.out``.
 
     Raises:
         TrainingDataError / BatchError (ValueErrors): a dataset, format or preset that do not fit,
             named in the message.
+        FileNotFoundError: ``resume`` without a resume file.
     """
+    if settings.image_positions not in IMAGE_POSITIONS:
+        raise ValueError(
+            f"image_positions must be one of {IMAGE_POSITIONS}, got {settings.image_positions!r}"
+        )
     torch.manual_seed(settings.seed)
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -161,9 +204,27 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
             f"a prompt of {_names(settings.datasets)} needs more than max_token_len "
             f"{config.max_token_len} tokens ({tokenizer.last_shortened}); raise --max-token-len"
         )
+
+    def grounding_maker(paths: Sequence[Path]) -> GroundingBatchMaker:
+        scenes = GroundingScenes.concatenate([GroundingScenes.load(p) for p in paths])
+        return GroundingBatchMaker(
+            scenes,
+            config,
+            tokenizer,
+            prompt_format,
+            norms.state.normalize,
+            frames.cameras,
+            conventions.border,
+        )
+
+    questions = grounding_maker(settings.grounding) if settings.grounding else None
+    heldout = grounding_maker([settings.grounding_heldout]) if settings.grounding_heldout else None
     model = new_model(config, settings.seed)
+    if settings.image_positions == "sincos":
+        freeze_sincos_positions(model)
+    trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        trained,
         lr=settings.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
@@ -172,6 +233,22 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     rng = np.random.default_rng(settings.effective_data_seed)
     augment_generator = torch.Generator().manual_seed(settings.effective_data_seed)
     flow_generator = torch.Generator().manual_seed(settings.seed)
+    history: list[StepLog] = []
+    probes: list[dict[str, Any]] = []
+    resume_path = Path(settings.out) / RESUME_FILE
+    first_step, seconds_before = 0, 0.0
+    if settings.resume:
+        state = torch.load(resume_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        augment_generator.set_state(state["augment_generator"])
+        flow_generator.set_state(state["flow_generator"])
+        history = [StepLog(**h) for h in state["history"]]
+        probes = state["probes"]
+        first_step = len(history)
+        seconds_before = history[-1].seconds if history else 0.0
+        log(f"resumed from {resume_path} at step {first_step}")
     log(
         f"dataset {_names(settings.datasets)}: {len(frames)} frames, "
         f"{frames.num_episodes} episodes, "
@@ -179,53 +256,80 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params); prompt format "
         f"{prompt_format.name}: longest action prompt {longest_prompt} tokens, with narration "
         f"{longest} (max_token_len {config.max_token_len})"
+        + (f"; {len(questions.scenes)} grounding scenes" if questions else "")
     )
-    history: list[StepLog] = []
-    start = time.monotonic()
-    for step in range(settings.steps):
+
+    def run_probe(step: int) -> None:
+        if heldout is None:
+            return
+        accuracy = probe(model, heldout, settings.probe_scenes)
+        probes.append({"step": step, **accuracy})
+        log(f"probe at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items()))
+
+    def save_resume() -> None:
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": rng.bit_generator.state,
+                "augment_generator": augment_generator.get_state(),
+                "flow_generator": flow_generator.get_state(),
+                "history": [dataclasses.asdict(h) for h in history],
+                "probes": probes,
+            },
+            resume_path,
+        )
+
+    start = time.monotonic() - seconds_before
+    last_save = time.monotonic()
+    for step in range(first_step, settings.steps):
         lr = learning_rate(
             step, settings.lr, settings.warmup_steps, settings.steps, settings.final_lr_fraction
         )
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = maker.batch(maker.sample_indices(settings.batch_size, rng), rng, augment_generator)
-        sample = sample_flow(batch.actions, settings.rtc_training_max_delay, flow_generator)
-        losses: Losses = training_losses(
-            model, batch, sample, settings.text_weight, settings.knowledge_insulation
+        total, flow, text, tokens, grounding = _step_losses(
+            settings, model, maker, questions, step, rng, augment_generator, flow_generator
         )
         optimizer.zero_grad(set_to_none=True)
-        losses.total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(trained, settings.grad_clip)
         optimizer.step()
-        history.append(
-            StepLog(
-                step,
-                float(losses.flow.detach()),
-                float(losses.text.detach()),
-                losses.text_tokens,
-                lr,
-                time.monotonic() - start,
-            )
-        )
-        if not math.isfinite(history[-1].flow + history[-1].text):
+        history.append(StepLog(step, flow, text, tokens, lr, time.monotonic() - start, grounding))
+        if not math.isfinite(flow + text + grounding):
             raise FloatingPointError(f"step {step}: a non-finite loss ({history[-1]})")
         done = step + 1
         if done % settings.log_every == 0 or done == settings.steps:
             elapsed = history[-1].seconds
             log(
                 f"step {done:5d}  flow {_window_mean(history, 'flow', settings.log_every):.4f}  "
-                f"text {_window_mean(history, 'text', settings.log_every):.4f}  lr {lr:.2e}  "
-                f"{done / elapsed:.2f} steps/s"
+                f"text {_window_mean(history, 'text', settings.log_every):.4f}  "
+                + (
+                    f"grounding {_window_mean(history, 'grounding', settings.log_every):.4f}  "
+                    if questions
+                    else ""
+                )
+                + f"lr {lr:.2e}  {done / elapsed:.2f} steps/s"
             )
+        if settings.probe_every and done % settings.probe_every == 0:
+            run_probe(done)
+        if time.monotonic() - last_save >= settings.resume_every_s:
+            save_resume()
+            last_save = time.monotonic()
         if settings.time_budget_s is not None and history[-1].seconds >= settings.time_budget_s:
             log(f"time budget of {settings.time_budget_s:.0f} s spent after {done} steps")
             break
+    if not probes or probes[-1]["step"] != len(history):
+        run_probe(len(history))
     elapsed = history[-1].seconds if history else 0.0
     steps_per_second = len(history) / elapsed if elapsed > 0 else math.nan
     final_flow = _window_mean(history, "flow", settings.log_every)
     final_text = _window_mean(history, "text", settings.log_every)
     model.eval().requires_grad_(False)
     record = _record(settings, frames, history, steps_per_second, final_flow, final_text, config)
+    record["probes"] = probes
+    if questions is not None:
+        record["grounding_scenes"] = len(questions.scenes)
     write_trained_checkpoint(
         settings.out,
         model,
@@ -243,6 +347,43 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     return TrainResult(Path(settings.out), history, steps_per_second, final_flow, final_text)
 
 
+def _step_losses(
+    settings: TrainSettings,
+    model: Pi05Model,
+    maker: BatchMaker,
+    questions: GroundingBatchMaker | None,
+    step: int,
+    rng: np.random.Generator,
+    augment_generator: torch.Generator,
+    flow_generator: torch.Generator,
+) -> tuple[torch.Tensor, float, float, int, float]:
+    """One step's (total, flow, text, text tokens, grounding): the demonstrations' losses (not
+    during the grounding-only warm-up) plus the weighted grounding questions' text loss."""
+    total = torch.zeros(())
+    flow = text = grounding = 0.0
+    tokens = 0
+    if step >= settings.grounding_only_steps or questions is None:
+        batch = maker.batch(maker.sample_indices(settings.batch_size, rng), rng, augment_generator)
+        sample = sample_flow(batch.actions, settings.rtc_training_max_delay, flow_generator)
+        losses: Losses = training_losses(
+            model, batch, sample, settings.text_weight, settings.knowledge_insulation
+        )
+        total = total + losses.total
+        flow, text, tokens = (
+            float(losses.flow.detach()),
+            float(losses.text.detach()),
+            losses.text_tokens,
+        )
+    if questions is not None:
+        one_colour = step < settings.one_colour_steps
+        loss, _ = text_only_loss(
+            model, questions.batch(settings.grounding_batch_size, rng, one_colour)
+        )
+        total = total + settings.grounding_weight * loss
+        grounding = float(loss.detach())
+    return total, flow, text, tokens, grounding
+
+
 def _record(
     settings: TrainSettings,
     frames: TrainingFrames,
@@ -255,6 +396,7 @@ def _record(
     fields = dataclasses.asdict(settings)
     fields = {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
     fields["datasets"] = [str(d) for d in settings.datasets]
+    fields["grounding"] = [str(g) for g in settings.grounding]
     return {
         **fields,
         "data_seed": settings.effective_data_seed,

@@ -1,0 +1,162 @@
+"""Grounding questions (`oxygen_ros.sim.grounding`) as text-only training batches, and the probe.
+
+An example is laid out as the node lays out an Ask request: the frame's images and flat action
+prompt (the scene's task, its state's bins), then the ``answer`` kind's cue with the question
+(``"\\nQuestion: where is the red cube?\\nAnswer: "``), then the answer and an eos, causal and
+supervised. The action expert never reads the question (``action_reads`` covers the prompt only)
+and the batch carries no action loss: it trains the backbone (and the vision tower) alone, as
+pi0.5's vision-language co-training does.
+
+The probe asks held-out scenes' questions teacher-forced and counts a question right when every
+answer token (and the eos) is the argmax: exactly what greedy decoding would say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from oxygen_ros.model.config import Pi05Config
+from oxygen_ros.model.objectives import ObjectiveBatch, backbone_pass
+from oxygen_ros.model.pi05 import Pi05Model
+from oxygen_ros.policy_io.preprocess_torch import lerobot_resize_with_pad
+from oxygen_ros.policy_io.prompts import PromptFormat
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
+from oxygen_ros.sim.grounding import (
+    QUESTION_KINDS,
+    GroundingScenes,
+    Question,
+    curriculum_questions,
+    scene_questions,
+)
+
+from .batches import BatchError, TextLayout, collate
+
+ANSWER_KIND = "answer"
+SCENE_CAMERAS = {"scene": "scene", "wrist": "wrist"}  # dataset camera key suffix -> scene field
+
+
+class GroundingBatchMaker:
+    """Text-only batches of grounding questions for one model and prompt format.
+
+    normalize_state: the prompt's state normalisation (the dataset's, as the policy's).
+    cameras: the model's image slots in order, as dataset keys (``observation.images.scene``).
+
+    Raises:
+        BatchError: a format without an ``answer`` kind, or a camera the scenes do not render.
+    """
+
+    def __init__(
+        self,
+        scenes: GroundingScenes,
+        config: Pi05Config,
+        tokenizer: Pi05Tokenizer,
+        prompt_format: PromptFormat,
+        normalize_state: Callable[[np.ndarray], np.ndarray],
+        cameras: Sequence[str],
+        border: float = -1.0,
+    ) -> None:
+        if ANSWER_KIND not in prompt_format.kinds:
+            raise BatchError(f"prompt format {prompt_format.name!r} has no {ANSWER_KIND!r} kind")
+        self.fields = []
+        for key in cameras:
+            name = key.rsplit(".", 1)[-1]
+            if name not in SCENE_CAMERAS:
+                raise BatchError(
+                    f"camera {key!r}: grounding scenes render {sorted(SCENE_CAMERAS)} only"
+                )
+            self.fields.append(SCENE_CAMERAS[name])
+        self.scenes = scenes
+        self.config = config
+        self.tokenizer = tokenizer
+        self.format = prompt_format
+        self.states = np.stack([normalize_state(s) for s in scenes.state]).astype(np.float32)
+        self.border = border
+        self._questions = [scene_questions(scenes, row) for row in range(len(scenes))]
+
+    def questions(self, row: int) -> list[Question]:
+        return self._questions[row]
+
+    def layout(self, row: int, question: Question) -> TextLayout:
+        """Scene ``row``'s flat action prompt, then ``question`` and its answer (supervised)."""
+        tok = self.tokenizer
+        prompt = tok.frame_prompt(
+            self.scenes.tasks[row], self.states[row], self.config.max_token_len, self.format
+        )
+        ids = list(prompt.ids)
+        cue = self.format.kind_ids(tok, ANSWER_KIND, text=question.text)
+        answer = tok.encode_text(question.answer) + [tok.eos_id]
+        return TextLayout(
+            ids=ids + cue + answer,
+            causal=prompt.causal_mask().tolist() + [True] * (len(cue) + len(answer)),
+            supervised=[False] * (len(ids) + len(cue)) + [True] * len(answer),
+            action_reads=[True] * len(ids) + [False] * (len(cue) + len(answer)),
+        )
+
+    def images(self, rows: np.ndarray) -> torch.Tensor:
+        size = self.config.vision.image_size
+        per_camera = [
+            lerobot_resize_with_pad(
+                torch.from_numpy(getattr(self.scenes, field)[rows]), size, size, self.border
+            )
+            for field in self.fields
+        ]
+        return torch.stack(per_camera, dim=1)
+
+    def examples(self, rows: Sequence[int], questions: Sequence[Question]) -> ObjectiveBatch:
+        """The batch asking scene ``rows[i]`` the question ``questions[i]``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        layouts = [self.layout(int(r), q) for r, q in zip(rows, questions, strict=True)]
+        actions = torch.zeros(len(rows), self.config.action_horizon, self.config.action_dim)
+        return collate(layouts, self.images(rows), actions)
+
+    def batch(
+        self, size: int, rng: np.random.Generator, one_colour: bool = False
+    ) -> ObjectiveBatch:
+        """``size`` scenes drawn uniformly, one question each drawn uniformly from the scene's
+        (the warm-up's only, with ``one_colour``: `curriculum_questions`)."""
+        rows = rng.integers(0, len(self.scenes), size=size)
+        chosen = []
+        for row in rows:
+            pool = curriculum_questions(self._questions[int(row)], one_colour)
+            chosen.append(pool[int(rng.integers(len(pool)))])
+        return self.examples(rows, chosen)
+
+
+@torch.no_grad()
+def answers_right(model: Pi05Model, batch: ObjectiveBatch) -> np.ndarray:
+    """bool [B]: every supervised token of each example is the model's argmax."""
+    out, _ = backbone_pass(model, batch)
+    hidden = out.hidden[0][:, -batch.tokens.shape[1] :]
+    predicted = model.logits(hidden).argmax(-1)
+    right = (predicted == batch.text_targets) | ~batch.text_loss_mask
+    return right.all(dim=1).cpu().numpy()
+
+
+def probe(
+    model: Pi05Model, maker: GroundingBatchMaker, max_scenes: int | None = None, chunk: int = 64
+) -> dict[str, float]:
+    """Held-out accuracy per question kind (and ``all``) over the first ``max_scenes`` scenes of
+    ``maker``, every question of each scene asked."""
+    was_training = model.training
+    model.eval()
+    rows, questions = [], []
+    for row in range(min(len(maker.scenes), max_scenes or len(maker.scenes))):
+        for question in maker.questions(row):
+            rows.append(row)
+            questions.append(question)
+    right = np.concatenate(
+        [
+            answers_right(model, maker.examples(rows[i : i + chunk], questions[i : i + chunk]))
+            for i in range(0, len(rows), chunk)
+        ]
+    )
+    model.train(was_training)
+    kinds = np.array([q.kind for q in questions])
+    result = {
+        kind: float(right[kinds == kind].mean()) for kind in QUESTION_KINDS if (kinds == kind).any()
+    }
+    result["all"] = float(right.mean())
+    return result

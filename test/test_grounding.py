@@ -1,0 +1,252 @@
+"""Grounding co-training: scenes rendered from the sim with labels read off its state, questions
+whose answers those labels give, seeds kept apart, the symmetry-breaking warm-up, text-only
+batches laid out as the node's Ask request, and the trainer mixing them with demonstrations
+(fixed sin-cos image positions, the probe, resuming)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import
+
+import numpy as np
+import pytest
+import torch
+
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.model.objectives import text_only_loss
+from oxygen_ros.model.siglip import sincos_positions
+from oxygen_ros.policy_io.prompts import resolve_format
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
+from oxygen_ros.sim import grounding
+from oxygen_ros.sim.language import place_words
+from oxygen_ros.sim.recording import demonstration_specs, write_demonstrations
+from oxygen_ros.sim.scene import CUBE_COLORS
+from oxygen_ros.sim.tasks import random_layout
+from oxygen_ros.tools.benches.closed_loop import round_task
+from oxygen_ros.tools.sim_dataset import (
+    DEFAULT_GROUNDING_SEED,
+    DEFAULT_PLACE_SEED,
+    DEFAULT_TOUCH_SEED,
+)
+from oxygen_ros.tools.train import dataset_tokenizer
+from oxygen_ros.tools.train import main as train_main
+from oxygen_ros.training.grounding import GroundingBatchMaker, answers_right, probe
+from oxygen_ros.training.trainer import (
+    TrainSettings,
+    freeze_sincos_positions,
+    model_config,
+    new_model,
+)
+
+HELDOUT = grounding.HELDOUT_SEED0 + 500_000  # the tests' own held-out layouts
+
+
+@pytest.fixture(scope="module")
+def scenes() -> grounding.GroundingScenes:
+    return grounding.render_scenes(HELDOUT, 3, poses_per_layout=3)
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demos") / "ds"
+    write_demonstrations(out, demonstration_specs("touch", 4_500_000, 3, 0.0, 0.0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(demos, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok")
+    return dataset_tokenizer([demos], out, get_preset("sim").vocab_size, grounding=True)
+
+
+def test_labels_are_the_sims_state_at_the_start_pose(scenes):
+    start_rows = np.flatnonzero(np.r_[True, scenes.seeds[1:] != scenes.seeds[:-1]])
+    assert len(start_rows) == 3
+    for row in start_rows:
+        layout = random_layout(np.random.default_rng(int(scenes.seeds[row])))
+        questions = {q.text: q.answer for q in grounding.scene_questions(scenes, row)}
+        for k, colour in enumerate(CUBE_COLORS):
+            x, y, _ = layout.cubes[colour]
+            np.testing.assert_allclose(scenes.cubes[row, k, :2], (x, y), atol=2e-3)
+            assert questions[f"where is the {colour} cube?"] == place_words(x, y)
+            assert questions[f"is the {colour} cube on a pad?"] == "no"
+        assert questions["which cube does the gripper hold?"] == "none"
+        listing = questions["where are the cubes?"].split(", ")
+        assert [item.split(" ", 1)[0] for item in listing] == list(CUBE_COLORS)
+
+
+def test_later_poses_move_the_arm_and_their_labels_follow(scenes):
+    later = np.flatnonzero(np.r_[False, scenes.seeds[1:] == scenes.seeds[:-1]])
+    assert len(later) > 0
+    for row in later:
+        assert np.abs(scenes.state[row] - scenes.state[row - 1]).max() > 1e-3
+        held = int(scenes.grasped[row])
+        answer = {q.kind: q.answer for q in grounding.scene_questions(scenes, row)}["held"]
+        assert answer == ("none" if held < 0 else f"the {CUBE_COLORS[held]} cube")
+
+
+def test_which_at_answers_agree_with_where_answers(scenes):
+    for row in range(len(scenes)):
+        questions = grounding.scene_questions(scenes, row)
+        where = {q.subject: q.answer for q in questions if q.kind == grounding.WHERE}
+        for q in (q for q in questions if q.kind == grounding.WHICH_AT):
+            there = [c for c, place in where.items() if place == q.subject]
+            assert q.answer == (f"the {there[0]} cube" if there else "none")
+
+
+def test_seed_ranges_are_disjoint():
+    bench = {seed for i in range(1000) for seed in [round_task(i, 777, "touch")[1]]}
+    blocks = {
+        "grounding train": grounding.TRAIN_SEED0 // grounding.SEED_BLOCK,
+        "grounding held out": grounding.HELDOUT_SEED0 // grounding.SEED_BLOCK,
+        "touch demos": DEFAULT_TOUCH_SEED // grounding.SEED_BLOCK,
+        "place demos": DEFAULT_PLACE_SEED // grounding.SEED_BLOCK,
+        "bench": min(bench) // grounding.SEED_BLOCK,
+    }
+    assert len(set(blocks.values())) == len(blocks), blocks
+    assert max(bench) // grounding.SEED_BLOCK == blocks["bench"]
+    assert DEFAULT_GROUNDING_SEED == grounding.TRAIN_SEED0
+    with pytest.raises(ValueError, match="cross"):
+        grounding.render_scenes(grounding.HELDOUT_SEED0 + grounding.SEED_BLOCK - 1, 2)
+
+
+def test_the_warm_up_asks_one_colour_and_the_listing_only(scenes):
+    questions = grounding.scene_questions(scenes, 0)
+    warm = grounding.curriculum_questions(questions, one_colour=True)
+    assert {q.kind for q in warm} == {grounding.WHERE, grounding.ALL_CUBES}
+    assert {q.subject for q in warm if q.kind == grounding.WHERE} == {CUBE_COLORS[0]}
+    assert grounding.curriculum_questions(questions, one_colour=False) == questions
+
+
+def test_scenes_round_trip_through_a_file(scenes, tmp_path):
+    scenes.save(tmp_path / "s.npz")
+    back = grounding.GroundingScenes.load(tmp_path / "s.npz")
+    assert back.tasks == scenes.tasks
+    np.testing.assert_array_equal(back.scene, scenes.scene)
+    both = grounding.GroundingScenes.concatenate([scenes, back])
+    assert len(both) == 2 * len(scenes)
+
+
+def _maker(scenes, tokenizer_path) -> GroundingBatchMaker:
+    config = get_preset("sim")
+    return GroundingBatchMaker(
+        scenes,
+        config,
+        Pi05Tokenizer(tokenizer_path),
+        resolve_format("openpi_subtask"),
+        lambda state: np.clip(state / 2.0, -1, 1),
+        ["observation.images.scene", "observation.images.wrist"],
+    )
+
+
+def test_questions_are_laid_out_as_an_ask_request(scenes, tokenizer_path):
+    maker = _maker(scenes, tokenizer_path)
+    tok = maker.tokenizer
+    question = maker.questions(0)[0]
+    layout = maker.layout(0, question)
+    answer = tok.encode_text(question.answer) + [tok.eos_id]
+    cue = maker.format.kind_ids(tok, "answer", text=question.text)
+    assert layout.ids[-len(answer) :] == answer
+    assert layout.ids[-len(answer) - len(cue) : -len(answer)] == cue
+    assert [i for i, s in zip(layout.ids, layout.supervised, strict=True) if s] == answer
+    n_prompt = sum(layout.action_reads)
+    assert layout.action_reads == [True] * n_prompt + [False] * (len(cue) + len(answer))
+    batch = maker.examples([0, 1], maker.questions(0)[:1] + maker.questions(1)[:1])
+    assert batch.images.shape == (2, 2, 3, 128, 128)
+    assert int(batch.text_loss_mask.sum()) == len(answer) + len(
+        tok.encode_text(maker.questions(1)[0].answer) + [tok.eos_id]
+    )
+
+
+def test_grounding_loss_trains_the_backbone_and_vision_not_the_expert(scenes, tokenizer_path):
+    maker = _maker(scenes, tokenizer_path)
+    model = new_model(maker.config, seed=1)
+    loss, count = text_only_loss(model, maker.batch(4, np.random.default_rng(0)))
+    assert count > 0
+    loss.backward()
+    vision = model.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+    assert float(vision.embeddings.patch_embedding.weight.grad.abs().sum()) > 0
+    assert float(model.backbone.layers[0].self_attn.k_proj.weight.grad.abs().sum()) > 0
+    assert model.expert.layers[0].self_attn.q_proj.weight.grad is None
+
+
+def test_a_right_answer_is_counted_right_and_a_wrong_one_wrong(scenes, tokenizer_path):
+    maker = _maker(scenes, tokenizer_path)
+    model = new_model(maker.config, seed=2)
+    batch = maker.examples([0], maker.questions(0)[:1])
+    assert not answers_right(model, batch)[0]  # random weights
+    # a model that always predicts the target: logits peaked on the next token
+    target = batch.text_targets[batch.text_loss_mask]
+    original = model.logits
+    calls = []
+
+    def oracle(hidden):
+        out = original(hidden)
+        calls.append(1)
+        peaked = torch.full_like(out, -1e4)
+        rows = torch.arange(out.shape[1])
+        peaked[0, rows[batch.text_loss_mask[0]], target] = 1e4
+        return peaked
+
+    model.logits = oracle
+    assert answers_right(model, batch)[0]
+    assert calls
+
+
+def test_sincos_positions_are_frozen_into_the_position_table():
+    config = get_preset("sim")
+    model = new_model(config, seed=0)
+    freeze_sincos_positions(model)
+    table = model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings
+    grid = config.vision.image_size // config.vision.patch_size
+    expected = sincos_positions(grid, config.vision.width)
+    torch.testing.assert_close(table.position_embedding.weight.data, expected)
+    assert not table.position_embedding.weight.requires_grad
+    # distinct patches get distinct positions, neighbours closer than far patches
+    distance = torch.cdist(expected, expected)
+    assert distance[0, 1] < distance[0, grid - 1]
+    assert float(distance.masked_fill(torch.eye(len(expected), dtype=torch.bool), 1).min()) > 0
+
+
+def test_recorded_demonstrations_train_with_grounding_probe_and_resume(
+    demos, scenes, tokenizer_path, tmp_path
+):
+    scene_file = tmp_path / "scenes.npz"
+    scenes.save(scene_file)
+    out = tmp_path / "ckpt"
+    common = [
+        "--dataset", str(demos), "--out", str(out), "--preset", "sim", "--batch-size", "2",
+        "--grounding", str(scene_file), "--grounding-heldout", str(scene_file),
+        "--grounding-batch-size", "2", "--grounding-only-steps", "2", "--one-colour-steps", "3",
+        "--image-positions", "sincos", "--probe-every", "3", "--probe-scenes", "1",
+        "--tokenizer", str(tokenizer_path), "--threads", "1", "--no-augment",
+        "--resume-every-min", "0.0001", "--log-every", "1",
+    ]  # fmt: skip
+    assert train_main([*common, "--steps", "4"]) == 0
+    first = json.loads((out / "training.json").read_text())
+    assert first["steps_done"] == 4
+    history = first["history"]
+    assert [h["flow"] == 0.0 for h in history] == [True, True, False, False]  # warm-up: text only
+    assert all(h["grounding"] > 0 for h in history)
+    assert [p["step"] for p in first["probes"]] == [3, 4]
+    assert set(first["probes"][0]) >= {"step", "all", "where", "all_cubes"}
+    assert (out / "resume.pt").exists()
+    assert train_main([*common, "--steps", "6", "--resume"]) == 0
+    resumed = json.loads((out / "training.json").read_text())
+    assert resumed["steps_done"] == 6
+    assert resumed["history"][:4] == history  # the first four steps carried over, not redone
+    config = model_config(
+        TrainSettings(datasets=(demos,), out=out, tokenizer=tokenizer_path, preset="sim"),
+        __import__("oxygen_ros.training.dataset", fromlist=["x"]).load_training_frames(demos),
+    )
+    assert config.num_image_slots == 2
+
+
+def test_probe_reports_every_kind_asked(scenes, tokenizer_path):
+    maker = _maker(scenes, tokenizer_path)
+    result = probe(new_model(maker.config, seed=3), maker, max_scenes=2)
+    assert set(result) >= {"where", "all_cubes", "held", "on_pad", "all"}
+    assert all(0.0 <= v <= 1.0 for v in result.values())
