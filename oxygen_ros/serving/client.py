@@ -1,0 +1,365 @@
+"""A client of openpi's policy-server protocol (``oxygen-serve``, or openpi's own server) for a
+program that must not block on the network: the node's tick, a bench's robot loop.
+
+What it speaks is openpi's ``WebsocketClientPolicy``: a websocket without compression; the
+``Authorization: Api-Key <key>`` header when given a key; the server's metadata as the first
+(binary) frame; then one packed observation out, one packed reply back, in order. A text frame is
+the server's error (`ServerError` with its text; the server then closes the connection).
+
+What it adds, for a robot loop:
+
+* **The connection lives in a background thread** that connects, reads replies and, when the
+  connection drops or cannot be made, tries again with exponential backoff. `infer` never waits
+  for a connection: without one it raises `NotConnected` at once (with the last reason).
+* **Deadlines**: ``infer(obs, timeout_s)`` waits at most ``timeout_s`` for the reply. A reply that
+  comes later is dropped when it arrives (``stats.late_replies_dropped``); the next request goes
+  out at once (the server answers in order), unless `MAX_IN_FLIGHT` requests are still unanswered
+  (`ServerBehind`).
+* Replies are read with `wire.unpack` (sizes, dtypes and shapes checked): a server is a peer too.
+
+Typical use::
+
+    client = PolicyClient("ws://gpu-box:8000", api_key=key)
+    client.start()
+    client.wait_connected(10.0)
+    reply = client.infer({"observation/state": state, "prompt": "pick"}, timeout_s=0.1)
+    client.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import websockets.exceptions
+import websockets.sync.client
+
+from .wire import WireError, WireLimits, pack, unpack
+
+MAX_IN_FLIGHT = 2  # unanswered requests (the late one being waited out, and the current one)
+DEFAULT_PORT = 8000  # openpi's serve_policy.py
+
+
+class ClientError(RuntimeError):
+    """Base of the errors `PolicyClient.infer` raises (each leaves the client usable)."""
+
+
+class NotConnected(ClientError):
+    """No connection to the server now; the background thread keeps trying (the message says
+    the last reason)."""
+
+
+class DeadlineMissed(ClientError):
+    """No reply within the request's deadline; the reply is dropped when it arrives."""
+
+
+class ServerBehind(ClientError):
+    """`MAX_IN_FLIGHT` requests are still unanswered: this one was not sent."""
+
+
+class ServerError(ClientError):
+    """The server answered with a text frame: its error (openpi: a traceback; oxygen-serve: the
+    field at fault and why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Waits between connection attempts: ``first_s`` doubling up to ``max_s``."""
+
+    first_s: float = 0.1
+    max_s: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after ``failures`` failed attempts in a row (1 = the first failure)."""
+        return min(self.max_s, self.first_s * 2 ** max(failures - 1, 0))
+
+
+@dataclasses.dataclass
+class ClientStats:
+    """What the connection has been through (counters only grow)."""
+
+    connects: int = 0  # handshakes that ended with the server's metadata
+    disconnects: int = 0  # established connections lost
+    failed_attempts: int = 0  # connection attempts that failed
+    requests: int = 0  # observations sent
+    replies: int = 0  # replies delivered in time
+    server_errors: int = 0  # text frames (the server's errors)
+    bad_replies: int = 0  # replies that failed `wire.unpack`
+    deadline_misses: int = 0  # requests whose reply was not there by their deadline
+    late_replies_dropped: int = 0  # replies that arrived after their deadline
+    behind: int = 0  # requests not sent: MAX_IN_FLIGHT unanswered
+
+
+def server_uri(uri: str) -> str:
+    """``uri`` as a websocket address: ``host:port`` and ``host`` (openpi's port 8000) get ws://."""
+    if uri.startswith(("ws://", "wss://")):
+        return uri
+    if "://" in uri:
+        raise ValueError(f"server_uri {uri!r}: only ws:// and wss:// servers are spoken to")
+    if not uri:
+        raise ValueError("server_uri is empty: give ws://HOST:PORT (oxygen-serve's address)")
+    return f"ws://{uri}" if ":" in uri.rsplit("]", 1)[-1] else f"ws://{uri}:{DEFAULT_PORT}"
+
+
+def connect(
+    uri: str, api_key: str | None = None, timeout_s: float = 10.0, limits: WireLimits | None = None
+) -> tuple[websockets.sync.client.ClientConnection, dict[str, Any]]:
+    """One connection attempt: the handshake (with the API key) and the server's metadata frame.
+
+    Raises:
+        OSError (ConnectionRefusedError, TimeoutError, ...), websockets.exceptions.InvalidHandshake
+        (e.g. HTTP 401 for a wrong key), ServerError (a text frame instead of the metadata),
+        WireError (metadata that is not a valid message).
+    """
+    limits = limits or WireLimits()
+    headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
+    conn = websockets.sync.client.connect(
+        server_uri(uri),
+        compression=None,
+        max_size=limits.max_message_bytes,
+        additional_headers=headers,
+        open_timeout=timeout_s,
+        proxy=None,
+    )
+    try:
+        first = conn.recv(timeout=timeout_s)
+        if isinstance(first, str):
+            raise ServerError(f"the server refused the connection: {first}")
+        metadata = unpack(first, limits)
+        if not isinstance(metadata, dict):
+            raise WireError("metadata", f"expected a map, got {type(metadata).__name__}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, metadata
+
+
+def describe(error: BaseException) -> str:
+    """A one-line reason for a failed attempt or a lost connection."""
+    if isinstance(error, websockets.exceptions.InvalidStatus):
+        status = error.response.status_code
+        hint = " (wrong or missing API key?)" if status in (401, 403) else ""
+        return f"the server refused the handshake: HTTP {status}{hint}"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused (is oxygen-serve running there?)"
+    if isinstance(error, websockets.exceptions.ConnectionClosed):
+        code = error.rcvd.code if error.rcvd is not None else None
+        reason = error.rcvd.reason if error.rcvd is not None else ""
+        return f"connection closed (code {code}{': ' + reason if reason else ''})"
+    return f"{type(error).__name__}: {error}"
+
+
+class _Waiter:
+    """One request's reply slot."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.abandoned = False  # its deadline passed: drop the reply
+        self.reply: dict[str, Any] | None = None
+        self.error: ClientError | WireError | None = None
+
+    def deliver(self, reply: dict[str, Any] | None, error: ClientError | WireError | None) -> None:
+        self.reply, self.error = reply, error
+        self.done.set()
+
+
+class PolicyClient:
+    """openpi's protocol with the connection in a background thread (see the module docstring).
+
+    on_change(connected, detail): called from the connection thread when the connection is made
+    (detail: the server's address) or lost / cannot be made (detail: why); optional.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        api_key: str | None = None,
+        *,
+        open_timeout_s: float = 5.0,
+        backoff: Backoff | None = None,
+        limits: WireLimits | None = None,
+        on_change: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.uri = server_uri(uri)
+        self._api_key = api_key
+        self._open_timeout_s = open_timeout_s
+        self._backoff = backoff or Backoff()
+        self._limits = limits or WireLimits()
+        self._on_change = on_change
+        self.stats = ClientStats()
+        self.metadata: dict[str, Any] | None = None  # the current (or last) server's
+        self.last_error = "not started"
+        self._conn: websockets.sync.client.ClientConnection | None = None
+        self._pending: collections.deque[_Waiter] = collections.deque()
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported: bool | None = None  # the state on_change last told
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> PolicyClient:
+        """Start the connection thread (it connects, and reconnects, until `close`)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="oxygen-client", daemon=True)
+            self._thread.start()
+        return self
+
+    def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """Block until connected (True) or ``timeout_s`` passes (False)."""
+        return self._connected.wait(timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def close(self) -> None:
+        """Close the connection and stop the thread (idempotent); waiting calls get
+        `NotConnected`."""
+        self._closing.set()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            conn.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._fail_pending(NotConnected("the client was closed"))
+
+    def __enter__(self) -> PolicyClient:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests -------------------------------------------------------------------------------
+    def infer(self, observation: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Send ``observation`` and wait for its reply, at most ``timeout_s`` (None: as long as the
+        connection lasts).
+
+        Raises:
+            NotConnected: no connection now, or it dropped before the reply.
+            ServerBehind: `MAX_IN_FLIGHT` requests are unanswered; nothing was sent.
+            DeadlineMissed: no reply within ``timeout_s`` (it is dropped when it comes).
+            ServerError: the server's error text.
+            WireError: the observation cannot be packed, or the reply is not a valid message.
+        """
+        data = pack(observation)
+        waiter = _Waiter()
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise NotConnected(f"not connected to {self.uri}: {self.last_error}")
+            if len(self._pending) >= MAX_IN_FLIGHT:
+                self.stats.behind += 1
+                raise ServerBehind(
+                    f"{len(self._pending)} requests to {self.uri} are still unanswered"
+                )
+            self._pending.append(waiter)
+            try:  # under the lock: the order sent is the order the replies are matched in
+                conn.send(data)
+            except websockets.exceptions.ConnectionClosed as error:
+                self._pending.remove(waiter)
+                raise NotConnected(
+                    f"the connection to {self.uri} dropped: {describe(error)}"
+                ) from None
+            self.stats.requests += 1
+        if not waiter.done.wait(timeout_s):
+            with self._lock:
+                if not waiter.done.is_set():
+                    waiter.abandoned = True
+                    self.stats.deadline_misses += 1
+                    raise DeadlineMissed(
+                        f"no reply from {self.uri} within {timeout_s * 1e3:.0f} ms"
+                    )
+        if waiter.error is not None:
+            raise waiter.error
+        self.stats.replies += 1
+        return waiter.reply
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not answered yet (abandoned ones included)."""
+        return len(self._pending)
+
+    # -- the connection thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        failures = 0
+        while not self._closing.is_set():
+            try:
+                conn, metadata = connect(
+                    self.uri, self._api_key, self._open_timeout_s, self._limits
+                )
+            except Exception as error:  # any failed attempt: say why, wait, try again
+                failures += 1
+                self.stats.failed_attempts += 1
+                self._set_error(describe(error))
+                self._closing.wait(self._backoff.delay(failures))
+                continue
+            failures = 0
+            with self._lock:
+                self._conn, self.metadata = conn, metadata
+                self.stats.connects += 1
+            self._connected.set()
+            self._notify(True, self.uri)
+            reason = self._read(conn)
+            with self._lock:
+                self._conn = None
+                self._connected.clear()
+                self.stats.disconnects += 1
+            self._fail_pending(NotConnected(f"the connection to {self.uri} dropped: {reason}"))
+            if not self._closing.is_set():
+                self._set_error(reason)
+                # a server that accepts and drops at once is not hammered
+                self._closing.wait(self._backoff.first_s)
+
+    def _read(self, conn: websockets.sync.client.ClientConnection) -> str:
+        """Match replies to requests until the connection ends; returns why it ended."""
+        while True:
+            try:
+                message = conn.recv()
+            except Exception as error:  # closed by either side, or broken
+                return describe(error)
+            with self._lock:
+                waiter = self._pending.popleft() if self._pending else None
+            if waiter is None:  # a reply nobody asked for: the stream is out of step
+                conn.close()
+                return "the server sent a reply to no request"
+            if waiter.abandoned:
+                self.stats.late_replies_dropped += 1
+            if isinstance(message, str):
+                self.stats.server_errors += 1
+                waiter.deliver(None, ServerError(message))
+                continue
+            try:
+                reply = unpack(message, self._limits)
+                if not isinstance(reply, dict):
+                    raise WireError("reply", f"expected a map, got {type(reply).__name__}")
+            except WireError as error:
+                self.stats.bad_replies += 1
+                waiter.deliver(None, error)
+                continue
+            waiter.deliver(reply, None)
+
+    def _fail_pending(self, error: ClientError) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending), collections.deque()
+        for waiter in pending:
+            waiter.deliver(None, error)
+
+    def _set_error(self, reason: str) -> None:
+        self.last_error = reason
+        self._notify(False, reason)
+
+    def _notify(self, connected: bool, detail: str) -> None:
+        """Tell on_change about a new state (not every failed attempt of a reconnection)."""
+        if connected == self._reported:
+            return
+        self._reported = connected
+        if self._on_change is not None:
+            try:
+                self._on_change(connected, detail)
+            except Exception:  # noqa: BLE001 - a reporting callback must not end the connection
+                pass
