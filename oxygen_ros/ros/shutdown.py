@@ -15,6 +15,13 @@ docs/ros_interfaces.md (open goals end ABORTED with ``cancelled``) with :func:`c
 
 Each step's failure is reported on stderr and the next step still runs: a teardown error never
 turns a clean stop into a failing exit status. A second signal while stopping ends the waiting.
+
+A tool that spins its nodes on a background thread uses :class:`SpinThread`, never a daemon
+thread running ``executor.spin``: on Jazzy ``Executor.shutdown`` neither wakes nor waits for a
+thread blocked in rclpy's wait, and such a thread still alive when the interpreter finalises is
+ended as it takes the GIL back; the unwind through rclpy's C++ frame calls std::terminate
+("terminate called without an active exception", exit status 134) after everything else
+succeeded. :meth:`SpinThread.stop` joins it first.
 """
 
 from __future__ import annotations
@@ -114,3 +121,30 @@ def _drain(executor: Any, awaiting: Callable[[], int], timeout_s: float, linger_
     linger_end = time.monotonic() + linger_s
     while time.monotonic() < linger_end:
         executor.spin_once(timeout_sec=0.02)
+
+
+class SpinThread:
+    """Spins ``executor`` on a thread of its own until :meth:`stop`, which joins the thread.
+
+    ``period_s`` bounds each wait, hence how long :meth:`stop` takes."""
+
+    def __init__(self, executor: Any, name: str = "ros_spin", period_s: float = 0.05) -> None:
+        self._executor = executor
+        self._period_s = period_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._spin, name=name)
+
+    def start(self) -> SpinThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop spinning and wait until the thread has left rclpy; callbacks already handed to a
+        multi-threaded executor's workers may still finish after this returns."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _spin(self) -> None:
+        while not self._stopping.is_set() and rclpy.ok(context=self._executor.context):
+            self._executor.spin_once(timeout_sec=self._period_s)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,6 +159,7 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
     from rclpy.parameter import Parameter
 
     from oxygen_ros.ros.rclpy_compat import init_without_signal_handlers
+    from oxygen_ros.ros.shutdown import SpinThread
     from oxygen_ros.sim.expert import ExpertNode
     from oxygen_ros.sim.node import SimNode
 
@@ -176,8 +176,7 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
     executor = MultiThreadedExecutor(num_threads=3)
     for node in (sim, expert, recorder_node):
         executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = SpinThread(executor, name="collect_spin").start()
     sim.pause()
     sim.start()
     successes, sizes, walls, sims = 0, [], [], []
@@ -206,6 +205,7 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
             )
     finally:
         sim.stop()
+        spinner.stop()  # before anything is destroyed: nothing is left inside rclpy at exit
         executor.shutdown()
         for node in (expert, recorder_node, sim):
             node.destroy_node()
