@@ -1,5 +1,5 @@
 """oxygen-collect writes one readable rosbag2 per expert episode with every topic it promises, and
-leaves no thread inside rclpy when it returns (one that is aborts the process at exit, status 134)."""
+leaves no thread spinning when it returns (one would abort the process at exit, status 134)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
