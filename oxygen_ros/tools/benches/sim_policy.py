@@ -13,11 +13,15 @@ Grounding: the arm starts every episode at the same pose, so the first chunk can
 named cube if the policy found it in the images. ``heading_correlation`` is the correlation, over
 episodes, of the first chunk's last ``shoulder_pan`` with the cube's azimuth from the base (the
 scripted expert's 1 s pan: 0.99); a policy that ignores the images scores about 0.
+``--probe-layouts N`` also asks the checkpoint the grounding questions
+(`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,000,000, never trained on),
+laid out as the node's Ask request, and reports the share answered exactly, per question kind.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-format", default="openpi_subtask")
     parser.add_argument("--num-steps", type=int, default=10, help="flow-matching steps")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--probe-layouts",
+        type=int,
+        default=0,
+        help="also ask the grounding questions about this many held-out layouts (0: no probe)",
+    )
     parser.add_argument("--json", type=Path, help="write every episode and the summary here")
 
 
@@ -154,6 +164,25 @@ def heading_correlation(episodes: list[dict[str, Any]]) -> float:
     return float(np.corrcoef(pans, azimuths)[0, 1])
 
 
+def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float]:
+    """The checkpoint's exact-answer share per question kind on ``layouts`` held-out layouts."""
+    from oxygen_ros.policy_io.prompts import resolve_format
+    from oxygen_ros.sim.grounding import HELDOUT_SEED0, render_scenes
+    from oxygen_ros.training.grounding import GroundingBatchMaker, probe
+
+    scenes = render_scenes(HELDOUT_SEED0, layouts)
+    maker = GroundingBatchMaker(
+        scenes,
+        policy.model.config,
+        policy.tokenizer,
+        resolve_format(prompt_format),
+        policy.prompt_state,
+        policy.image_slots,
+        policy.conventions.border,
+    )
+    return probe(policy.model, maker)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from oxygen_ros.sim.episode import Simulation
 
@@ -169,6 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         sim.world.close()
     summary = summarise(episodes)
+    if args.probe_layouts > 0:
+        summary["probe"] = grounding_probe(driver.policy, args.prompt_format, args.probe_layouts)
     low, high = summary["ci95"]
     print_table(
         [
@@ -179,10 +210,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "time to success s": f"{summary['time_to_success_s']:.2f}",
                 "median closest m": f"{summary['median_closest_tip_to_cube_m']:.3f}",
                 "heading corr": f"{summary['heading_correlation']:.2f}",
+                "probe": f"{summary['probe']['all']:.3f}" if "probe" in summary else "-",
             }
         ],
-        ["checkpoint", "tasks", "success", "time to success s", "median closest m", "heading corr"],
+        [
+            "checkpoint",
+            "tasks",
+            "success",
+            "time to success s",
+            "median closest m",
+            "heading corr",
+            "probe",
+        ],
     )
+    if "probe" in summary:
+        print("probe per question kind: " + json.dumps(summary["probe"]))
     result = {"bench": "sim-policy", "args": vars(args), **summary, "runs": episodes}
     write_json(args.json, result)
     return result
