@@ -30,7 +30,7 @@ from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, Simulation
 from .expert import ScriptedExpert
 from .language import place_words
 from .scene import CUBE_COLORS, PAD_COLORS, PAD_HALF
-from .tasks import random_task
+from .tasks import parse_task, random_task
 
 TRAIN_SEED0 = 3_000_000
 HELDOUT_SEED0 = 9_000_000
@@ -46,7 +46,9 @@ WHICH_AT = "which_at"  # which cube is <place>? -> the cube, or none
 HELD = "held"  # which cube does the gripper hold? -> the cube, or none
 NEAREST = "nearest"  # which cube is nearest the gripper? -> the cube
 ON_PAD = "on_pad"  # is the <colour> cube on a pad? -> yes, the <pad> pad / no
-QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD)
+TARGET = "target"  # which cube are you going for? -> the task's cube
+QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET)
+TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench's Ask asks
 
 
 @dataclasses.dataclass
@@ -224,6 +226,9 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
         pad = _on_pad(scenes, row, k)
         answer = f"yes, the {pad} pad" if pad else "no"
         questions.append(Question(ON_PAD, f"is the {c} cube on a pad?", answer, c))
+    task = parse_task(scenes.tasks[row]) if scenes.tasks[row] else None
+    if task is not None:
+        questions.append(Question(TARGET, TARGET_QUESTION, f"the {task.cube} cube", task.cube))
     return questions
 
 
@@ -240,7 +245,7 @@ def question_sentences() -> list[str]:
     """Every question and answer wording (for a tokenizer's corpus)."""
     sentences = [f"where is the {c} cube?" for c in CUBE_COLORS]
     sentences += ["where are the cubes?", "which cube does the gripper hold?", "none", "no"]
-    sentences += ["which cube is nearest the gripper?"]
+    sentences += ["which cube is nearest the gripper?", TARGET_QUESTION]
     sentences += [f"which cube is {p}?" for p in PLACES] + list(PLACES)
     sentences += [f"is the {c} cube on a pad?" for c in CUBE_COLORS]
     sentences += [f"yes, the {p} pad" for p in PAD_COLORS]

@@ -14,11 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from oxygen_ros.checkpoints.rtc_metadata import FIELD as RTC_FIELD
+from oxygen_ros.sim.grounding import TARGET_QUESTION
 
 EXPERT, POLICY = "expert", "policy"
 TRAINED, RANDOM, GUIDED = "trained", "random", "guided"  # checkpoint variants
 TOUCH_TASK, PLACE_TASK, ANY_TASK = "touch", "place", "any"  # any: as --tasks says
-ASK_QUESTION = "which cube are you going for?"
+ASK_QUESTION = TARGET_QUESTION  # the grounding co-training asks it too
 
 
 @dataclass(frozen=True)
