@@ -47,7 +47,7 @@ from .base import (
 )
 from .continuity import ChunkContinuity
 from .faults import NO_FAULTS, FaultInjector, stage_of, tag_stage
-from .frames import FramePrefix, max_prefix_tokens, timed_action
+from .frames import FrameJob, FramePrefix, max_prefix_tokens, timed_action, timed_actions
 from .kv_cache import KVInvariantError, KVPool
 from .language import LanguageDecoder
 from .metrics import StepTimer
@@ -196,39 +196,57 @@ class OxygenEngine(EngineBase):
         counted in ``faults_by_stage`` and the original exception propagates; the previous frame
         is let go either way (requests still reading it keep it alive), so a retry starts clean.
         """
-        if self._frame is not None:
-            self.pool.release(self._frame.segment)  # stays alive while requests still read it
-            self._frame = None
-        cfg = self.config
-        guidance = self.continuity.guidance(observation) if self.continuity else None
+        self._let_go_of_frame()
         started = self.clock()
         try:
-            try:
-                prompt = self._frame_prompt(observation)
-            except Exception as error:
-                tag_stage(error, "prefill")  # the prompt is the prefill's input (a bad state)
-                raise
-            self._frame, chunk = timed_action(
+            job = self._frame_job(observation)
+            frame, chunk = timed_action(
                 self.policy,
                 self.pool,
                 observation,
-                self._new_frame_id(),
-                cfg.seed,
-                cfg.num_steps,
+                job.frame_id,
+                job.seed,
+                self.config.num_steps,
                 self.clock,
                 self.runner,
                 self.faults,
-                guidance,
-                prompt,
+                job.guidance,
+                job.prompt,
             )
         except Exception as error:
             self._count_fault(stage_of(error, "action"))
             raise
+        self._frame_made(observation, frame, chunk, started)
+        return chunk
+
+    def _let_go_of_frame(self) -> None:
+        """Release the engine's reference to the newest frame (requests reading it keep it)."""
+        if self._frame is not None:
+            self.pool.release(self._frame.segment)
+            self._frame = None
+
+    def _frame_job(self, observation: Observation) -> FrameJob:
+        """A new frame's id, prompt (the subtask loop's, see `_frame_prompt`) and continuity
+        guidance. Raises what the prompt raises (a bad state), tagged as the prefill's."""
+        guidance = self.continuity.guidance(observation) if self.continuity else None
+        try:
+            prompt = self._frame_prompt(observation)
+        except Exception as error:
+            tag_stage(error, "prefill")  # the prompt is the prefill's input (a bad state)
+            raise
+        return FrameJob(
+            self.pool, observation, self._new_frame_id(), prompt, self.config.seed, guidance
+        )
+
+    def _frame_made(
+        self, observation: Observation, frame: FramePrefix, chunk: ActionChunk, started: float
+    ) -> None:
+        """Keep the new frame (one reference) and tell continuity and the subtask loop."""
+        self._frame = frame
         if self.continuity:
             self.continuity.record(observation, chunk)
         if self.subtasks:
             self.subtasks.chunk_made(chunk, started)
-        return chunk
 
     def restart_subtask(self) -> None:
         """Decode a new subtask from the next frame on, dropping the current one (no-op without
@@ -534,3 +552,61 @@ class OxygenEngine(EngineBase):
             self.pool.release(self._frame.segment)
             self._frame = None
         return deltas
+
+
+def act_together(
+    engines: Sequence[OxygenEngine], observations: Sequence[Observation]
+) -> list[ActionChunk | Exception]:
+    """`OxygenEngine.act` for several engines over one policy (several robots, each with its own
+    frames, continuity, subtasks and KV pool), their frames prefilled and denoised as one batch
+    (`frames.timed_actions`, eager paths). Returns each engine's chunk, or the exception its
+    frame raised: one engine's bad observation never fails the others' frames (a batch that
+    raises is rerun frame by frame to find it), and each fault is counted by its own engine.
+
+    Raises:
+        ValueError: engines that do not share one policy and one number of denoising steps.
+    """
+    if len(engines) != len(observations):
+        raise ValueError(f"{len(engines)} engines for {len(observations)} observations")
+    if not engines:
+        return []
+    lead = engines[0]
+    if any(
+        e.policy is not lead.policy or e.config.num_steps != lead.config.num_steps for e in engines
+    ):
+        raise ValueError("engines acting together must share one policy and num_steps")
+    results: list[ActionChunk | Exception | None] = [None] * len(engines)
+    ready: list[tuple[int, FrameJob]] = []
+    started = lead.clock()
+    for index, (engine, observation) in enumerate(zip(engines, observations, strict=True)):
+        engine._let_go_of_frame()
+        try:
+            ready.append((index, engine._frame_job(observation)))
+        except Exception as error:
+            engine._count_fault(stage_of(error, "action"))
+            results[index] = error
+    groups = [ready]
+    while groups:
+        group = groups.pop()
+        if not group:
+            continue
+        try:
+            made = timed_actions(
+                lead.policy,
+                [job for _, job in group],
+                lead.config.num_steps,
+                lead.clock,
+                lead.faults,
+            )
+        except Exception as error:
+            if len(group) > 1:
+                groups += [[item] for item in group]  # find the frame at fault
+                continue
+            index, _ = group[0]
+            engines[index]._count_fault(stage_of(error, "action"))
+            results[index] = error
+            continue
+        for (index, job), (frame, chunk) in zip(group, made, strict=True):
+            engines[index]._frame_made(job.observation, frame, chunk, started)
+            results[index] = chunk
+    return results

@@ -15,7 +15,7 @@ epsilons), its prompt state (padded or not), its image resampling and borders an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -40,13 +40,14 @@ LEROBOT_IMAGE_PREFIX = "observation.images."
 
 @dataclasses.dataclass
 class PrefixInputs:
-    """Model-ready tensors of one observation (batch of one)."""
+    """Model-ready tensors of B observations (`Pi05Policy.encode_batch`); prompts right-padded."""
 
-    images: Tensor  # [1, slots, 3, 224, 224] in [-1, 1]
-    image_masks: Tensor  # [1, slots] bool
-    tokens: Tensor  # [1, T] int64
-    token_masks: Tensor  # [1, T] bool
-    token_causal: Tensor | None = None  # [1, T] bool: causal prompt tokens (None: bidirectional)
+    images: Tensor  # [B, slots, 3, 224, 224] in [-1, 1]
+    image_masks: Tensor  # [B, slots] bool
+    tokens: Tensor  # [B, T] int64
+    token_masks: Tensor  # [B, T] bool
+    token_causal: Tensor | None = None  # [B, T] bool: causal prompt tokens (None: bidirectional)
+    image_columns: tuple[int, ...] = ()  # per row: valid image tokens (present slots' tokens)
 
 
 class Pi05Policy:
@@ -317,29 +318,71 @@ class Pi05Policy:
         prompt: str,
         frame_prompt: FramePrompt | None = None,
     ) -> PrefixInputs:
-        """Images by slot name (RGB uint8, any size; missing slot = masked), raw state, task
-        text; ``frame_prompt``: the prompt ids to use instead of openpi's action prompt."""
-        present_idx = self.present_slots(images)
-        size = self.config.vision.image_size
-        pixels = np.zeros((len(self.image_slots), 3, size, size), dtype=np.float32)
-        present = np.zeros(len(self.image_slots), dtype=bool)
-        for i in present_idx:
-            pixels[i] = self.model_image(self.slot_image(images, i))
-            present[i] = True
+        """One observation as a batch of one (`encode_batch`): images by slot name, raw state,
+        task text; ``frame_prompt``: the prompt ids to use instead of openpi's action prompt."""
+        self.present_slots(images)  # the images are checked before the state
         if frame_prompt is None:
             frame_prompt = self.frame_prompt(state, prompt)
+        return self.encode_batch([(images, frame_prompt)])
+
+    def encode_batch(
+        self, frames: Sequence[tuple[Mapping[str, np.ndarray], FramePrompt]]
+    ) -> PrefixInputs:
+        """Observations -> one batch of model inputs: per frame its images by slot name (RGB
+        uint8, any size; a missing slot is masked) and its prompt ids (`frame_prompt`), prompts
+        right-padded to the longest (padding masked, so each row's prefix is its own).
+
+        Raises:
+            ValueError: no frame, or a frame's image names (see `present_slots`).
+        """
+        if not frames:
+            raise ValueError("encode_batch needs at least one frame")
+        size = self.config.vision.image_size
+        batch, slots = len(frames), len(self.image_slots)
+        pixels = np.zeros((batch, slots, 3, size, size), dtype=np.float32)
+        present = np.zeros((batch, slots), dtype=bool)
+        longest = max(len(prompt.ids) for _, prompt in frames)
+        tokens = np.zeros((batch, longest), dtype=np.int64)
+        token_masks = np.zeros((batch, longest), dtype=bool)
+        causal = np.zeros((batch, longest), dtype=bool)
+        columns = []
+        for row, (images, prompt) in enumerate(frames):
+            filled = self.present_slots(images)
+            for name, image in images.items():
+                slot = self._slot_names[name]
+                pixels[row, slot] = self.model_image(image)
+                present[row, slot] = True
+            columns.append(len(filled) * self.config.image_tokens)
+            tokens[row, : len(prompt.ids)] = prompt.ids
+            token_masks[row, : len(prompt.ids)] = True
+            causal[row, : len(prompt.ids)] = prompt.causal_mask()
         device = self.device
-        tokens = torch.tensor(frame_prompt.ids, dtype=torch.int64)[None].to(device)
-        causal = None
-        if frame_prompt.causal_from is not None:
-            causal = torch.from_numpy(frame_prompt.causal_mask())[None].to(device)
+        any_causal = any(prompt.causal_from is not None for _, prompt in frames)
         return PrefixInputs(
-            images=torch.from_numpy(pixels)[None].to(device),
-            image_masks=torch.from_numpy(present)[None].to(device),
-            tokens=tokens,
-            token_masks=torch.ones_like(tokens, dtype=torch.bool),
-            token_causal=causal,
+            images=torch.from_numpy(pixels).to(device),
+            image_masks=torch.from_numpy(present).to(device),
+            tokens=torch.from_numpy(tokens).to(device),
+            token_masks=torch.from_numpy(token_masks).to(device),
+            token_causal=torch.from_numpy(causal).to(device) if any_causal else None,
+            image_columns=tuple(columns),
         )
+
+    def decode_batch(
+        self, model_actions: Tensor | np.ndarray, states: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Model-space chunks [B, horizon, model action_dim] -> each robot's actions in robot
+        units (`robot_actions` of row i against ``states[i]``), one copy off the device.
+
+        Raises:
+            ValueError: a batch whose size is not ``len(states)``, or a row `robot_actions`
+                refuses.
+        """
+        if isinstance(model_actions, Tensor):
+            model_actions = model_actions.detach().float().cpu().numpy()
+        if len(model_actions) != len(states):
+            raise ValueError(f"{len(model_actions)} action chunks for {len(states)} states")
+        rows = zip(model_actions, states, strict=True)
+        return [self.robot_actions(chunk, state) for chunk, state in rows]
 
     def robot_actions(self, model_actions: Tensor | np.ndarray, state: np.ndarray) -> np.ndarray:
         """Model-space chunk [horizon, model action_dim] -> robot units float32
