@@ -32,6 +32,7 @@ CONSOLE_SCRIPTS = [
     "oxygen-train=oxygen_ros.tools.train:main",
     "oxygen-sim-dataset=oxygen_ros.tools.sim_dataset:main",
     "oxygen-plot-closed-loop=oxygen_ros.tools.plot_closed_loop:main",
+    "oxygen-serve=oxygen_ros.tools.serve:main",
 ]
 
 setup(
@@ -52,6 +53,8 @@ setup(
         "safetensors>=0.4",
         "sentencepiece>=0.1.99",
         "pillow>=10",
+        "msgpack>=1.0",
+        "websockets>=13",
     ],
     extras_require={
         "tools": ["rosbags>=0.11", "matplotlib>=3.7", "mujoco>=3.2", "pyarrow>=14"],

@@ -5,39 +5,9 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from serve_helpers import openpi_pack, openpi_unpack
 
 from oxygen_ros.serving.wire import WireError, WireLimits, pack, unpack
-
-
-def openpi_pack(obj):
-    """openpi-client's packer, written here from its description: arrays as byte-keyed maps."""
-
-    def default(value):
-        if isinstance(value, np.ndarray):
-            return {
-                b"__ndarray__": True,
-                b"data": value.tobytes(),
-                b"dtype": value.dtype.str,
-                b"shape": value.shape,
-            }
-        if isinstance(value, np.generic):
-            return {b"__npgeneric__": True, b"data": value.item(), b"dtype": value.dtype.str}
-        return value
-
-    return msgpack.packb(obj, default=default)
-
-
-def openpi_unpack(data):
-    def hook(value):
-        if b"__ndarray__" in value:
-            return np.ndarray(
-                buffer=value[b"data"], dtype=np.dtype(value[b"dtype"]), shape=value[b"shape"]
-            )
-        if b"__npgeneric__" in value:
-            return np.dtype(value[b"dtype"]).type(value[b"data"])
-        return value
-
-    return msgpack.unpackb(data, object_hook=hook)
 
 
 def raw_array(dtype: str, shape, data: bytes) -> dict:

@@ -1,0 +1,257 @@
+"""`PolicyServer`: the OxyGen engine behind openpi's websocket policy-server protocol.
+
+Wire-compatible with openpi's `WebsocketClientPolicy` (shared/SERVING.md): on connect one
+binary frame with the metadata; then each binary frame from the client is a packed observation
+(`wire.pack`) answered by one packed reply ``{"actions": [H, D], "server_timing": {...}, ...}``;
+an error is one *text* frame (the client raises it), never a traceback, and the connection stays
+open for the next observation. ``GET /healthz`` answers 200 "OK\\n"; ``GET /stats`` answers the
+counters as JSON (every refusal kind, frames served, batch sizes, open sessions).
+
+Safe by default: it binds 127.0.0.1 unless told otherwise; with an API key the handshake must
+carry ``Authorization: Api-Key <key>`` (401 without the header, 403 with another key; ``/stats``
+too, ``/healthz`` never); a frame over ``max_message_bytes`` closes that connection with 1009
+(the websocket library refuses it before reading it); sessions beyond ``max_sessions`` are
+refused with 503 at the handshake (or, when several handshakes race for the last place, closed
+with 1013 "try again later" before the metadata frame).
+
+Each connection is a `sessions.Session` (its own engine state over the one policy); frames of
+all sessions are batched on one model thread (`batching.ModelWorker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import http
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import websockets
+from websockets.asyncio.server import Request, Response, ServerConnection, serve
+from websockets.frames import CloseCode
+
+from ..engine.runtime import build_engine
+from ..engine.settings import EngineConfig
+from ..policy_io.policy import Pi05Policy
+from .batching import BatchSettings, InferenceFailed, ModelWorker, QueueFull
+from .observations import ObservationError, ObservationReader
+from .sessions import LanguageSettings, Session, SessionTable
+from .stats import Counters
+from .wire import WireError, WireLimits, pack, unpack
+
+logger = logging.getLogger(__name__)
+
+HEALTH_PATH = "/healthz"
+STATS_PATH = "/stats"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """Where and how the server listens, and its limits (see the module docstring)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (`PolicyServer.port` says which)
+    api_key: str = ""  # empty: no key checked
+    max_sessions: int = 8
+    max_message_bytes: int = 8 * 1024 * 1024
+    batch: BatchSettings = BatchSettings()
+    language: LanguageSettings = LanguageSettings()
+
+
+class PolicyServer:
+    """Serves ``policy`` to openpi clients, one engine state per connection (``engine_config``,
+    each session's noise seed offset by its id)."""
+
+    def __init__(
+        self, policy: Pi05Policy, engine_config: EngineConfig, settings: ServerSettings
+    ) -> None:
+        self.policy = policy
+        self.engine_config = engine_config
+        self.settings = settings
+        self.counters = Counters()
+        self.reader = ObservationReader(policy)
+        self.limits = WireLimits(max_message_bytes=settings.max_message_bytes)
+        self.sessions = SessionTable(
+            self._make_engine, settings.max_sessions, settings.language, self.counters
+        )
+        self.port = settings.port
+        self._worker: ModelWorker | None = None
+
+    def _make_engine(self, session_id: int):
+        seed = self.engine_config.seed + session_id - 1
+        return build_engine(self.policy, dataclasses.replace(self.engine_config, seed=seed))
+
+    def metadata(self, session: Session) -> dict[str, Any]:
+        """The first frame a client receives."""
+        policy = self.policy
+        return {
+            "server": "oxygen-serve",
+            "session_id": session.session_id,
+            "seed": session.engine.config.seed,
+            "robot": policy.robot.name,
+            "action_space": policy.robot.action_space,
+            "action_horizon": policy.config.action_horizon,
+            "action_dim": policy.action_dim,
+            "observation": self.reader.describe(),
+            "language_kinds": sorted(session.engine.config.kinds),
+            "stats_path": STATS_PATH,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {"sessions_open": len(self.sessions), **self.counters.snapshot()}
+
+    # -- serving ---------------------------------------------------------------------------------
+    async def serve(self, started: asyncio.Future | None = None) -> None:
+        """Serve until cancelled; ``started`` gets the bound port once listening."""
+        self._worker = ModelWorker(self.settings.batch, self.counters, lambda: len(self.sessions))
+        batches = asyncio.create_task(self._worker.run())
+        try:
+            async with serve(
+                self._handle,
+                self.settings.host,
+                self.settings.port,
+                process_request=self._process_request,
+                compression=None,
+                max_size=self.settings.max_message_bytes,
+            ) as server:
+                self.port = next(iter(server.sockets)).getsockname()[1]
+                logger.info("oxygen-serve listening on %s:%d", self.settings.host, self.port)
+                if started is not None:
+                    started.set_result(self.port)
+                await asyncio.Future()  # until cancelled
+        finally:
+            batches.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await batches
+            await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Health and stats paths, the API key and the session limit, before the handshake."""
+        if request.path == HEALTH_PATH:
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        key = self.settings.api_key
+        if key:
+            given = request.headers.get("Authorization")
+            if given is None:
+                self.counters.add("refused_auth_missing")
+                return connection.respond(
+                    http.HTTPStatus.UNAUTHORIZED, "missing header Authorization: Api-Key <key>\n"
+                )
+            if not hmac.compare_digest(given.encode(), f"Api-Key {key}".encode()):
+                self.counters.add("refused_auth_wrong")
+                return connection.respond(http.HTTPStatus.FORBIDDEN, "wrong API key\n")
+        if request.path == STATS_PATH:
+            return connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
+        if not self.sessions.has_room():
+            self.counters.add("refused_sessions_full")
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"server full: {self.settings.max_sessions} sessions open\n",
+            )
+        return None
+
+    async def _handle(self, connection: ServerConnection) -> None:
+        worker = self._worker
+        session = await worker.call(self.sessions.open)
+        if session is None:  # lost the race for the last place after the handshake
+            reason = f"server full: {self.settings.max_sessions} sessions open"
+            await connection.close(CloseCode.TRY_AGAIN_LATER, reason)
+            return
+        logger.info("session %d opened from %s", session.session_id, connection.remote_address)
+        try:
+            await connection.send(pack(self.metadata(session)))
+            previous_ms = None
+            async for message in connection:
+                start = time.monotonic()
+                reply = await self._answer(session, message)
+                if isinstance(reply, str):
+                    await connection.send(reply)
+                    continue
+                if previous_ms is not None:
+                    reply["server_timing"]["prev_total_ms"] = previous_ms
+                await connection.send(pack(reply))
+                previous_ms = (time.monotonic() - start) * 1e3
+        except websockets.ConnectionClosed as closed:
+            if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                self.counters.add("refused_message_too_big")
+        finally:
+            self.sessions.forget(session)
+            await worker.call(session.close)
+            self.counters.add("sessions_closed")
+            logger.info("session %d closed", session.session_id)
+
+    async def _answer(self, session: Session, message: bytes | str) -> dict[str, Any] | str:
+        """A reply dict, or the text of an error frame (each refusal counted by kind)."""
+        if isinstance(message, str):
+            self.counters.add("refused_text_frame")
+            return "message: expected a binary msgpack frame, got a text frame"
+        try:
+            decoded = unpack(message, self.limits)
+            frame = self.reader.read(decoded, time.monotonic())
+        except WireError as error:
+            self.counters.add("refused_bad_message")
+            return str(error)
+        except ObservationError as error:
+            self.counters.add("refused_bad_observation")
+            return str(error)
+        try:
+            return await self._worker.infer(session, frame)
+        except (QueueFull, InferenceFailed) as error:
+            return str(error)
+
+
+@dataclasses.dataclass
+class RunningServer:
+    """A server running on its own event loop thread (`serve_in_thread`)."""
+
+    server: PolicyServer
+    port: int
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    task: asyncio.Task
+
+    @property
+    def uri(self) -> str:
+        return f"ws://{self.server.settings.host}:{self.port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(timeout_s)
+
+
+@contextlib.contextmanager
+def serve_in_thread(server: PolicyServer, timeout_s: float = 60.0) -> Iterator[RunningServer]:
+    """Run ``server`` on a background thread while the block runs (tests, benches)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        started = loop.create_future()
+        started.add_done_callback(lambda _: ready.set())
+        holder["task"] = loop.create_task(server.serve(started))
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(holder["task"])
+        ready.set()
+        loop.close()
+
+    thread = threading.Thread(target=main, name="oxygen-serve", daemon=True)
+    thread.start()
+    if not ready.wait(timeout_s):
+        raise RuntimeError(f"oxygen-serve did not start listening within {timeout_s} s")
+    task = holder["task"]
+    if task.done():
+        task.result()  # raises why it could not listen
+        raise RuntimeError("oxygen-serve stopped before listening")
+    running = RunningServer(server, server.port, loop, thread, task)
+    try:
+        yield running
+    finally:
+        running.stop()

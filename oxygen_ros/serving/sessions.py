@@ -1,0 +1,124 @@
+"""Robot sessions: one per connection, each with its own engine state over the shared policy.
+
+A `Session` owns an `OxygenEngine` built over the server's one policy (one copy of the
+weights): its own frames and KV pool, chunk continuity (RTC), subtask loop, language requests
+and noise seed. Only the model worker thread touches a session's engine (`batching`).
+`SessionTable` admits sessions up to a limit and counts what it refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable
+
+from ..engine.requests import SamplingParams
+from ..engine.scheduler import OxygenEngine
+from ..engine.types import ActionChunk, TextDelta
+from .stats import Counters
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageSettings:
+    """What language each session runs beside its actions.
+
+    narration_every: a narration request every this many frames (0: none).
+    max_tokens: a request's token limit.
+    """
+
+    narration_every: int = 0
+    max_tokens: int = 24
+
+
+class Session:
+    """One connected robot: its engine and the language it has not been told yet."""
+
+    def __init__(self, session_id: int, engine: OxygenEngine, language: LanguageSettings) -> None:
+        self.session_id = session_id
+        self.engine = engine
+        self.language = language
+        self.closed = False
+        self.frames = 0
+        self._unsent: list[TextDelta] = []  # deltas made since the last reply
+
+    def submit_language(self, ask: str) -> None:
+        """Queue this frame's question (if any) and a due narration (worker thread)."""
+        sampling = SamplingParams(max_tokens=self.language.max_tokens, seed=self.frames)
+        if ask:
+            self.engine.submit("answer", ask, sampling)
+        every = self.language.narration_every
+        if every and self.frames % every == 1 % every and "narration" in self.engine.config.kinds:
+            self.engine.submit("narration", "", sampling)
+
+    def decode(self, until: float) -> None:
+        """Language steps of this session's requests before ``until`` (worker thread)."""
+        self._unsent += self.engine.decode(until)
+
+    def acted(self, chunk: ActionChunk, ask: str) -> dict:
+        """The reply's language part for a frame just acted on (worker thread): the deltas made
+        since the last reply, merged per request, and the current subtask."""
+        self.frames += 1
+        self.submit_language(ask)
+        deltas, self._unsent = self._unsent, []
+        language: dict[int, dict] = {}
+        for delta in deltas:
+            entry = language.setdefault(
+                delta.request_id, {"request_id": delta.request_id, "kind": delta.kind, "text": ""}
+            )
+            entry["text"] += delta.text
+            if delta.final:
+                entry["final"] = True
+                entry["finish_reason"] = delta.finish_reason
+                if delta.detail:
+                    entry["detail"] = delta.detail
+        extra: dict = {"language": list(language.values())} if language else {}
+        if chunk.subtask:
+            extra["subtask"] = chunk.subtask
+        return extra
+
+    def close(self) -> None:
+        """Finish every request and release all KV (worker thread; idempotent)."""
+        self.closed = True
+        self.engine.close()
+
+
+class SessionTable:
+    """The open sessions, up to ``max_sessions``; refusals are counted in ``counters``."""
+
+    def __init__(
+        self,
+        make_engine: Callable[[int], OxygenEngine],
+        max_sessions: int,
+        language: LanguageSettings,
+        counters: Counters,
+    ) -> None:
+        self._make_engine = make_engine
+        self.max_sessions = max_sessions
+        self.language = language
+        self.counters = counters
+        self._ids = itertools.count(1)
+        self._open: dict[int, Session] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def has_room(self) -> bool:
+        return len(self._open) < self.max_sessions
+
+    def open(self) -> Session | None:
+        """A new session (its engine seeded by its id), or None when the table is full."""
+        with self._lock:
+            if len(self._open) >= self.max_sessions:
+                self.counters.add("refused_sessions_full")
+                return None
+            session_id = next(self._ids)
+            session = Session(session_id, self._make_engine(session_id), self.language)
+            self._open[session_id] = session
+        self.counters.add("sessions_opened")
+        return session
+
+    def forget(self, session: Session) -> None:
+        with self._lock:
+            self._open.pop(session.session_id, None)

@@ -1,0 +1,126 @@
+"""Hostile and unlucky clients: a full server, 100 connections at once, a client that never
+reads, one that disconnects mid-inference, a full frame queue. Nothing crashes, a well-behaved
+client keeps being served with the right actions, every refusal is counted."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import websockets
+from serve_helpers import OpenpiClient, droid_observation, infer_together, openpi_pack, wait_for
+
+from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.policy_io.policy import load_policy
+from oxygen_ros.serving.batching import BatchSettings
+from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def droid(tiny_checkpoint):
+    return load_policy(tiny_checkpoint, robot="droid")
+
+
+def make_server(policy, **settings) -> PolicyServer:
+    config = EngineConfig(max_active_requests=2)
+    return PolicyServer(policy, config, ServerSettings(port=0, **settings))
+
+
+def served(client: OpenpiClient, frames: int = 2) -> bool:
+    """Whether ``client`` gets well-formed actions for ``frames`` observations in a row."""
+    for frame in range(frames):
+        actions = client.infer(droid_observation(frame))["actions"]
+        if actions.shape != (10, 8) or not np.isfinite(actions).all():
+            return False
+    return True
+
+
+def test_sessions_beyond_the_limit_are_refused_at_the_handshake(droid):
+    server = make_server(droid, max_sessions=2)
+    with serve_in_thread(server) as running:
+        with OpenpiClient(running.uri) as first, OpenpiClient(running.uri):
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                OpenpiClient(running.uri)
+            assert refused.value.response.status_code == 503
+            assert b"2 sessions" in refused.value.response.body
+            assert served(first)
+        # a closed session frees its place
+        assert wait_for(lambda: len(server.sessions) == 0)
+        with OpenpiClient(running.uri) as again:
+            assert served(again)
+    assert server.counters.get("refused_sessions_full") == 1
+
+
+def test_a_hundred_connections_at_once(droid):
+    server = make_server(droid, max_sessions=4)
+    outcomes: list = [None] * 100
+
+    def connect(i: int, uri: str) -> None:
+        try:
+            with OpenpiClient(uri) as client:
+                outcomes[i] = "served" if served(client, 1) else "bad actions"
+        except websockets.InvalidStatus as error:
+            outcomes[i] = error.response.status_code
+        except websockets.ConnectionClosed as error:
+            # lost the race for the last place after the handshake: closed with 1013
+            full = error.rcvd is not None and error.rcvd.code == 1013
+            outcomes[i] = "full" if full else error
+
+    with serve_in_thread(server) as running:
+        threads = [threading.Thread(target=connect, args=(i, running.uri)) for i in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert all(outcome in ("served", 503, "full") for outcome in outcomes), outcomes
+        assert outcomes.count("served") >= 1
+        with OpenpiClient(running.uri) as latecomer:
+            assert served(latecomer)
+    counted = server.counters.get("refused_sessions_full")
+    assert counted == outcomes.count(503) + outcomes.count("full")
+    assert server.counters.get("sessions_opened") == outcomes.count("served") + 1
+
+
+def test_a_client_that_never_reads_does_not_stall_the_others(droid):
+    server = make_server(droid, batch=BatchSettings(window_s=0.001))
+    with serve_in_thread(server) as running:
+        with OpenpiClient(running.uri) as sink, OpenpiClient(running.uri) as good:
+            for frame in range(20):  # replies pile up unread
+                sink.ws.send(openpi_pack(droid_observation(frame)))
+            assert served(good, 5)
+        assert wait_for(lambda: len(server.sessions) == 0)
+    assert server.counters.get("sessions_closed") == 2
+
+
+def test_a_client_that_disconnects_mid_inference(droid):
+    server = make_server(droid)
+    with serve_in_thread(server) as running:
+        for frame in range(3):
+            quitter = OpenpiClient(running.uri)
+            quitter.ws.send(openpi_pack(droid_observation(frame)))
+            quitter.close()  # before the reply
+        with OpenpiClient(running.uri) as good:
+            assert served(good, 3)
+        assert wait_for(lambda: server.counters.get("sessions_closed") == 4)
+        assert len(server.sessions) == 0
+
+
+def test_frames_beyond_the_queue_limit_are_refused(droid):
+    # three sessions open, so the first frame waits in its window for the other two; the queue
+    # holds one frame, so a second one is refused at once
+    server = make_server(
+        droid, batch=BatchSettings(window_s=2.0, max_queued_frames=1), max_sessions=3
+    )
+    with serve_in_thread(server) as running:
+        clients = [OpenpiClient(running.uri) for _ in range(3)]
+        replies = infer_together(clients[:2], [droid_observation(1), droid_observation(2)])
+        refused = [r for r in replies if isinstance(r, RuntimeError)]
+        answered = [r for r in replies if isinstance(r, dict)]
+        assert len(refused) == 1 and len(answered) == 1
+        assert "server busy: 1 frames already wait" in str(refused[0])
+        assert answered[0]["actions"].shape == (10, 8)
+        assert served(clients[2], 1)  # and the queue serves again
+        for client in clients:
+            client.close()
+    assert server.counters.get("refused_queue_full") == 1

@@ -1,0 +1,167 @@
+"""oxygen-serve against openpi's client, written here from openpi's description: the metadata
+frame, ndarray encoding both ways, actions equal to the in-process policy's, error text frames,
+/healthz and /stats, the API key, and several sessions batched with their state kept apart."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import websockets
+from serve_helpers import OpenpiClient, droid_observation, infer_together, libero_observation
+
+from oxygen_ros.engine.frames import frame_noise
+from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.policy_io.policy import load_policy
+from oxygen_ros.serving.batching import BatchSettings
+from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def droid(tiny_checkpoint):
+    return load_policy(tiny_checkpoint, robot="droid")
+
+
+@pytest.fixture(scope="module")
+def libero(tiny_checkpoint):
+    return load_policy(tiny_checkpoint, robot="libero")
+
+
+def server_for(policy, **settings) -> PolicyServer:
+    return PolicyServer(
+        policy, EngineConfig(max_active_requests=2), ServerSettings(port=0, **settings)
+    )
+
+
+def expected_actions(
+    policy, images: dict, state: np.ndarray, prompt: str, seed: int, frame_id: int
+):
+    """The in-process policy's actions for the same inputs and the session's noise."""
+    inputs = policy.encode(images, state, prompt)
+    prefix = policy.model.prefill(
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks
+    )
+    noise = frame_noise(policy.config, seed, frame_id, policy.device)
+    return policy.decode_batch(policy.model.sample_actions(prefix, noise, 10), [state])[0]
+
+
+def droid_expected(policy, obs: dict, seed: int, frame_id: int) -> np.ndarray:
+    images = {
+        "base_0_rgb": obs["observation/exterior_image_1_left"],
+        "left_wrist_0_rgb": obs["observation/wrist_image_left"],
+    }
+    state = np.concatenate([obs["observation/joint_position"], obs["observation/gripper_position"]])
+    return expected_actions(policy, images, state, obs["prompt"], seed, frame_id)
+
+
+def http_get(port: int, path: str, headers: dict | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_droid_client_gets_metadata_then_the_policys_actions(droid):
+    with serve_in_thread(server_for(droid)) as running:
+        with OpenpiClient(running.uri) as client:
+            meta = client.metadata
+            assert meta["robot"] == "droid" and meta["action_space"] == "velocity"
+            assert meta["observation"]["state_dim"] == 8
+            for frame_id in (1, 2):
+                obs = droid_observation(frame_id)
+                reply = client.infer(obs)
+                actions = reply["actions"]
+                assert actions.dtype == np.float32
+                assert actions.shape == (droid.config.action_horizon, 8)
+                expected = droid_expected(droid, obs, meta["seed"], frame_id)
+                np.testing.assert_allclose(actions, expected, rtol=0, atol=1e-4)
+                assert reply["server_timing"]["infer_ms"] > 0
+            assert "prev_total_ms" in reply["server_timing"]  # from the second call, as openpi
+
+
+def test_libero_client_loop(libero):
+    with serve_in_thread(server_for(libero)) as running, OpenpiClient(running.uri) as client:
+        obs = libero_observation(3)
+        actions = client.infer(obs)["actions"]
+        images = {
+            "base_0_rgb": obs["observation/image"],
+            "left_wrist_0_rgb": obs["observation/wrist_image"],
+        }
+        state = obs["observation/state"].astype(np.float64)
+        expected = expected_actions(
+            libero, images, state, obs["prompt"], client.metadata["seed"], 1
+        )
+        assert actions.shape == (libero.config.action_horizon, 7)
+        np.testing.assert_allclose(actions, expected, rtol=0, atol=1e-4)
+
+
+def test_healthz_and_stats(droid):
+    with serve_in_thread(server_for(droid)) as running:
+        assert http_get(running.port, "/healthz") == (200, "OK\n")
+        with OpenpiClient(running.uri) as client:
+            client.infer(droid_observation(1))
+            with pytest.raises(RuntimeError, match="prompt: missing"):
+                client.infer({k: v for k, v in droid_observation(1).items() if k != "prompt"})
+        status, body = http_get(running.port, "/stats")
+        stats = json.loads(body)
+        assert status == 200
+        assert stats["frames_served"] == 1 and stats["refused_bad_observation"] == 1
+
+
+def test_api_key_checked_on_the_handshake(droid):
+    with serve_in_thread(server_for(droid, api_key="s3cret")) as running:
+        with pytest.raises(websockets.InvalidStatus) as missing:
+            OpenpiClient(running.uri)
+        assert missing.value.response.status_code == 401
+        with pytest.raises(websockets.InvalidStatus) as wrong:
+            OpenpiClient(running.uri, api_key="guess")
+        assert wrong.value.response.status_code == 403
+        with OpenpiClient(running.uri, api_key="s3cret") as client:
+            assert client.infer(droid_observation(1))["actions"].shape[1] == 8
+        assert http_get(running.port, "/healthz") == (200, "OK\n")  # health needs no key
+        assert http_get(running.port, "/stats")[0] == 401
+        status, body = http_get(running.port, "/stats", {"Authorization": "Api-Key s3cret"})
+        stats = json.loads(body)
+        assert status == 200
+        assert stats["refused_auth_missing"] == 2 and stats["refused_auth_wrong"] == 1
+
+
+def test_sessions_batched_with_their_own_prompts_noise_and_history(droid):
+    # a long window: the first frame waits until both sessions have one, so they share a batch
+    server = server_for(droid, batch=BatchSettings(window_s=30.0))
+    with serve_in_thread(server) as running:
+        clients = [OpenpiClient(running.uri), OpenpiClient(running.uri)]
+        seeds = [client.metadata["seed"] for client in clients]
+        assert seeds[0] != seeds[1]
+        for frame_id in (1, 2):
+            observations = [
+                droid_observation(10 + frame_id, "pick up the cup"),
+                droid_observation(20 + frame_id, "close the drawer now please"),
+            ]
+            replies = infer_together(clients, observations)
+            for i in range(2):
+                assert replies[i]["server_timing"]["batch_size"] == 2
+                expected = droid_expected(droid, observations[i], seeds[i], frame_id)
+                np.testing.assert_allclose(replies[i]["actions"], expected, rtol=0, atol=1e-4)
+        for client in clients:
+            client.close()
+    assert server.counters.get("batch_size_2") == 2
+
+
+def test_a_question_is_answered_over_following_replies(droid):
+    with serve_in_thread(server_for(droid)) as running, OpenpiClient(running.uri) as client:
+        client.infer({**droid_observation(1), "ask": "what do you see?"})
+        answers = []
+        for frame in range(2, 40):
+            reply = client.infer(droid_observation(frame))
+            answers += [entry for entry in reply.get("language", []) if entry["kind"] == "answer"]
+            if any(entry.get("final") for entry in answers):
+                break
+        assert answers, "no answer text came back"
+        assert answers[-1]["final"] and answers[-1]["finish_reason"] in ("eos", "length")
+        assert len({entry["request_id"] for entry in answers}) == 1
