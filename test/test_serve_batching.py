@@ -3,6 +3,8 @@ the one its frame gets alone, and one engine's bad frame never fails the others'
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -84,4 +86,23 @@ def test_act_together_refuses_engines_over_different_policies(policy, tiny_check
     with pytest.raises(ValueError, match="share one policy"):
         act_together(engines, [observation(1, "a"), observation(2, "b")])
     for engine in engines:
+        engine.close()
+
+
+def test_guided_rows_continue_their_own_previous_chunk(policy):
+    """With RTC each engine's second chunk is guided by its own first one: batched (guided rows
+    denoised on their own over the batch's prefix) as alone (each engine's `act`)."""
+    config = EngineConfig(chunk_continuity="rtc", action_dt=0.05)
+    together = [OxygenEngine(policy, dataclasses.replace(config, seed=s)) for s in (0, 1)]
+    apart = [OxygenEngine(policy, dataclasses.replace(config, seed=s)) for s in (0, 1)]
+    for frame in range(3):
+        frames = [observation(10 + frame, "pick up the cup"), observation(20 + frame, "wave")]
+        batched = act_together(together, frames)
+        for engine_b, single, obs, chunk in zip(apart, together, frames, batched, strict=True):
+            solo = engine_b.act(obs)
+            np.testing.assert_allclose(chunk.actions, solo.actions, rtol=0, atol=1e-4)
+            for engine, made in ((single, chunk), (engine_b, solo)):
+                engine.chunk_published(made.frame_id, made.actions, 0.1)
+    assert together[0].continuity.frozen_steps() > 0  # the later chunks were guided
+    for engine in together + apart:
         engine.close()
