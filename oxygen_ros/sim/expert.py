@@ -241,7 +241,8 @@ class ExpertNode(Node):
 
     ``state`` returns the sim's privileged state (a copy, taken under the sim's lock).
     ``perturbation_rad`` > 0 adds an :class:`ArmPerturbation` to the arm trajectory the controller
-    gets; the clean plan goes out on ``expert/arm_plan`` either way.
+    gets; the clean plan goes out on ``expert/arm_plan`` either way. ``timer=False``: no timer,
+    the owner calls :meth:`tick` at each planning instant.
     """
 
     def __init__(
@@ -251,6 +252,7 @@ class ExpertNode(Node):
         namespace: str = "",
         use_sim_time: bool = True,
         perturbation_rad: float = 0.0,
+        timer: bool = True,
         **node_kwargs,
     ) -> None:
         from rclpy.parameter import Parameter
@@ -274,9 +276,12 @@ class ExpertNode(Node):
             JointTrajectory, "gripper_controller/joint_trajectory", qos
         )
         self.published = 0
-        self.create_timer(self._period_s, self._tick)
+        if timer:
+            self.create_timer(self._period_s, self.tick)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """Plan from the present state and publish (the timer's callback; with ``timer=False``
+        the owner calls it every ``1 / rate_hz`` of sim time)."""
         state = self._state()
         new_episode = state.episode != self.expert.episode  # the expert's, before it plans
         planned = self.expert.plan(state)

@@ -132,6 +132,10 @@ class SimNode(Node):
         self._pending_reset: tuple | None = None
         self._reset_done = threading.Condition(self._lock)
         self._rejection_logged: dict[str, float] = {}
+        self.step_gate: Callable[[float], None] | None = None
+        """Called by the physics thread before each control step while running, with the sim
+        time, without the sim's lock: it may wait there for what must reach the robot at that
+        instant (``oxygen-collect`` waits for the expert's commands: lockstep)."""
         self._make_interfaces()
         if p("autostart"):
             self.request_reset(wait=False)
@@ -349,6 +353,8 @@ class _PhysicsLoop:
                 time.sleep(0.005)
                 wall_anchor, sim_anchor = time.perf_counter(), sim.now_s
                 continue
+            if node.step_gate is not None:
+                node.step_gate(sim.now_s)
             with node._lock:
                 if node._apply_pending_reset():
                     self._publish_episode_start()

@@ -12,6 +12,12 @@ headers are. Each episode: the sim is paused, reset to the episode's task and se
 task, subtask and episode messages of the new episode are what the new bag hears first), the
 recorder subscribes, the sim resumes and runs until success or timeout, plus a short tail.
 
+The expert runs in lockstep with the sim (:class:`Lockstep`): it plans every 0.1 sim s from the
+episode's start, and the sim steps on only once both controllers have taken its commands over
+DDS. So an episode is the same whether the machine is idle or busy, paced or not, and its frames
+are those ``oxygen-sim-dataset demos`` writes for the same seed without ROS
+(``test/test_headless_dataset.py``).
+
 ``--perturb RAD`` records demonstrations that teach recovery: the expert's arm trajectories reach
 the controller with a smooth random joint offset (:class:`~oxygen_ros.sim.expert.ArmPerturbation`)
 and the bag also holds the clean plan, ``expert/arm_plan``, for the dataset's action
@@ -51,6 +57,8 @@ PLAN_TOPIC = "expert/arm_plan"
 
 TAIL_S = 0.3  # sim seconds recorded after an episode ends (its final messages arrive)
 SUBSCRIBE_TIMEOUT_S = 15.0
+EXPERT_RATE_HZ = 10.0  # the expert plans every 0.1 sim s from the episode's start
+COMMAND_TIMEOUT_S = 10.0  # longest wait for the sim to take the expert's commands of an instant
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,7 +175,14 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
     init_without_signal_handlers(args=["oxygen-collect", *ros_args])
     sim = SimNode(parameter_overrides=[Parameter("autostart", value=False)])
     namespace = sim.get_namespace()
-    expert = ExpertNode(sim.privileged_state, namespace=namespace, perturbation_rad=args.perturb)
+    expert = ExpertNode(
+        sim.privileged_state,
+        rate_hz=EXPERT_RATE_HZ,
+        namespace=namespace,
+        perturbation_rad=args.perturb,
+        timer=False,
+    )
+    sim.step_gate = Lockstep(sim, expert, EXPERT_RATE_HZ)
     recorder_node = Node(
         "sim_recorder",
         namespace=namespace,
@@ -217,6 +232,52 @@ def _collect(args: argparse.Namespace, ros_args: list[str]) -> int:
         f"{np.mean(sizes) / 1e6:.2f} MB"
     )
     return 0
+
+
+class Lockstep:
+    """The sim's step gate (``SimNode.step_gate``) that keeps the expert in step with the sim.
+
+    At every planning instant of a running episode (every ``1 / rate_hz`` of sim time from the
+    episode's start, where the headless recorder plans too) the expert plans from the state of
+    that instant, and the sim steps on once both controllers have taken the commands over DDS.
+    Left to its timer, the expert plans when the executor gets to it: a control step or more
+    late, its command arriving later still, and when the machine is busy not at all, so that the
+    arm stalls mid-motion (and the dataset holds the stall's labels). Messages still travel and are
+    recorded as they would be; only the sim waits for them.
+    """
+
+    def __init__(self, sim, expert, rate_hz: float) -> None:
+        self._sim, self._expert = sim, expert
+        self._steps = max(1, round(1.0 / (rate_hz * sim.sim.control_dt)))
+        self.late = 0  # instants whose commands did not arrive within COMMAND_TIMEOUT_S
+
+    def __call__(self, now_s: float) -> None:
+        from oxygen_ros.sim.episode import RUNNING
+
+        state = self._sim.sim  # read on the physics thread, the only one that changes it
+        step = round((now_s - state.episode_start_s) / state.control_dt)
+        if state.status != RUNNING or step % self._steps:
+            return
+        taken, published = self._commands_taken(), self._expert.published
+        self._expert.tick()
+        if self._expert.published == published:
+            return
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while self._commands_taken() < taken + 2:  # the arm's and the gripper's
+            if time.monotonic() > deadline:
+                self.late += 1
+                self._sim.get_logger().error(
+                    f"the sim did not take the expert's commands of t={now_s:.2f} s within "
+                    f"{COMMAND_TIMEOUT_S} s; stepping on without them"
+                )
+                return
+            time.sleep(0.0005)
+
+    def _commands_taken(self) -> int:
+        """Commands the sim's controllers have accepted or rejected so far."""
+        return sum(
+            c.accepted + sum(c.rejected.values()) for c in self._sim.sim.controllers.values()
+        )
 
 
 def record_episode(
