@@ -4,6 +4,7 @@ frame, ndarray encoding both ways, actions equal to the in-process policy's, err
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -13,11 +14,15 @@ import pytest
 import websockets
 from serve_helpers import OpenpiClient, droid_observation, infer_together, libero_observation
 
+from oxygen_ros.checkpoints.core import build_model, init_random_weights
 from oxygen_ros.engine.frames import frame_noise
 from oxygen_ros.engine.settings import EngineConfig
-from oxygen_ros.policy_io.policy import load_policy
+from oxygen_ros.model.config import get_preset
+from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
+from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.serving.batching import BatchSettings
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +170,33 @@ def test_a_question_is_answered_over_following_replies(droid):
         assert answers, "no answer text came back"
         assert answers[-1]["final"] and answers[-1]["finish_reason"] in ("eos", "length")
         assert len({entry["request_id"] for entry in answers}) == 1
+
+
+@pytest.fixture(scope="module")
+def aloha(tiny_checkpoint):
+    """The tiny model widened to 32 action dims (room for ALOHA's 14), random weights."""
+    config = dataclasses.replace(get_preset("tiny"), action_dim=32)
+    model = build_model(config, "cpu", "float32")
+    init_random_weights(model, 0)
+    stats = synthetic_norm_stats(32, 0)
+    return Pi05Policy(
+        model, Pi05Tokenizer(tiny_checkpoint / "tokenizer.model"), stats, robot="aloha"
+    )
+
+
+def test_aloha_client_with_channel_first_images_and_an_unused_camera(aloha):
+    rng = np.random.default_rng(4)
+    cameras = ("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist")
+    images = {name: rng.integers(0, 256, (3, 224, 224), dtype=np.uint8) for name in cameras}
+    state = rng.uniform(0.1, 0.9, 14)  # grippers inside ALOHA's range
+    with serve_in_thread(server_for(aloha)) as running, OpenpiClient(running.uri) as client:
+        reply = client.infer({"images": images, "state": state, "prompt": "fold the towel"})
+        slots = {"cam_high": "base_0_rgb", "cam_left_wrist": "left_wrist_0_rgb"}
+        slots["cam_right_wrist"] = "right_wrist_0_rgb"
+        model_images = {slot: images[name].transpose(1, 2, 0) for name, slot in slots.items()}
+        seed = client.metadata["seed"]
+        expected = expected_actions(aloha, model_images, state, "fold the towel", seed, 1)
+        assert reply["actions"].shape == (aloha.config.action_horizon, 14)
+        np.testing.assert_allclose(reply["actions"], expected, rtol=0, atol=1e-4)
+        with pytest.raises(RuntimeError, match="images.cam_top: unknown camera"):
+            client.infer({"images": {"cam_top": images["cam_high"]}, "state": state, "prompt": "x"})
