@@ -15,6 +15,7 @@ from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.policy_io.policy import load_policy
 from oxygen_ros.serving.batching import BatchSettings
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+from oxygen_ros.serving.sessions import Session
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,22 @@ def test_frames_beyond_the_queue_limit_are_refused(droid):
         for client in clients:
             client.close()
     assert server.counters.get("refused_queue_full") == 1
+
+
+def test_a_fault_outside_the_engine_answers_the_batch_and_serving_goes_on(droid, monkeypatch):
+    real_acted = Session.acted
+    calls = []
+
+    def acted_failing_once(self, chunk, ask):
+        calls.append(self.session_id)
+        if len(calls) == 1:
+            raise RuntimeError("injected fault after the actions")
+        return real_acted(self, chunk, ask)
+
+    monkeypatch.setattr(Session, "acted", acted_failing_once)
+    server = make_server(droid)
+    with serve_in_thread(server) as running, OpenpiClient(running.uri) as client:
+        with pytest.raises(RuntimeError, match="inference failed: RuntimeError: injected fault"):
+            client.infer(droid_observation(1))
+        assert served(client, 2)
+    assert server.counters.get("batch_failures") == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from .sessions import Session
 from .stats import Counters
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
@@ -113,8 +115,16 @@ class ModelWorker:
             if not self._waiting:
                 self._arrived.clear()
             batch = [w for w in batch if not w.future.done() and not w.session.closed]
-            if batch:
+            if not batch:
+                continue
+            try:
                 await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
+            except Exception as error:  # outside the engine's own fault boundaries: answer, go on
+                logger.exception("a batch of %d frames failed", len(batch))
+                self.counters.add("batch_failures")
+                failed = InferenceFailed(f"inference failed: {type(error).__name__}: {error}")
+                for waiting in batch:
+                    _resolve(waiting.future, failed)
 
     async def _gather_window(self) -> None:
         """Wait up to ``window_s`` for more frames, less when every open session has one."""
