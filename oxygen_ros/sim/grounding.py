@@ -49,6 +49,17 @@ ON_PAD = "on_pad"  # is the <colour> cube on a pad? -> yes, the <pad> pad / no
 TARGET = "target"  # which cube are you going for? -> the task's cube
 QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET)
 TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench's Ask asks
+# how often each kind is asked in training: binding a colour word to its cube (where, all_cubes)
+# is what a policy needs and what is slow to learn, so it gets most of the questions
+KIND_WEIGHTS = {
+    WHERE: 0.35,
+    ALL_CUBES: 0.25,
+    TARGET: 0.1,
+    WHICH_AT: 0.1,
+    NEAREST: 0.1,
+    HELD: 0.05,
+    ON_PAD: 0.05,
+}
 
 
 @dataclasses.dataclass
@@ -233,12 +244,25 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
 
 
 def curriculum_questions(questions: list[Question], one_colour: bool) -> list[Question]:
-    """The questions of the symmetry-breaking warm-up: with ``one_colour``, the all-cubes
-    question and questions about the first colour only; else all of them."""
+    """The questions of the symmetry-breaking warm-up: with ``one_colour``, where the first
+    colour's cube is, only (one cube to find, no colour to bind yet); else all of them."""
     if not one_colour:
         return questions
-    first = CUBE_COLORS[0]
-    return [q for q in questions if q.kind == ALL_CUBES or (q.kind == WHERE and q.subject == first)]
+    return [q for q in questions if q.kind == WHERE and q.subject == CUBE_COLORS[0]]
+
+
+def draw_question(
+    questions: list[Question], rng: np.random.Generator, weights: dict[str, float] = KIND_WEIGHTS
+) -> Question:
+    """A kind drawn by ``weights`` among the kinds ``questions`` holds, then one of its
+    questions uniformly."""
+    kinds = sorted({q.kind for q in questions})
+    p = np.array([weights.get(k, 0.0) for k in kinds])
+    if p.sum() <= 0:
+        p = np.ones(len(kinds))
+    kind = kinds[int(rng.choice(len(kinds), p=p / p.sum()))]
+    pool = [q for q in questions if q.kind == kind]
+    return pool[int(rng.integers(len(pool)))]
 
 
 def question_sentences() -> list[str]:

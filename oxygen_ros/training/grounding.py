@@ -29,6 +29,7 @@ from oxygen_ros.sim.grounding import (
     GroundingScenes,
     Question,
     curriculum_questions,
+    draw_question,
     scene_questions,
 )
 
@@ -115,13 +116,13 @@ class GroundingBatchMaker:
     def batch(
         self, size: int, rng: np.random.Generator, one_colour: bool = False
     ) -> ObjectiveBatch:
-        """``size`` scenes drawn uniformly, one question each drawn uniformly from the scene's
-        (the warm-up's only, with ``one_colour``: `curriculum_questions`)."""
+        """``size`` scenes drawn uniformly, one question each (`draw_question`: kinds by
+        ``KIND_WEIGHTS``; the warm-up's only, with ``one_colour``: `curriculum_questions`)."""
         rows = rng.integers(0, len(self.scenes), size=size)
-        chosen = []
-        for row in rows:
-            pool = curriculum_questions(self._questions[int(row)], one_colour)
-            chosen.append(pool[int(rng.integers(len(pool)))])
+        chosen = [
+            draw_question(curriculum_questions(self._questions[int(row)], one_colour), rng)
+            for row in rows
+        ]
         return self.examples(rows, chosen)
 
 
