@@ -18,7 +18,9 @@
 #   3. realtime  OxyGen under a 60 Hz timer, 2 cameras, a new narration every frame: achieved rate, p99
 #                frame latency, deadline misses, tokens/s, concurrent requests, peak GPU memory
 #   4. hierarchy subtasks: none vs decoded per call (PR #942) vs in the slack (same_frame)
-#   5. summary   all figures side by side with the issue's targets -> $OUT/summary.json
+#   5. summary   all figures side by side with the issue's targets -> $OUT/summary.json, and what
+#                is missing: a step that failed or ran past its limit loses only its own figures,
+#                the summary still runs and names them (each step's end is in $OUT/steps.tsv)
 # A failing step is reported and the others still run; the exit status is non-zero if any failed.
 #
 # Environment overrides (defaults in brackets):
@@ -29,7 +31,8 @@
 #   REPEATS action: timed runs per camera count [FRAMES]
 #   RT_FRAMES realtime: measured ticks [12*FRAMES]    RT_WARMUP realtime: warm-up ticks [6*WARMUP]
 #   FAST_FLAGS fast-path flags [--static-shapes --cuda-graphs --gpu-preprocess; no graphs off CUDA]
-#   STEP_TIMEOUT seconds per step [selfcheck 120, action 120, engines 180, realtime 120, summary 60]
+#   STEP_TIMEOUT seconds per measuring step, 0 for no limit [selfcheck 120, action 120,
+#           engines 180, realtime 120, hierarchy 180]; the summary always gets its own 300 s
 # CPU dry run (what test/test_gpu_bench_script.py runs):
 #   PRESET=tiny DEVICE=cpu DTYPE=float32 FRAMES=5 bash scripts/gpu_bench.sh
 set -euo pipefail
@@ -100,44 +103,61 @@ fi
 COMMON=(--preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" --init "$INIT")
 read -r -a FAST <<<"$FAST_FLAGS"
 FAILED=()
+: >"$OUT/steps.tsv"
 
-# run_step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record a failure, never abort the script.
+# run_step NAME SECONDS CMD...: run under a limit of SECONDS (0: none), log to $OUT/NAME.log, record
+# how it ended in $OUT/steps.tsv (name, exit status, seconds) and a failure; never abort the script.
 run_step() {
-    local name=$1 limit=${STEP_TIMEOUT:-$2}
+    local name=$1 limit=$2
     shift 2
     local start=$SECONDS rc
     local timeout=()
-    if command -v timeout >/dev/null 2>&1; then
-        timeout=(timeout "$limit")
+    if [[ $limit != 0 ]] && command -v timeout >/dev/null 2>&1; then
+        timeout=(timeout --kill-after=30 "$limit")
     fi
+    local label="$limit s"
+    [[ $limit == 0 ]] && label=none
     echo
-    echo "=== $name (limit $limit s): $*"
+    echo "=== $name (limit $label): $*"
+    rm -f "$OUT/$name.json"  # a figure left by an earlier run must not pass for this one's
     set +e
     ${timeout[@]+"${timeout[@]}"} "$@" 2>&1 | tee "$OUT/$name.log"
     rc=${PIPESTATUS[0]}
     set -e
-    echo "=== $name: exit $rc after $((SECONDS - start)) s"
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >>"$OUT/steps.tsv"
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        echo "=== $name: ran past its limit of $limit s (exit $rc); its figures will be missing"
+    else
+        echo "=== $name: exit $rc after $((SECONDS - start)) s"
+    fi
     if [[ $rc -ne 0 ]]; then
         FAILED+=("$name (exit $rc)")
     fi
 }
+# measure NAME SECONDS CMD...: a measuring step, whose limit STEP_TIMEOUT overrides
+measure() {
+    local name=$1 limit=${STEP_TIMEOUT:-$2}
+    shift 2
+    run_step "$name" "$limit" "$@"
+}
 
 # 0. On a GPU, first prove on the tiny model that CUDA-graph replay equals eager (seconds).
 if [[ "$DEVICE" == cuda* ]] && "$PY" -c "import pytest" >/dev/null 2>&1; then
-    run_step selfcheck 120 "$PY" -m pytest -q -p no:cacheprovider test/test_static_paths.py -k cuda_graph_replay -rs
+    measure selfcheck 120 "$PY" -m pytest -q -p no:cacheprovider test/test_static_paths.py -k cuda_graph_replay -rs
 fi
 BENCH=("$PY" -m oxygen_ros.tools.bench)
-run_step action 120 "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
+measure action 120 "${BENCH[@]}" action "${COMMON[@]}" "${FAST[@]}" --repeats "$REPEATS" --json "$OUT/action.json"
 # --rounds 1: every round builds (and captures) each engine afresh; a dedicated GPU does not drift
 # the way the shared CPUs do that the default of 3 interleaved rounds is for
-run_step engines 180 "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
+measure engines 180 "${BENCH[@]}" engines "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --requests-per-frame 1 \
     --tokens "$TOKENS" -k 5 --frames "$FRAMES" --warmup "$WARMUP" --rounds 1 --json "$OUT/engines.json"
-run_step realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
+measure realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --cameras 2 --steps 10 --rate-hz 60 \
     --requests-per-frame 1 --tokens "$TOKENS" --frames "$RT_FRAMES" --warmup "$RT_WARMUP" --json "$OUT/realtime.json"
 # pi0.5's hierarchy: no subtask vs PR #942's decode + re-prefill per call vs subtasks in the slack
-run_step hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --threads 0 --frames "$FRAMES" \
+measure hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --threads 0 --frames "$FRAMES" \
     --warmup "$WARMUP" --json "$OUT/hierarchy.json"
-run_step summary 60 "${BENCH[@]}" summary --dir "$OUT"
+# the summary is cheap and says what the others left missing: it never takes STEP_TIMEOUT
+run_step summary 300 "${BENCH[@]}" summary --dir "$OUT"
 
 echo
 echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json hierarchy.json summary.json, *.log)"

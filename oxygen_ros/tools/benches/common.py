@@ -76,7 +76,7 @@ def print_table(rows: list[dict[str, object]], columns: list[str]) -> None:
         return str(v)
 
     table = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(t[i]) for t in table)]) for i, c in enumerate(columns)]
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=False)))
     for t in table:
         print("  ".join(v.rjust(w) for v, w in zip(t, widths, strict=False)))
