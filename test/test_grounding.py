@@ -244,6 +244,8 @@ def test_recorded_demonstrations_train_with_grounding_probe_and_resume(
     assert [p["step"] for p in first["probes"]] == [3, 4]
     assert set(first["probes"][0]) >= {"step", "all", "where", "all_cubes"}
     assert (out / "resume.pt").exists()
+    readme = (out / "README.md").read_text()
+    assert "co-trained on" in readme and "held-out grounding probe at step 4" in readme
     assert train_main([*common, "--steps", "6", "--resume"]) == 0
     resumed = json.loads((out / "training.json").read_text())
     assert resumed["steps_done"] == 6

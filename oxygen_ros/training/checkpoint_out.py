@@ -81,6 +81,7 @@ def readme_text(frames: TrainingFrames, record: Mapping[str, Any]) -> str:
         f"- final losses (mean of the last {record['log_every']} steps): flow "
         f"{final.get('flow', float('nan')):.4f}, text {final.get('text', float('nan')):.4f}",
         f"- training-time RTC: `rtc_training_max_delay` {record['rtc_training_max_delay']}",
+        *_grounding_lines(record),
         "",
         "Node parameters this checkpoint needs:",
         "",
@@ -90,3 +91,21 @@ def readme_text(frames: TrainingFrames, record: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _grounding_lines(record: Mapping[str, Any]) -> list[str]:
+    """The co-training's data and the last held-out probe, when the run had them."""
+    lines = []
+    if record.get("grounding"):
+        lines.append(
+            f"- co-trained on {record.get('grounding_scenes', '?')} grounding scenes "
+            f"({', '.join(f'`{g}`' for g in record['grounding'])}), "
+            f"{record['grounding_batch_size']} questions a step, the first "
+            f"{record['grounding_only_steps']} steps questions only; image positions "
+            f"`{record['image_positions']}`"
+        )
+    if record.get("probes"):
+        last = record["probes"][-1]
+        scores = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k != "step")
+        lines.append(f"- held-out grounding probe at step {last['step']}: {scores}")
+    return lines
