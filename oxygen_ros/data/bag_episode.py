@@ -5,14 +5,16 @@ it, on the recorder's clock) and, when it has one, its **header stamp** (the sim
 image was rendered, the joint state sampled, the trajectory should start).
 
 The episode's timeline is the header-stamp clock. A message without a header (``std_msgs/String``)
-or with a zero stamp is placed at its record time minus the **clock offset**: the smallest
-``record time - header stamp`` over every message of the episode whose header time is used
-(``header_topics``), i.e. the clocks' difference plus the shortest transport latency. Latency is
-never negative and a busy recorder only adds to it (a backlog of queued joint states reaches the
-recorder up to seconds of sim time late when the sim runs faster than real time), so the smallest
-difference is the one closest to the clocks' own; a median would move every string and command
-placed by receipt that much too early. So a recorder on wall time and a sim on ``/clock`` still
-give one consistent timeline. Without any header-stamped message the offset is 0.
+or with a zero stamp is placed at its record time minus the **clock offset**: per topic whose
+header time is used (``header_topics``), the smallest ``record time - header stamp`` (the clocks'
+difference plus that stream's shortest latency), and of those the median. Latency is never
+negative and a busy recorder only adds to it (a backlog of queued joint states reaches the
+recorder up to seconds of sim time late when the sim runs faster than real time), so each
+stream's smallest difference is the one closest to the clocks' own, where a median over all
+messages would move every string placed by receipt that much too early; the median over streams
+keeps one stream's odd message out (a recorder whose ``/clock`` is a tick behind records a joint
+state 10 ms before its stamp). So a recorder on wall time and a sim on ``/clock`` still give one
+consistent timeline. Without any header-stamped message the offset is 0.
 
 Topics are asked for by relative name; a bag recorded in a namespace (``/r1/joint_states``)
 matches ``joint_states`` when exactly one bag topic ends with it.
@@ -159,6 +161,6 @@ def read_bag_episode(
         for name, stream in streams.items()
         if header_topics is None or name in header_topics
     ]
-    offsets = [o for o in offsets if o.size]
-    offset = int(np.min(np.concatenate(offsets))) if offsets else 0
+    floors = [int(o.min()) for o in offsets if o.size]
+    offset = int(np.median(floors)) if floors else 0
     return BagEpisode(path=path, topics=streams, clock_offset_ns=offset)

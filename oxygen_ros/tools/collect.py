@@ -298,6 +298,7 @@ def record_episode(
     recorder = BagRecorder(recorder_node, bag_dir, recorded)
     try:
         _wait_until_subscribed((sim, expert), topics, before, recorder)
+        _wait_until_latched_heard(recorder_node, recorder)
         sim.resume()
         while sim.episode_report()["status"] == RUNNING:
             time.sleep(0.02)
@@ -338,6 +339,30 @@ def _wait_until_subscribed(nodes, topics: Sequence[str], before: dict, recorder)
     raise TimeoutError(
         f"the recorder did not subscribe to {recorder.pending_topics() or 'every topic'} "
         f"within {SUBSCRIBE_TIMEOUT_S} s"
+    )
+
+
+def _wait_until_latched_heard(node, recorder) -> None:
+    """Until the recorder has written the message of every latched topic (transient-local
+    publishers: the new episode's task, subtask and status, published at its reset), so that the
+    bag hears them before the sim resumes, not a control step or two into the episode."""
+    from rclpy.qos import DurabilityPolicy
+
+    def is_latched(topic: str) -> bool:
+        publishers = node.get_publishers_info_by_topic(topic)
+        transient = DurabilityPolicy.TRANSIENT_LOCAL
+        return bool(publishers) and all(p.qos_profile.durability == transient for p in publishers)
+
+    latched = [topic for topic in recorder.topics if is_latched(topic)]
+    deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        counts = recorder.message_counts()
+        if all(counts[topic] > 0 for topic in latched):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(
+        f"the recorder did not receive the latched messages of {latched} within "
+        f"{SUBSCRIBE_TIMEOUT_S} s"
     )
 
 
