@@ -249,7 +249,6 @@ class Lockstep:
     def __init__(self, sim, expert, rate_hz: float) -> None:
         self._sim, self._expert = sim, expert
         self._steps = max(1, round(1.0 / (rate_hz * sim.sim.control_dt)))
-        self.late = 0  # instants whose commands did not arrive within COMMAND_TIMEOUT_S
 
     def __call__(self, now_s: float) -> None:
         from oxygen_ros.sim.episode import RUNNING
@@ -265,7 +264,6 @@ class Lockstep:
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
         while self._commands_taken() < taken + 2:  # the arm's and the gripper's
             if time.monotonic() > deadline:
-                self.late += 1
                 self._sim.get_logger().error(
                     f"the sim did not take the expert's commands of t={now_s:.2f} s within "
                     f"{COMMAND_TIMEOUT_S} s; stepping on without them"
