@@ -100,7 +100,7 @@ def test_the_bag_adds_only_the_tail_after_the_episode(datasets) -> None:
     n = len(headless.frames["action"])
     tail = len(bag.frames["action"]) - n
     # the frames at or after the end (the first one hears the success sentence): TAIL_S, plus
-    # what the unpaced sim ran before oxygen-collect paused it
+    # the steps the sim ran while oxygen-collect (polling every 20 ms of wall time) paused it
     assert round(TAIL_S * FPS) <= tail <= round(TAIL_S * FPS) + 10
 
 
