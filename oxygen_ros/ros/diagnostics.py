@@ -221,6 +221,7 @@ class DiagnosticsReport:
                 if loop.subtask_stats
                 else []
             ),
+            *([_server_status(name, loop.server_stats)] if loop.server_stats else []),
             status(
                 f"{name}: kv memory",
                 "oxygen_ros",
@@ -253,6 +254,22 @@ class DiagnosticsReport:
             ),
         ]
         return array
+
+
+def _server_status(name: str, server: Mapping[str, object]) -> DiagnosticStatus:
+    """engine remote: the connection to oxygen-serve (WARN while reconnecting)."""
+    uri = server["server_uri"]
+    if server["server_connected"]:
+        return status(
+            f"{name}: server", "oxygen_ros", DiagnosticStatus.OK, f"connected to {uri}", server
+        )
+    return status(
+        f"{name}: server",
+        "oxygen_ros",
+        DiagnosticStatus.WARN,
+        f"disconnected from {uri}: {server['server_last_error']}; reconnecting",
+        server,
+    )
 
 
 def _loop_summary(

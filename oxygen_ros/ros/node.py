@@ -116,6 +116,8 @@ from .rclpy_compat import (
     has_post_set_parameters_callback,
     init_without_signal_handlers,
 )
+from .remote_engine import RemoteEngine
+from .remote_setup import check_fits_server, connect_remote_engine
 from .shutdown import StopSignals, close_node
 from .tick import MAX_PENDING_QUESTIONS, TickLoop
 from .tick_clock import TickClock
@@ -262,16 +264,22 @@ class OxygenNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         log = self.get_logger()
         loop = self._loop
+        engine = None
         try:
             values = self._parameter_values()
             settings = NodeSettings.from_values(values)
-            engine = load_engine(settings, info=log.info)
+            if settings.engine == "remote":
+                engine = connect_remote_engine(settings, log, self._server_deadline_s)
+            else:
+                engine = load_engine(settings, info=log.info)
             report = warm_up(engine, warm_up_observation(settings))
             with self._engine_lock:
                 self._engine, self._settings, self._applied = engine, settings, values
                 self._build_io(settings)
             loop.warm_up_cost = loop.cost_at_warm_up(settings, engine, report)
         except Exception as exc:  # any failure leaves the node unconfigured and alive, saying why
+            if engine is not None and engine is not self._engine:
+                engine.close()  # built but not kept (a remote one holds a connection)
             self._teardown()
             self._last_error = f"configure failed: {type(exc).__name__}: {exc}"
             log.error(self._last_error)
@@ -435,6 +443,14 @@ class OxygenNode(LifecycleNode):
             if self._timer is not None:
                 self.destroy_timer(self._timer)
                 self._timer = None
+
+    def _server_deadline_s(self) -> float:
+        """engine remote: how long a tick waits for its reply (server_timeout_ms, else one
+        period at the effective rate)."""
+        settings = self._settings
+        if settings is not None and settings.server_timeout_ms > 0:
+            return settings.server_timeout_ms * 1e-3
+        return self._loop.governor.effective_period_s
 
     def _next_tick_time(self, started: float, period: float) -> float:
         """Monotonic time of the timer's next call (the language budget ends there)."""
@@ -600,7 +616,9 @@ class OxygenNode(LifecycleNode):
                 )
             updated = NodeSettings.from_values({**current, **changes})
             engine = self._engine
-            if engine is not None:
+            if isinstance(engine, RemoteEngine):
+                check_fits_server(updated, engine.policy)
+            elif engine is not None:
                 check_fits_model(updated, engine.policy)
         except SettingsError as exc:
             return SetParametersResult(successful=False, reason=str(exc))

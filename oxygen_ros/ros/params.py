@@ -58,6 +58,7 @@ CHUNK_CONTINUITY_MODES = (
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 RTC_GUIDANCE = ("identity", "vjp")  # as model.rtc.GUIDANCE
 OVERRUN_POLICIES = ("adapt", "skip")
+ENGINES = ("local", "remote")  # the model in this process | in oxygen-serve (ros/remote_engine.py)
 LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as checkpoints.conventions.LEROBOT_VERSIONS
 LEROBOT_CAMERA_PREFIX = "observation.images."  # LeRobot's camera feature keys
 _INT32_MAX = 2**31 - 1
@@ -596,6 +597,48 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "x, y, z of the narration marker in narration_marker_frame (metres)",
         RUNTIME,
     ),
+    # -- the model in oxygen-serve (engine: remote) ----------------------------------------------
+    ParamSpec(
+        "engine",
+        _T.PARAMETER_STRING,
+        "local",
+        "where the model runs: local (this node loads checkpoint_dir) | remote (oxygen-serve at "
+        "server_uri; topics, limits, trajectories, diagnostics and Ask stay in the node)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "server_uri",
+        _T.PARAMETER_STRING,
+        "",
+        "engine remote: oxygen-serve's address, ws://HOST:PORT (HOST:PORT also works)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "server_api_key_file",
+        _T.PARAMETER_STRING,
+        "",
+        "engine remote: a file holding the server's API key (sent as Authorization: Api-Key "
+        "<key>); empty: no key",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "server_connect_timeout_s",
+        _T.PARAMETER_DOUBLE,
+        10.0,
+        "engine remote: how long configure waits for the first connection (afterwards the node "
+        "reconnects by itself)",
+        CONFIGURE,
+        (0.1, 3600.0),
+    ),
+    ParamSpec(
+        "server_timeout_ms",
+        _T.PARAMETER_DOUBLE,
+        0.0,
+        "engine remote: the longest a tick waits for the server's reply; a later reply is dropped "
+        "and counted (no_action_server_late); 0: one tick period",
+        RUNTIME,
+        (0.0, 60_000.0),
+    ),
 )
 
 SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -676,6 +719,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(
             f"overrun_policy must be one of {', '.join(OVERRUN_POLICIES)}, got {value!r}"
         )
+    if name == "engine" and value not in ENGINES:
+        raise SettingsError(f"engine must be one of {', '.join(ENGINES)}, got {value!r}")
     if name == "device" and not value.strip():
         raise SettingsError("device must not be empty (cpu, cuda, cuda:N)")
     if name == "task" and not value.strip():
@@ -794,6 +839,12 @@ class NodeSettings:
     narration_marker: bool
     narration_marker_frame: str
     narration_marker_position: tuple[float, float, float]
+    # the model in oxygen-serve
+    engine: str
+    server_uri: str
+    server_api_key_file: str
+    server_connect_timeout_s: float
+    server_timeout_ms: float
 
     @property
     def period_s(self) -> float:
@@ -885,6 +936,10 @@ class NodeSettings:
                     f"joint_lower_limits exceed joint_upper_limits for joints {crossed}"
                 )
         _check_robot(robot, v, cameras, joints, action_joints, limits)
+        if v["engine"] == "remote" and not v["server_uri"].strip():
+            raise SettingsError(
+                "engine remote needs server_uri: oxygen-serve's address, e.g. ws://gpu-box:8000"
+            )
         _check_prompt_format(robot, v)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}

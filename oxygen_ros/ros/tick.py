@@ -34,6 +34,7 @@ from .observation import NS_PER_S, ObservationAssembler
 from .outputs import Outputs, publish_cost
 from .params import NodeSettings
 from .rate_control import RateGovernor, TickCost
+from .remote_engine import RemoteEngine, ServerUnavailable
 from .safety import SafetyFilter, UnsafeChunkError
 from .text_streams import LanguageStreams, PeriodicSchedule, PublishCost
 
@@ -93,6 +94,7 @@ class TickLoop:
         self.engine_stats: dict[str, int] = {}
         self.chunks_published = 0
         self.subtask_stats: dict[str, object] = {}  # the engine's subtask loop (empty without)
+        self.server_stats: dict[str, object] = {}  # engine remote: the connection (else empty)
         self.restart_subtask = False  # set by ~/instruction: a new subtask from the next frame
         self._published_subtask: tuple[int, str] | None = None
         self.failing_ticks = 0  # consecutive ticks with an engine fault
@@ -151,6 +153,10 @@ class TickLoop:
             chunk = engine.act(observation)
             if settings.inject_inference_delay_ms > 0:  # a slower model, for tests and benches
                 time.sleep(settings.inject_inference_delay_ms * 1e-3)
+        except ServerUnavailable as exc:  # engine remote: no reply in time, or no connection
+            self.counters.add(f"no_action_server_{exc.reason}")
+            self._warn(f"no_action:server_{exc.reason}", f"no action this tick: {exc}")
+            return False
         except ValueError as exc:  # an observation the model cannot use: not the engine's failure
             self.counters.add("no_action_engine_rejected")
             self._warn(
@@ -208,6 +214,8 @@ class TickLoop:
         never gets here; one set before a stricter check, or a state needing more tokens than
         the set-time measure, can)."""
         tokenizer = engine.policy.tokenizer
+        if tokenizer is None:  # engine remote: the server tokenizes
+            return
         reported = self._shortened[1] if self._shortened[0] is tokenizer else 0
         new = tokenizer.tasks_shortened - reported
         if new <= 0:
@@ -313,6 +321,7 @@ class TickLoop:
         if continuity is not None:  # RTC: the delay it freezes, and trained-mode refusals
             self.engine_stats["engine_rtc_delay_steps"] = continuity.frozen_steps()
             self.engine_stats["engine_rtc_trained_fallbacks"] = continuity.trained_fallbacks
+        self.server_stats = engine.server_stats() if isinstance(engine, RemoteEngine) else {}
 
     # -- language ---------------------------------------------------------------------------------
     def _submit_language(self, engine: OxygenEngine, settings: NodeSettings, now: float) -> None:

@@ -12,9 +12,9 @@ What it adds, for a robot loop:
   connection drops or cannot be made, tries again with exponential backoff. `infer` never waits
   for a connection: without one it raises `NotConnected` at once (with the last reason).
 * **Deadlines**: ``infer(obs, timeout_s)`` waits at most ``timeout_s`` for the reply. A reply that
-  comes later is dropped when it arrives (``stats.late_replies_dropped``); the next request goes
-  out at once (the server answers in order), unless `MAX_IN_FLIGHT` requests are still unanswered
-  (`ServerBehind`).
+  comes later is dropped when it arrives (``stats.late_replies_dropped``; ``on_late_reply`` may
+  still read what else it carries, e.g. language); the next request goes out at once (the server
+  answers in order), unless `MAX_IN_FLIGHT` requests are still unanswered (`ServerBehind`).
 * Replies are read with `wire.unpack` (sizes, dtypes and shapes checked): a server is a peer too.
 
 Typical use::
@@ -29,9 +29,11 @@ Typical use::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import websockets.exceptions
@@ -41,6 +43,14 @@ from .wire import WireError, WireLimits, pack, unpack
 
 MAX_IN_FLIGHT = 2  # unanswered requests (the late one being waited out, and the current one)
 DEFAULT_PORT = 8000  # openpi's serve_policy.py
+
+# Observation keys a client adds for the server's real-time chunking (RTC) when the server lists
+# them among its metadata's ``observation.keys``: what the robot executes now, and how late it
+# came. Without them a server can only assume its last reply was executed as sent, right away.
+PUBLISHED_CHUNK_KEY = "rtc/published_chunk"  # float32 [H, D]: the last chunk as published
+PUBLISHED_DELAY_KEY = "rtc/delay_s"  # float: its observation's stamp to its publication, s
+
+logger = logging.getLogger(__name__)
 
 
 class ClientError(RuntimeError):
@@ -104,10 +114,12 @@ def server_uri(uri: str) -> str:
     return f"ws://{uri}" if ":" in uri.rsplit("]", 1)[-1] else f"ws://{uri}:{DEFAULT_PORT}"
 
 
+@contextlib.contextmanager
 def connect(
     uri: str, api_key: str | None = None, timeout_s: float = 10.0, limits: WireLimits | None = None
-) -> tuple[websockets.sync.client.ClientConnection, dict[str, Any]]:
-    """One connection attempt: the handshake (with the API key) and the server's metadata frame.
+) -> Iterator[tuple[websockets.sync.client.ClientConnection, dict[str, Any]]]:
+    """One connection attempt: the handshake (with the API key) and the server's metadata frame;
+    the connection closes when the block ends.
 
     Raises:
         OSError (ConnectionRefusedError, TimeoutError, ...), websockets.exceptions.InvalidHandshake
@@ -116,25 +128,21 @@ def connect(
     """
     limits = limits or WireLimits()
     headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
-    conn = websockets.sync.client.connect(
+    with websockets.sync.client.connect(
         server_uri(uri),
         compression=None,
         max_size=limits.max_message_bytes,
         additional_headers=headers,
         open_timeout=timeout_s,
         proxy=None,
-    )
-    try:
+    ) as conn:
         first = conn.recv(timeout=timeout_s)
         if isinstance(first, str):
             raise ServerError(f"the server refused the connection: {first}")
         metadata = unpack(first, limits)
         if not isinstance(metadata, dict):
             raise WireError("metadata", f"expected a map, got {type(metadata).__name__}")
-    except BaseException:
-        conn.close()
-        raise
-    return conn, metadata
+        yield conn, metadata
 
 
 def describe(error: BaseException) -> str:
@@ -146,9 +154,10 @@ def describe(error: BaseException) -> str:
     if isinstance(error, ConnectionRefusedError):
         return "connection refused (is oxygen-serve running there?)"
     if isinstance(error, websockets.exceptions.ConnectionClosed):
-        code = error.rcvd.code if error.rcvd is not None else None
-        reason = error.rcvd.reason if error.rcvd is not None else ""
-        return f"connection closed (code {code}{': ' + reason if reason else ''})"
+        if error.rcvd is None:
+            return "connection closed without a close frame (the server went away?)"
+        reason = f": {error.rcvd.reason}" if error.rcvd.reason else ""
+        return f"connection closed (code {error.rcvd.code}{reason})"
     return f"{type(error).__name__}: {error}"
 
 
@@ -171,6 +180,8 @@ class PolicyClient:
 
     on_change(connected, detail): called from the connection thread when the connection is made
     (detail: the server's address) or lost / cannot be made (detail: why); optional.
+    on_late_reply(reply): called from the connection thread with each reply that came after its
+    request's deadline (its actions are stale; anything else in it may not be); optional.
     """
 
     def __init__(
@@ -182,6 +193,7 @@ class PolicyClient:
         backoff: Backoff | None = None,
         limits: WireLimits | None = None,
         on_change: Callable[[bool, str], None] | None = None,
+        on_late_reply: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.uri = server_uri(uri)
         self._api_key = api_key
@@ -189,6 +201,7 @@ class PolicyClient:
         self._backoff = backoff or Backoff()
         self._limits = limits or WireLimits()
         self._on_change = on_change
+        self.on_late_reply = on_late_reply  # may be set later
         self.stats = ClientStats()
         self.metadata: dict[str, Any] | None = None  # the current (or last) server's
         self.last_error = "not started"
@@ -289,31 +302,37 @@ class PolicyClient:
         failures = 0
         while not self._closing.is_set():
             try:
-                conn, metadata = connect(
-                    self.uri, self._api_key, self._open_timeout_s, self._limits
-                )
+                with connect(self.uri, self._api_key, self._open_timeout_s, self._limits) as (
+                    conn,
+                    metadata,
+                ):
+                    failures = 0
+                    reason = self._serve(conn, metadata)
             except Exception as error:  # any failed attempt: say why, wait, try again
                 failures += 1
                 self.stats.failed_attempts += 1
                 self._set_error(describe(error))
                 self._closing.wait(self._backoff.delay(failures))
                 continue
-            failures = 0
-            with self._lock:
-                self._conn, self.metadata = conn, metadata
-                self.stats.connects += 1
-            self._connected.set()
-            self._notify(True, self.uri)
-            reason = self._read(conn)
-            with self._lock:
-                self._conn = None
-                self._connected.clear()
-                self.stats.disconnects += 1
-            self._fail_pending(NotConnected(f"the connection to {self.uri} dropped: {reason}"))
             if not self._closing.is_set():
                 self._set_error(reason)
                 # a server that accepts and drops at once is not hammered
                 self._closing.wait(self._backoff.first_s)
+
+    def _serve(self, conn: websockets.sync.client.ClientConnection, metadata: dict) -> str:
+        """Make ``conn`` the connection until it ends; returns why it ended."""
+        with self._lock:
+            self._conn, self.metadata = conn, metadata
+            self.stats.connects += 1
+        self._connected.set()
+        self._notify(True, self.uri)
+        reason = self._read(conn)
+        with self._lock:
+            self._conn = None
+            self._connected.clear()
+            self.stats.disconnects += 1
+        self._fail_pending(NotConnected(f"the connection to {self.uri} dropped: {reason}"))
+        return reason
 
     def _read(self, conn: websockets.sync.client.ClientConnection) -> str:
         """Match replies to requests until the connection ends; returns why it ended."""
@@ -342,6 +361,8 @@ class PolicyClient:
                 waiter.deliver(None, error)
                 continue
             waiter.deliver(reply, None)
+            if waiter.abandoned and self.on_late_reply is not None:
+                self._call(self.on_late_reply, reply)
 
     def _fail_pending(self, error: ClientError) -> None:
         with self._lock:
@@ -359,7 +380,11 @@ class PolicyClient:
             return
         self._reported = connected
         if self._on_change is not None:
-            try:
-                self._on_change(connected, detail)
-            except Exception:  # noqa: BLE001 - a reporting callback must not end the connection
-                pass
+            self._call(self._on_change, connected, detail)
+
+    @staticmethod
+    def _call(callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:  # a caller's callback must not end the connection
+            logger.exception("a PolicyClient callback failed")

@@ -1,0 +1,97 @@
+"""The configure transition's steps for ``engine: remote``: connect to ``oxygen-serve``, check the
+node's parameters against the model it serves, and build the `RemoteEngine` the tick drives.
+
+No rclpy here: the node passes its logger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..serving.client import PolicyClient
+from .params import NodeSettings, SettingsError
+from .remote_engine import RemoteEngine, ServedModel
+
+
+def read_api_key(path: str) -> str | None:
+    """The key in ``server_api_key_file`` (stripped); None when the parameter is empty.
+
+    Raises:
+        SettingsError: the file cannot be read, or is empty.
+    """
+    if not path:
+        return None
+    try:
+        key = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise SettingsError(f"server_api_key_file {path!r} cannot be read: {exc}") from None
+    if not key:
+        raise SettingsError(f"server_api_key_file {path!r} is empty")
+    return key
+
+
+def check_fits_server(settings: NodeSettings, model: ServedModel) -> None:
+    """Raise `SettingsError` when the parameters ask for what the served model cannot give."""
+    if settings.robot != model.robot:
+        raise SettingsError(
+            f"the server serves robot {model.robot!r} but robot is {settings.robot!r}: set robot "
+            f"{model.robot} (its observation keys and action meaning are the server's)"
+        )
+    if settings.action_horizon > model.action_horizon:
+        raise SettingsError(
+            f"action_horizon {settings.action_horizon} exceeds the served model's horizon "
+            f"{model.action_horizon}"
+        )
+    if len(settings.action_joint_names) > model.action_dim:
+        raise SettingsError(
+            f"{len(settings.action_joint_names)} action joints but the served model has "
+            f"{model.action_dim} action dims"
+        )
+    if model.state_dim and len(settings.joint_names) != model.state_dim:
+        raise SettingsError(
+            f"the server reads a {model.state_dim}-value state but joint_names has "
+            f"{len(settings.joint_names)} names"
+        )
+
+
+def connect_remote_engine(
+    settings: NodeSettings, log: Any, deadline_s: Callable[[], float]
+) -> RemoteEngine:
+    """Connect to ``server_uri`` (waiting up to ``server_connect_timeout_s``), check the served
+    model against the parameters and return the engine. From here on the client reconnects by
+    itself; connections made and lost are logged.
+
+    Raises:
+        ConnectionError: no connection within the timeout (the message says why).
+        SettingsError, ValueError: the key file, or a served model the parameters do not fit.
+    """
+    uri = settings.server_uri.strip()
+
+    def on_change(connected: bool, detail: str) -> None:
+        if connected:
+            log.info(f"connected to oxygen-serve at {detail}")
+        else:
+            log.warning(f"no connection to oxygen-serve at {uri}: {detail}; reconnecting")
+
+    client = PolicyClient(uri, read_api_key(settings.server_api_key_file), on_change=on_change)
+    client.start()
+    try:
+        if not client.wait_connected(settings.server_connect_timeout_s):
+            raise ConnectionError(
+                f"no connection to oxygen-serve at {client.uri} within "
+                f"{settings.server_connect_timeout_s:g} s: {client.last_error}"
+            )
+        model = ServedModel.from_metadata(client.metadata)
+        check_fits_server(settings, model)
+    except BaseException:
+        client.close()
+        raise
+    log.info(
+        f"remote engine: {model.server} at {client.uri} serves robot {model.robot} (horizon "
+        f"{model.action_horizon}, {model.action_dim} action dims, session {model.session_id}); "
+        f"RTC feedback {'sent' if model.takes_rtc_feedback else 'not taken by this server'}; "
+        "narration is the server's (oxygen-serve --narration-every)"
+    )
+    return RemoteEngine(client, model, deadline_s)

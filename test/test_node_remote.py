@@ -1,0 +1,229 @@
+"""The node as a client of ``oxygen-serve`` (``engine: remote``), over real sockets and DDS.
+
+A real ``oxygen-serve`` process serves the tiny checkpoint with an API key; the real node (its
+own process) ticks over it: chunks and trajectories come from the server, an Ask goal is answered
+by it, a reply past its deadline is dropped and counted, and when the server goes away and comes
+back the node keeps ticking, says disconnected and then reconnected on /diagnostics. The
+configure-time checks (a wrong key, a robot the server does not serve) run against a server in
+this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from node_harness import (
+    STATE_ACTIVE,
+    AskClient,
+    NodeProcess,
+    Probe,
+    wait_for,
+)
+
+from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.policy_io.policy import load_policy
+from oxygen_ros.ros.params import PARAMETERS, NodeSettings, SettingsError
+from oxygen_ros.ros.remote_setup import connect_remote_engine
+from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+API_KEY = "remote-test-key"
+JOINTS = 8  # the tiny checkpoint's state width, which oxygen-serve requires exactly
+WAIT_S = 120.0  # generous: nothing here depends on how busy the machine is
+
+
+def start_server(checkpoint: Path, port: int, key_file: Path, log: Path) -> ServeProcess:
+    """``oxygen-serve`` on the tiny checkpoint with the API key, narrating every 2 frames."""
+    server = ServeProcess(
+        checkpoint, port, log, ["--api-key-file", str(key_file), "--narration-every", "2"]
+    )
+    server.wait_healthy(WAIT_S)
+    return server
+
+
+@pytest.fixture(scope="module")
+def bag(tmp_path_factory):
+    """3 s of two 64x64 cameras and 8 joints."""
+    return write_synthetic_bag(
+        tmp_path_factory.mktemp("remote_bag") / "bag",
+        duration_s=3.0,
+        width=64,
+        height=64,
+        num_joints=JOINTS,
+    )
+
+
+def test_the_node_ticks_over_oxygen_serve_and_outlives_a_server_restart(
+    tiny_checkpoint, bag, tmp_path
+):
+    key_file = tmp_path / "key"
+    key_file.write_text(API_KEY + "\n")
+    port = free_port()
+    server = start_server(tiny_checkpoint, port, key_file, tmp_path / "serve.log")
+    node = NodeProcess(
+        {
+            "engine": "remote",
+            "server_uri": f"127.0.0.1:{port}",
+            "server_api_key_file": str(key_file),
+            "server_timeout_ms": 30_000.0,  # no deadline miss from a busy machine
+            "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+            "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+            "joint_names": joint_names(JOINTS),
+            "rate_hz": 5.0,
+            "action_dt": 0.5,  # a chunk spans 5 s: its trajectory outlives a slow round trip
+            "max_observation_age_s": 30.0,
+        },
+        tmp_path,
+    )
+    probe = Probe()
+    try:
+        probe.wait_active(node, WAIT_S)
+        playback = probe.play_in_background(bag)
+        try:
+            _ticks_and_answers_over_the_server(probe, node, port)
+            _a_late_reply_is_dropped_and_counted(probe)
+            server.stop()
+            _disconnected_the_node_keeps_ticking(probe, node)
+            server = start_server(tiny_checkpoint, port, key_file, tmp_path / "serve.log")
+            _reconnected_chunks_flow_again(probe, node)
+        finally:
+            playback.stop()
+        assert node.stop() == 0, node.log()[-3000:]
+    finally:
+        probe.close()
+        node.stop()
+        server.stop()
+
+
+def _diagnostics(probe: Probe, **expected: str) -> bool:
+    values = probe.fresh_diagnostics(30.0)
+    return all(values.get(key) == value for key, value in expected.items())
+
+
+def _counter(probe: Probe, key: str) -> int:
+    return int(probe.fresh_diagnostics(30.0).get(key, 0))
+
+
+def _ticks_and_answers_over_the_server(probe: Probe, node: NodeProcess, port: int) -> None:
+    assert wait_for(lambda: len(probe.chunks) >= 3, WAIT_S), node.log()[-3000:]
+    assert wait_for(lambda: len(probe.trajectories) >= 3, WAIT_S), node.log()[-3000:]
+    chunk = probe.chunks[-1][1]
+    assert len(chunk.joint_names) == JOINTS
+    assert wait_for(lambda: _diagnostics(probe, server_connected="true"), WAIT_S)
+    values = probe.fresh_diagnostics(30.0)
+    assert values["server_uri"] == f"ws://127.0.0.1:{port}"
+    assert values["server_name"] == "oxygen-serve" and values["server_robot"] == "generic"
+    ask = AskClient(probe, wait_s=WAIT_S)
+    handle = ask.send("what is on the table?", max_tokens=4)
+    assert handle.accepted
+    result = ask.result(handle).result
+    # the server's answer, whatever ended it (a busy server may stall it; a lost one fails it)
+    assert result.finish_reason in ("length", "eos", "stop", "stalled"), (
+        result.finish_reason,
+        result.detail,
+    )
+    # narrations the server decides (--narration-every 2) are published by the node
+    assert wait_for(lambda: any(m.kind == "narration" for m in probe.narrations), WAIT_S)
+
+
+def _a_late_reply_is_dropped_and_counted(probe: Probe) -> None:
+    """A deadline no round trip can meet (10 us): no action, counted; the reply is dropped."""
+    assert probe.set("server_timeout_ms", 0.01).successful
+    assert wait_for(lambda: _counter(probe, "no_action_server_late") >= 2, WAIT_S)
+    assert wait_for(lambda: _counter(probe, "server_late_replies_dropped") >= 1, WAIT_S)
+    assert probe.set("server_timeout_ms", 30_000.0).successful
+
+
+def _disconnected_the_node_keeps_ticking(probe: Probe, node: NodeProcess) -> None:
+    assert wait_for(lambda: _diagnostics(probe, server_connected="false"), WAIT_S)
+    before = _counter(probe, "no_action_server_disconnected")
+    assert wait_for(lambda: _counter(probe, "no_action_server_disconnected") > before, WAIT_S), (
+        "the node stopped ticking without its server"
+    )
+    assert node.alive() and probe.get_state() == STATE_ACTIVE
+    assert probe.fresh_diagnostics(30.0)["server_last_error"]
+
+
+def _reconnected_chunks_flow_again(probe: Probe, node: NodeProcess) -> None:
+    assert wait_for(lambda: _diagnostics(probe, server_connected="true"), WAIT_S), node.log()[
+        -3000:
+    ]
+    assert int(probe.fresh_diagnostics(30.0)["server_reconnects"]) >= 1
+    seen = len(probe.chunks)
+    assert wait_for(lambda: len(probe.chunks) >= seen + 2, WAIT_S), node.log()[-3000:]
+    assert probe.get_state() == STATE_ACTIVE
+    log = node.log()
+    assert "no connection to oxygen-serve" in log and log.count("connected to oxygen-serve") >= 2
+
+
+# -- configure-time checks, against a server in this process ------------------------------------
+def _settings(**overrides) -> NodeSettings:
+    values = {spec.name: spec.default for spec in PARAMETERS}
+    values.update(joint_names=joint_names(JOINTS), engine="remote", **overrides)
+    return NodeSettings.from_values(values)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, line: str) -> None:
+        self.lines.append(line)
+
+    warning = info
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_checkpoint):
+    server = PolicyServer(
+        load_policy(tiny_checkpoint), EngineConfig(), ServerSettings(port=0, api_key=API_KEY)
+    )
+    with serve_in_thread(server) as running:
+        yield running
+
+
+def test_configure_reaches_the_server_with_its_key(keyed_server, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(API_KEY)
+    log = _Log()
+    engine = connect_remote_engine(
+        _settings(server_uri=keyed_server.uri, server_api_key_file=str(key_file)), log, lambda: 30.0
+    )
+    try:
+        assert engine.policy.robot == "generic" and engine.policy.action_horizon > 0
+        assert any("remote engine: oxygen-serve" in line for line in log.lines)
+    finally:
+        engine.close()
+
+
+def test_configure_says_why_a_wrong_key_gets_no_connection(keyed_server, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("not-the-key")
+    settings = _settings(
+        server_uri=keyed_server.uri,
+        server_api_key_file=str(key_file),
+        server_connect_timeout_s=2.0,
+    )
+    with pytest.raises(ConnectionError, match="HTTP 403.*API key"):
+        connect_remote_engine(settings, _Log(), lambda: 30.0)
+
+
+def test_configure_refuses_a_robot_the_server_does_not_serve(keyed_server, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(API_KEY)
+    settings = _settings(
+        server_uri=keyed_server.uri,
+        server_api_key_file=str(key_file),
+        robot="droid",
+        camera_slots=["base_0_rgb", "left_wrist_0_rgb"],
+    )
+    with pytest.raises(SettingsError, match="serves robot 'generic' but robot is 'droid'"):
+        connect_remote_engine(settings, _Log(), lambda: 30.0)
+
+
+def test_engine_remote_needs_a_server_uri():
+    with pytest.raises(SettingsError, match="engine remote needs server_uri"):
+        _settings()
