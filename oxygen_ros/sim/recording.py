@@ -15,7 +15,7 @@ frame (every ``1 / fps`` of sim time, at the instant the expert plans):
   changes and again every ``narration_period_s`` while the episode runs, as the sim node says it
   (each sentence on the frame at which it was said: LeRobot's event semantics).
 
-An episode is written only if the expert succeeded, as ``oxygen-collect`` keeps only successes.
+An episode is written only if the expert succeeded (a failed demonstration would teach failure).
 """
 
 from __future__ import annotations
