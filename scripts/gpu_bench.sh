@@ -18,7 +18,10 @@
 #   3. realtime  OxyGen under a 60 Hz timer, 2 cameras, a new narration every frame: achieved rate, p99
 #                frame latency, deadline misses, tokens/s, concurrent requests, peak GPU memory
 #   4. hierarchy subtasks: none vs decoded per call (PR #942) vs in the slack (same_frame)
-#   5. summary   all figures side by side with the issue's targets -> $OUT/summary.json, and what
+#   5. serve     oxygen-serve: 1/2/4/8 robots on one server vs as many single-robot servers
+#                (separate processes, each its own copy of the weights on the GPU): aggregate
+#                frames/s, per-robot p50/p99 and deadline misses, resident memory
+#   6. summary   all figures side by side with the issue's targets -> $OUT/summary.json, and what
 #                is missing: a step that failed or ran past its limit loses only its own figures,
 #                the summary still runs and names them (each step's end is in $OUT/steps.tsv)
 # A failing step is reported and the others still run; the exit status is non-zero if any failed.
@@ -28,11 +31,13 @@
 #   PRESET  model preset [pi05]     DEVICE [cuda]     DTYPE [bfloat16]     INIT  weight init [device]
 #   FRAMES  engines: measured frames per engine [50]  WARMUP    engines: warm-up frames [10]
 #   TOKENS  max tokens per language request [30]
+#   SERVE_CLIENTS serve: robot counts [1,2,4,8]   SERVE_PRESET serve: model preset [$PRESET; its
+#           random checkpoint is written to disk first: ~13 GB for pi05]
 #   REPEATS action: timed runs per camera count [FRAMES]
 #   RT_FRAMES realtime: measured ticks [12*FRAMES]    RT_WARMUP realtime: warm-up ticks [6*WARMUP]
 #   FAST_FLAGS fast-path flags [--static-shapes --cuda-graphs --gpu-preprocess; no graphs off CUDA]
 #   STEP_TIMEOUT seconds per measuring step, 0 for no limit [selfcheck 120, action 120,
-#           engines 180, realtime 120, hierarchy 180]; the summary always gets its own 300 s
+#           engines 180, realtime 120, hierarchy 180, serve 900]; the summary always gets 300 s
 # CPU dry run (what test/test_gpu_bench_script.py runs):
 #   PRESET=tiny DEVICE=cpu DTYPE=float32 FRAMES=5 bash scripts/gpu_bench.sh
 set -euo pipefail
@@ -56,6 +61,8 @@ TOKENS=${TOKENS:-30}
 REPEATS=${REPEATS:-$FRAMES}
 RT_FRAMES=${RT_FRAMES:-$((12 * FRAMES))}
 RT_WARMUP=${RT_WARMUP:-$((6 * WARMUP))}
+SERVE_CLIENTS=${SERVE_CLIENTS:-1,2,4,8}
+SERVE_PRESET=${SERVE_PRESET:-$PRESET}
 OUT=${OUT:-/tmp/oxygen_gpu_bench}
 if [[ "$DEVICE" == cuda* ]]; then
     FAST_FLAGS=${FAST_FLAGS:---static-shapes --cuda-graphs --gpu-preprocess}
@@ -68,7 +75,8 @@ exec > >(tee "$OUT/gpu_bench.log") 2>&1
 
 echo "oxygen_ros GPU benchmark: $(date -u +%Y-%m-%dT%H:%M:%SZ), python $PY, out $OUT"
 echo "preset=$PRESET device=$DEVICE dtype=$DTYPE init=$INIT frames=$FRAMES warmup=$WARMUP tokens=$TOKENS repeats=$REPEATS" \
-    "rt_frames=$RT_FRAMES rt_warmup=$RT_WARMUP fast='$FAST_FLAGS'"
+    "rt_frames=$RT_FRAMES rt_warmup=$RT_WARMUP fast='$FAST_FLAGS' serve_clients=$SERVE_CLIENTS" \
+    "serve_preset=$SERVE_PRESET"
 
 # Fail early and clearly when the interpreter cannot run the benchmark on $DEVICE.
 if ! "$PY" - "$DEVICE" >"$OUT/env.txt" 2>&1 <<'EOF'
@@ -156,11 +164,15 @@ measure realtime 120 "${BENCH[@]}" realtime "${COMMON[@]}" "${FAST[@]}" --camera
 # pi0.5's hierarchy: no subtask vs PR #942's decode + re-prefill per call vs subtasks in the slack
 measure hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --threads 0 --frames "$FRAMES" \
     --warmup "$WARMUP" --json "$OUT/hierarchy.json"
+# robots on one oxygen-serve vs one server each (every server a process loading the checkpoint)
+measure serve 900 "${BENCH[@]}" serve --preset "$SERVE_PRESET" --device "$DEVICE" --dtype "$DTYPE" \
+    --clients "$SERVE_CLIENTS" --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/serve.json"
 # the summary is cheap and says what the others left missing: it never takes STEP_TIMEOUT
 run_step summary 300 "${BENCH[@]}" summary --dir "$OUT"
 
 echo
-echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json hierarchy.json summary.json, *.log)"
+echo "total $SECONDS s; results in $OUT (action.json engines.json realtime.json hierarchy.json serve.json" \
+    "summary.json, *.log)"
 if [[ ${#FAILED[@]} -gt 0 ]]; then
     echo "FAILED steps: ${FAILED[*]}" >&2
     exit 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASUREMENTS = ("action", "engines", "realtime", "hierarchy")
+MEASUREMENTS = ("action", "engines", "realtime", "hierarchy", "serve")
 
 
 def dry_run_env(out: Path, **overrides: str) -> dict[str, str]:
@@ -31,6 +31,7 @@ def dry_run_env(out: Path, **overrides: str) -> dict[str, str]:
         TOKENS="8",
         RT_FRAMES="20",
         RT_WARMUP="5",
+        SERVE_CLIENTS="1,2",
         OUT=str(out),
         **overrides,
     )
@@ -71,6 +72,7 @@ def test_gpu_bench_script_dry_run_on_cpu(tmp_path):
     }
     engines = json.loads((out / "engines.json").read_text())
     assert engines["errors"] == {} and engines["workload"]["static_shapes"] is True
+    assert figures["serve_2clients_speedup_vs_separate"] > 0
     hierarchy = json.loads((out / "hierarchy.json").read_text())["modes"]
     assert set(hierarchy) == {"none", "per_call", "oxygen"}
     assert all(mode["frames_per_s"] > 0 for mode in hierarchy.values())

@@ -15,6 +15,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench closed-loop --episodes 50 --json cl.json
                                                    # the sim arm through the node over DDS
     oxygen-bench sim-policy --episodes 100         # a checkpoint drives the sim directly
+    oxygen-bench serve --clients 1,2,4,8           # robots on one oxygen-serve vs one server each
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (policy_io/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -42,6 +43,7 @@ from oxygen_ros.tools.benches import (
     model,
     overload,
     realtime,
+    serve,
     sim_policy,
     soak,
     summary,
@@ -60,6 +62,7 @@ BENCHES = {
     "summary": summary,
     "closed-loop": closed_loop,
     "sim-policy": sim_policy,
+    "serve": serve,
 }
 
 
