@@ -88,6 +88,19 @@ def test_later_poses_move_the_arm_and_their_labels_follow(scenes):
         assert answer == ("none" if held < 0 else f"the {CUBE_COLORS[held]} cube")
 
 
+def test_where_questions_are_asked_under_a_task_naming_their_cube(scenes, tokenizer_path):
+    maker = _maker(scenes, tokenizer_path)
+    for row in range(len(scenes)):
+        for q in grounding.scene_questions(scenes, row):
+            if q.kind == grounding.WHERE:
+                assert f"the {q.subject} cube" in q.task
+                ids = maker.layout(row, q).ids
+                prompt = maker.tokenizer.frame_prompt(
+                    q.task, maker.states[row], maker.config.max_token_len, maker.format
+                )
+                assert ids[: len(prompt.ids)] == list(prompt.ids)
+
+
 def test_which_at_answers_agree_with_where_answers(scenes):
     for row in range(len(scenes)):
         questions = grounding.scene_questions(scenes, row)

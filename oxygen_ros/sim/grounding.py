@@ -191,6 +191,7 @@ class Question:
     text: str
     answer: str
     subject: str = ""  # the colour or place asked about
+    task: str = ""  # the task the frame's prompt carries when this is asked ("": the scene's)
 
 
 def cube_place(scenes: GroundingScenes, row: int, cube: int) -> str:
@@ -215,8 +216,10 @@ def _on_pad(scenes: GroundingScenes, row: int, cube: int) -> str:
 def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
     """Every question of scene ``row`` with its answer (ambiguous ones left out)."""
     places = [cube_place(scenes, row, k) for k in range(len(CUBE_COLORS))]
+    scene_task = parse_task(scenes.tasks[row]) if scenes.tasks[row] else None
     questions = [
-        Question(WHERE, f"where is the {c} cube?", places[k], c) for k, c in enumerate(CUBE_COLORS)
+        Question(WHERE, f"where is the {c} cube?", places[k], c, _task_naming(scene_task, c))
+        for k, c in enumerate(CUBE_COLORS)
     ]
     listing = ", ".join(f"{c} {places[k]}" for k, c in enumerate(CUBE_COLORS))
     questions.append(Question(ALL_CUBES, "where are the cubes?", listing))
@@ -237,10 +240,20 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
         pad = _on_pad(scenes, row, k)
         answer = f"yes, the {pad} pad" if pad else "no"
         questions.append(Question(ON_PAD, f"is the {c} cube on a pad?", answer, c))
-    task = parse_task(scenes.tasks[row]) if scenes.tasks[row] else None
-    if task is not None:
-        questions.append(Question(TARGET, TARGET_QUESTION, f"the {task.cube} cube", task.cube))
+    if scene_task is not None:
+        cube = scene_task.cube
+        questions.append(Question(TARGET, TARGET_QUESTION, f"the {cube} cube", cube))
     return questions
+
+
+def _task_naming(task, colour: str) -> str:
+    """The task a "where is the <colour> cube?" question is asked under: the scene's own when it
+    is about that cube, else touching it. The frame's prompt is read by the image tokens (the
+    prefix is bidirectional) while a question after it is not, so the colour to find must be in
+    the task, as it is when a policy acts: this is the binding the action expert needs."""
+    if task is not None and task.cube == colour:
+        return task.text
+    return f"touch the {colour} cube"
 
 
 def curriculum_questions(questions: list[Question], one_colour: bool) -> list[Question]:

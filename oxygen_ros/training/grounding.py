@@ -1,11 +1,12 @@
 """Grounding questions (`oxygen_ros.sim.grounding`) as text-only training batches, and the probe.
 
 An example is laid out as the node lays out an Ask request: the frame's images and flat action
-prompt (the scene's task, its state's bins), then the ``answer`` kind's cue with the question
-(``"\\nQuestion: where is the red cube?\\nAnswer: "``), then the answer and an eos, causal and
-supervised. The action expert never reads the question (``action_reads`` covers the prompt only)
-and the batch carries no action loss: it trains the backbone (and the vision tower) alone, as
-pi0.5's vision-language co-training does.
+prompt (the scene's task, or the question's own: "where is the red cube?" is asked under a task
+that names the red cube, see `oxygen_ros.sim.grounding`; the state's bins), then the ``answer``
+kind's cue with the question (``"\\nQuestion: where is the red cube?\\nAnswer: "``), then the
+answer and an eos, causal and supervised. The action expert never reads the question
+(``action_reads`` covers the prompt only) and the batch carries no action loss: it trains the
+backbone (and the vision tower) alone, as pi0.5's vision-language co-training does.
 
 The probe asks held-out scenes' questions teacher-forced and counts a question right when every
 answer token (and the eos) is the argmax: exactly what greedy decoding would say.
@@ -81,11 +82,11 @@ class GroundingBatchMaker:
         return self._questions[row]
 
     def layout(self, row: int, question: Question) -> TextLayout:
-        """Scene ``row``'s flat action prompt, then ``question`` and its answer (supervised)."""
+        """Scene ``row``'s flat action prompt (with the question's task, if it has one), then
+        ``question`` and its answer (supervised)."""
         tok = self.tokenizer
-        prompt = tok.frame_prompt(
-            self.scenes.tasks[row], self.states[row], self.config.max_token_len, self.format
-        )
+        task = question.task or self.scenes.tasks[row]
+        prompt = tok.frame_prompt(task, self.states[row], self.config.max_token_len, self.format)
         ids = list(prompt.ids)
         cue = self.format.kind_ids(tok, ANSWER_KIND, text=question.text)
         answer = tok.encode_text(question.answer) + [tok.eos_id]
