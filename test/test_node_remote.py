@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from node_harness import (
     STATE_ACTIVE,
@@ -22,8 +23,10 @@ from node_harness import (
 )
 
 from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.engine.types import Observation
 from oxygen_ros.policy_io.policy import load_policy
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings, SettingsError
+from oxygen_ros.ros.remote_engine import ServerRefused
 from oxygen_ros.ros.remote_setup import connect_remote_engine
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
@@ -227,3 +230,24 @@ def test_configure_refuses_a_robot_the_server_does_not_serve(keyed_server, tmp_p
 def test_engine_remote_needs_a_server_uri():
     with pytest.raises(SettingsError, match="engine remote needs server_uri"):
         _settings()
+
+
+def test_a_frame_the_server_refuses_names_the_field_and_the_next_frame_is_served(
+    keyed_server, tmp_path
+):
+    key_file = tmp_path / "key"
+    key_file.write_text(API_KEY)
+    settings = _settings(server_uri=keyed_server.uri, server_api_key_file=str(key_file))
+    engine = connect_remote_engine(settings, _Log(), lambda: 60.0)
+    image = np.zeros((32, 32, 3), np.uint8)
+    try:
+        short = Observation({"base_0_rgb": image}, np.zeros(JOINTS - 1), "pick", 1.0)
+        with pytest.raises(ServerRefused, match="state: expected 8 values, got 7"):
+            engine.act(short)
+        chunk = engine.act(Observation({"base_0_rgb": image}, np.zeros(JOINTS), "pick", 2.0))
+        assert chunk.actions.shape == (engine.policy.action_horizon, engine.policy.action_dim)
+        assert chunk.frame_id == 1 and chunk.stamp == 2.0
+        stats = engine.server_stats()
+        assert stats["server_errors"] == 1 and stats["server_connected"] is True
+    finally:
+        engine.close()
