@@ -8,10 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from engine_checks import check_engine_memory  # noqa: F401  (autouse: KV invariants after every test)
+from engine_checks import check_engine_memory, scaled_policy  # noqa: F401  (autouse: KV invariants after every test)
 
 from oxygen_ros.engine.frames import frame_noise
-from oxygen_ros.engine.scheduler import OxygenEngine, act_together
+from oxygen_ros.engine.requests import SamplingParams
+from oxygen_ros.engine.scheduler import OxygenEngine, PoolShare, act_together, decode_together
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.engine.types import ActionChunk, Observation
 from oxygen_ros.policy_io.policy import load_policy
@@ -105,4 +106,48 @@ def test_guided_rows_continue_their_own_previous_chunk(policy):
                 engine.chunk_published(made.frame_id, made.actions, 0.1)
     assert together[0].continuity.frozen_steps() > 0  # the later chunks were guided
     for engine in together + apart:
+        engine.close()
+
+
+def test_language_of_several_engines_decodes_together_as_alone(tiny_checkpoint):
+    """Two robots in one PoolShare: each asks its own question about its own frame; their
+    requests advance in the same batched steps, and each answer is the one it gets alone."""
+    text_policy = scaled_policy(tiny_checkpoint)  # greedy text that depends on its context
+    config = EngineConfig(decode_mode="fixed", decode_steps_per_frame=3)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    frames = [observation(5, "pick up the cup"), observation(6, "open the drawer")]
+    questions = ["what do you see?", "where is the handle?"]
+
+    def answers(engines, decode) -> tuple[list[str], list[int]]:
+        texts = ["", ""]
+        asked = zip(engines, questions, strict=True)
+        ids = [engine.submit("answer", question, greedy) for engine, question in asked]
+        finished = set()
+        for _ in range(20):
+            for index, deltas in enumerate(decode()):
+                for delta in deltas:
+                    assert delta.request_id == ids[index]
+                    texts[index] += delta.text
+                    if delta.final:
+                        finished.add(index)
+            if finished == {0, 1}:
+                return texts, ids
+        raise AssertionError(f"not finished: {texts}")
+
+    share = PoolShare(text_policy, config, engines=2)
+    together = [OxygenEngine(text_policy, config, share=share) for _ in range(2)]
+    act_together(together, frames)
+    batched, ids = answers(together, lambda: decode_together(together))
+    assert ids[0] != ids[1]  # one id space across the pool: deltas name their request
+
+    apart = [OxygenEngine(text_policy, config) for _ in range(2)]
+    for engine, obs in zip(apart, frames, strict=True):
+        engine.act(obs)
+    alone, _ = answers(apart, lambda: [engine.decode() for engine in apart])
+    assert batched == alone and all(batched)
+    assert together[0].decode_steps == together[1].decode_steps  # the same steps, shared
+    for engine in together:
+        share.close_engine(engine)
+    assert not share.engines and share.pool.live_segments == 0
+    for engine in apart:
         engine.close()

@@ -79,9 +79,11 @@ def new_request(
     )
 
 
-def make_pool(policy: Pi05Policy, config: EngineConfig) -> KVPool:
+def make_pool(policy: Pi05Policy, config: EngineConfig, engines: int = 1) -> KVPool:
+    """The KV pool of ``engines`` engines with ``config`` (several robots may share one pool):
+    ``kv_capacity_tokens``, or room for each engine's frame prefixes and active requests."""
     cfg = policy.config.backbone
-    capacity = config.kv_capacity_tokens or (
+    capacity = config.kv_capacity_tokens or engines * (
         (config.max_active_requests + 2) * max_prefix_tokens(policy)
         + config.max_active_requests * (64 + config.default_max_tokens)
     )
@@ -352,9 +354,8 @@ class EngineBase:
         **fields: str,
     ) -> LanguageRequest:
         request = new_request(
-            self.policy, self.config, self._next_request_id, kind, text, sampling, **fields
+            self.policy, self.config, self._new_request_id(), kind, text, sampling, **fields
         )
-        self._next_request_id += 1
         if len(self._queue) >= self.config.max_queued_requests:
             self._outbox.append(
                 self._refuse(request, f"queue full ({self.config.max_queued_requests} waiting)")
@@ -364,6 +365,11 @@ class EngineBase:
         else:
             self._queue.append(request)
         return request
+
+    def _new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
 
     def _refuse(self, request: LanguageRequest, why: str) -> TextDelta:
         delta = request.finish("refused")

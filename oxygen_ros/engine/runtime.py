@@ -18,7 +18,7 @@ import torch
 
 from ..policy_io.policy import Pi05Policy
 from ..policy_io.policy import load_policy as _load_policy
-from .scheduler import OxygenEngine
+from .scheduler import OxygenEngine, PoolShare
 from .settings import EngineConfig
 from .types import Clock, Observation, WarmUpReport
 
@@ -73,16 +73,20 @@ def load_policy(spec: ModelSpec) -> Pi05Policy:
 
 
 def build_engine(
-    policy: Pi05Policy, config: EngineConfig, clock: Clock = time.monotonic
+    policy: Pi05Policy,
+    config: EngineConfig,
+    clock: Clock = time.monotonic,
+    share: PoolShare | None = None,
 ) -> OxygenEngine:
-    """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines).
+    """The OxyGen engine over ``policy`` (steady ``clock`` by default, as the node's deadlines),
+    in a pool of its own or in ``share``'s beside other robots' engines.
 
     A checkpoint that declares ``rtc_training_max_delay`` (`Pi05Policy.rtc_training_max_delay`)
     sets it in the config, so ``chunk_continuity: rtc`` runs training-time RTC.
     """
     if policy.rtc_training_max_delay and not config.rtc_training_max_delay:
         config = dataclasses.replace(config, rtc_training_max_delay=policy.rtc_training_max_delay)
-    return OxygenEngine(policy, config, clock=clock)
+    return OxygenEngine(policy, config, clock=clock, share=share)
 
 
 def warm_up(engine: OxygenEngine, observation: Observation) -> WarmUpReport:

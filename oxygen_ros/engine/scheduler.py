@@ -23,6 +23,11 @@ raises for a language fault). Faults are counted per stage in ``faults_by_stage`
 stages, plus ``scheduler`` for the batch choice and stall checks around the steps); ``check_memory``
 verifies that every live KV segment belongs to a live frame or request.
 
+Several robots on one model (``oxygen-serve``): one engine per robot over the same policy, their
+frames prefilled and denoised as one batch (`act_together`), and, with their frames and requests
+in one pool (`PoolShare`), their language requests decoded in the same batched steps
+(`decode_together`; `OxygenEngine.decode` is its one-engine case).
+
 ``base.EngineBase`` holds what every engine shares (request intake, memory accounting, the frame
 counter); the paper's baselines in ``baselines.py`` derive from it too, so all of them are driven
 through the same ``submit`` / ``step`` interface. The settings are ``settings.EngineConfig``.
@@ -33,7 +38,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -71,8 +76,35 @@ def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | N
     )
 
 
+class PoolShare:
+    """One KV pool for several engines over one policy (several robots): their frames and
+    language requests live in it, their request ids are unique across them, and
+    `decode_together` advances all their requests in one batched step. Sized for ``engines``
+    engines with ``config`` (`base.make_pool`); the engines join it when they are made with
+    ``share=`` and leave it when closed."""
+
+    def __init__(self, policy: Pi05Policy, config: EngineConfig, engines: int) -> None:
+        self.pool = make_pool(policy, config, engines)
+        self.engines: list[OxygenEngine] = []
+        self._request_ids = itertools.count(1)
+
+    def new_request_id(self) -> int:
+        return next(self._request_ids)
+
+    def close_engine(self, engine: OxygenEngine) -> list[TextDelta]:
+        """Close ``engine`` (`OxygenEngine.close`) and let it leave the pool's engines."""
+        deltas = engine.close()
+        if engine in self.engines:
+            self.engines.remove(engine)
+        return deltas
+
+
 class OxygenEngine(EngineBase):
-    """Unified KV cache: shared prefill per frame + cross-frame continuous batching."""
+    """Unified KV cache: shared prefill per frame + cross-frame continuous batching.
+
+    share: a `PoolShare` whose pool this engine's frames and requests live in, beside other
+    robots' engines (None: a pool of its own).
+    """
 
     name = "oxygen"
 
@@ -82,9 +114,11 @@ class OxygenEngine(EngineBase):
         config: EngineConfig | None = None,
         clock: Clock = time.perf_counter,
         faults: FaultInjector = NO_FAULTS,
+        share: PoolShare | None = None,
     ) -> None:
         super().__init__(policy, config, clock, faults)
-        self.pool = make_pool(policy, self.config)
+        self.share = share
+        self.pool = make_pool(policy, self.config) if share is None else share.pool
         self.runner = self._make_runner(
             self.pool, acts=True, text_batch=self.config.max_active_requests
         )
@@ -112,6 +146,15 @@ class OxygenEngine(EngineBase):
                 "frame prefixes "
                 f"of up to {max_prefix_tokens(policy)} tokens; raise kv_capacity_tokens"
             )
+        if share is not None:
+            share.engines.append(self)
+
+    def _new_request_id(self) -> int:
+        return super()._new_request_id() if self.share is None else self.share.new_request_id()
+
+    def _sharers(self) -> int:
+        """Engines whose frames live in this engine's pool (each keeps room for its next one)."""
+        return 1 if self.share is None else len(self.share.engines)
 
     def pools(self) -> list[KVPool]:
         return [self.pool]
@@ -302,6 +345,11 @@ class OxygenEngine(EngineBase):
         (``admission``, ``decode_step``, or ``scheduler`` for the batch choice and stall checks).
         The other requests go on in later steps, and the action path (`act`) is not touched.
         """
+        return decode_together([self], until, max_steps)[0]
+
+    def _admit_queued(self, until: float | None) -> list[TextDelta]:
+        """`decode`'s first part: queue a due subtask request, admit queued requests onto the
+        newest frame and refuse those that waited too long; returns the deltas made so far."""
         # in the subtask loop a due subtask request goes first in line (queued like any other)
         self._serve("scheduler", list, self._outbox, self._submit_subtask)
         out, self._outbox = self._outbox, []
@@ -312,11 +360,6 @@ class OxygenEngine(EngineBase):
 
         self._serve("admission", taken, out, lambda: self._admit(until, out))
         self._serve("admission", taken, out, lambda: self._refuse_waited(out))
-        self._serve(
-            "scheduler", lambda: list(self._active), out, lambda: self._steps(until, max_steps, out)
-        )
-        if self.subtasks:
-            self._serve("scheduler", list, out, lambda: self._subtask_finished(out))
         return out
 
     def _subtask_finished(self, out: list[TextDelta]) -> None:
@@ -325,53 +368,6 @@ class OxygenEngine(EngineBase):
         memory = self.subtasks.finished(out, self.clock())
         if memory is not None:
             self.subtasks.memory_submitted(self._enqueue("memory", **memory))
-
-    def _steps(self, until: float | None, max_steps: int | None, out: list[TextDelta]) -> None:
-        """`decode`'s batched steps, then the stall check; deltas go to ``out``."""
-        deadline = until is not None and self.config.decode_mode == "deadline"
-        if max_steps is None:
-            max_steps = self.config.decode_steps_per_frame if not deadline else 1 << 30
-        progressed: set[int] = set()
-        steps = 0
-        last = self.clock()
-        while self._active and steps < max_steps:
-            if deadline:
-                batch = self._active[: self._batch_that_fits(until, last)]
-            else:
-                batch = list(self._active)
-                if until is not None and not self._fits(
-                    until, self.timer.estimate(len(batch), self._context(batch)), last
-                ):
-                    self.fixed_steps_skipped += max_steps - steps
-                    break
-            if not batch:
-                break
-            context = self._context(batch)
-            faults_before = sum(self.faults_by_stage.values())
-            self._serve(
-                "decode_step",
-                lambda b=batch: b,
-                out,
-                lambda b=batch: self._step(b, out, progressed),
-            )
-            steps += 1
-            now = self.clock()  # an iteration, bookkeeping included, is what must fit next time
-            # a failed step's time says nothing
-            if sum(self.faults_by_stage.values()) == faults_before:
-                self.timer.record(len(batch), now - last, context)
-            last = now
-        self._finish_stalled(progressed, out)
-
-    def _step(
-        self, batch: list[LanguageRequest], out: list[TextDelta], progressed: set[int]
-    ) -> None:
-        """One batched decode step over ``batch`` and its bookkeeping; deltas go to ``out``."""
-        step_deltas = self.decoder.step(batch)
-        out += step_deltas
-        progressed.update(request.request_id for request in batch)
-        self.decode_steps += 1
-        self.tokens_generated += sum(d.finish_reason != "failed" for d in step_deltas)
-        self._retire_finished()
 
     def _submit_subtask(self) -> None:
         """In the subtask loop, queue a subtask request (first in line) when one is due: greedy,
@@ -393,12 +389,10 @@ class OxygenEngine(EngineBase):
         """Tokens the longest row of a decode step over ``requests`` reads (prefix + its own)."""
         return max(r.read_len + r.own.length for r in requests)
 
-    def _batch_that_fits(self, until: float, now: float) -> int:
-        """How many of the active requests (oldest first) one step can take before ``until``."""
-        contexts = list(
-            itertools.accumulate((r.read_len + r.own.length for r in self._active), max)
-        )
-        size = len(self._active)
+    def _batch_that_fits(self, active: list[LanguageRequest], until: float, now: float) -> int:
+        """How many of ``active`` (oldest first) one step can take before ``until``."""
+        contexts = list(itertools.accumulate((r.read_len + r.own.length for r in active), max))
+        size = len(active)
         while size > 0 and not self._fits(
             until, self.timer.estimate(size, contexts[size - 1]), now
         ):
@@ -432,8 +426,10 @@ class OxygenEngine(EngineBase):
             return
         admitted: list[LanguageRequest] = []
         new_tokens = 0  # kind-prompt tokens the admission prefill feeds
-        # keep: its prefix + the next frame's
-        language_blocks = self.pool.num_blocks - 2 * self._prefix_blocks
+        # kept free: the next frame's prefix of every engine in the pool; never language's: also
+        # their current prefixes
+        kept = self._sharers() * self._prefix_blocks
+        language_blocks = self.pool.num_blocks - 2 * kept
         for request in list(self._queue):
             need = self.pool.blocks_for(request.kv_tokens_needed)
             if need > language_blocks:
@@ -447,10 +443,7 @@ class OxygenEngine(EngineBase):
                 - need
                 - sum(self.pool.blocks_for(r.kv_tokens_needed) for r in admitted)
             )
-            if (
-                len(self._active) + len(admitted) >= self.config.max_active_requests
-                or room < self._prefix_blocks
-            ):
+            if len(self._active) + len(admitted) >= self.config.max_active_requests or room < kept:
                 # wait: concurrency or memory limit (the next frame's prefix is always kept free)
                 break
             if until is not None and not self._fits(
@@ -528,20 +521,27 @@ class OxygenEngine(EngineBase):
         requests.
         """
         refs: dict[int, int] = collections.Counter()
+        wrong: list[int] = []
+        for engine in [self] if self.share is None else self.share.engines:
+            engine._count_refs(refs, wrong)
+        if wrong:
+            raise KVInvariantError(
+                f"requests {wrong}: queued ones holding KV or active ones without their KV"
+            )
+        self.pool.check(refs)
+
+    def _count_refs(self, refs: dict[int, int], wrong: list[int]) -> None:
+        """Add this engine's references to ``refs`` and its requests that break the rules to
+        ``wrong`` (see `check_memory`)."""
         if self._frame is not None:
             refs[self._frame.segment.segment_id] += 1
-        wrong = [r.request_id for r in self._queue if r.prefix is not None or r.own is not None]
+        wrong += [r.request_id for r in self._queue if r.prefix is not None or r.own is not None]
         for r in self._active:
             if r.prefix is None or r.own is None:
                 wrong.append(r.request_id)
                 continue
             refs[r.prefix.segment_id] += 1
             refs[r.own.segment_id] += 1
-        if wrong:
-            raise KVInvariantError(
-                f"requests {wrong}: queued ones holding KV or active ones without their KV"
-            )
-        self.pool.check(refs)
 
     def close(self) -> list[TextDelta]:
         deltas, self._outbox = self._outbox, []
@@ -610,3 +610,153 @@ def act_together(
             engines[index]._frame_made(job.observation, frame, chunk, started)
             results[index] = chunk
     return results
+
+
+def decode_together(
+    engines: Sequence[OxygenEngine], until: float | None = None, max_steps: int | None = None
+) -> list[list[TextDelta]]:
+    """`OxygenEngine.decode` for one engine or several engines of one `PoolShare` (several
+    robots): each admits its own queue onto its own newest frame, then every active request of
+    all of them advances in the same batched decode steps (the oldest of each engine first, taken
+    in turn, when not all fit before ``until``); the deadline mode, step timer and decoder are the
+    first engine's. Returns each engine's deltas. Never raises for a fault in language work: the
+    requests a fault hits fail with their own engine, which counts it.
+
+    Raises:
+        ValueError: several engines that do not share one pool.
+    """
+    if len(engines) > 1:
+        share = engines[0].share
+        if share is None or any(engine.share is not share for engine in engines):
+            raise ValueError("engines decoding together must share one PoolShare")
+    outs = [engine._admit_queued(until) for engine in engines]
+    _serve_group(
+        engines,
+        outs,
+        "scheduler",
+        lambda: _active_of(engines),
+        lambda: _steps(engines, outs, until, max_steps),
+    )
+    for engine, out in zip(engines, outs, strict=True):
+        if engine.subtasks:
+            engine._serve("scheduler", list, out, lambda e=engine, o=out: e._subtask_finished(o))
+    return outs
+
+
+def _active_of(engines: Sequence[OxygenEngine]) -> list[LanguageRequest]:
+    """The active requests of ``engines``: each engine's oldest first, taken in turn."""
+    if len(engines) == 1:
+        return list(engines[0]._active)
+    turns = itertools.zip_longest(*(engine._active for engine in engines))
+    return [request for turn in turns for request in turn if request is not None]
+
+
+def _owners(engines: Sequence[OxygenEngine], requests: Sequence[LanguageRequest]) -> dict[int, int]:
+    """Request id -> index of the engine (of ``engines``) whose active request it is."""
+    mine = {id(r): i for i, engine in enumerate(engines) for r in engine._active}
+    return {r.request_id: mine[id(r)] for r in requests if id(r) in mine}
+
+
+def _serve_group(
+    engines: Sequence[OxygenEngine],
+    outs: list[list[TextDelta]],
+    stage: str,
+    served: Callable[[], Sequence[LanguageRequest]],
+    work: Callable[[], object],
+    owners: dict[int, int] | None = None,
+) -> None:
+    """`EngineBase._serve` over several engines: a fault in ``work`` fails each served request
+    with its own engine (``owners``: request id -> engine index; default: by the engines' active
+    lists at the fault), which counts it once; a fault that hit no request is counted by the
+    first engine."""
+    if len(engines) == 1:
+        engines[0]._serve(stage, served, outs[0], work)
+        return
+    try:
+        work()
+    except Exception as error:
+        hit = list(served())
+        owners = owners if owners is not None else _owners(engines, hit)
+        counted = False
+        for index, (engine, out) in enumerate(zip(engines, outs, strict=True)):
+            mine = [r for r in hit if owners.get(r.request_id) == index]
+            if mine:
+                engine._fail_served(mine, error, stage, out)
+                counted = True
+        if not counted:
+            engines[0]._count_fault(stage_of(error, stage))
+
+
+def _steps(
+    engines: Sequence[OxygenEngine],
+    outs: list[list[TextDelta]],
+    until: float | None,
+    max_steps: int | None,
+) -> None:
+    """`decode_together`'s batched steps over every engine's active requests, then each engine's
+    stall check; deltas go to their engine's list in ``outs``."""
+    lead = engines[0]
+    deadline = until is not None and lead.config.decode_mode == "deadline"
+    if max_steps is None:
+        max_steps = lead.config.decode_steps_per_frame if not deadline else 1 << 30
+    progressed: set[int] = set()
+    steps = 0
+    last = lead.clock()
+    while (active := _active_of(engines)) and steps < max_steps:
+        if deadline:
+            batch = active[: lead._batch_that_fits(active, until, last)]
+        else:
+            batch = active
+            if until is not None and not lead._fits(
+                until, lead.timer.estimate(len(batch), lead._context(batch)), last
+            ):
+                for engine in engines:
+                    engine.fixed_steps_skipped += max_steps - steps
+                break
+        if not batch:
+            break
+        context = lead._context(batch)
+        faults_before = _faults(engines)
+        owners = _owners(engines, batch)
+        _serve_group(
+            engines,
+            outs,
+            "decode_step",
+            lambda b=batch: b,
+            lambda b=batch, o=owners: _step(engines, outs, b, o, progressed),
+            owners,
+        )
+        steps += 1
+        now = lead.clock()  # an iteration, bookkeeping included, is what must fit next time
+        if _faults(engines) == faults_before:  # a failed step's time says nothing
+            lead.timer.record(len(batch), now - last, context)
+        last = now
+    for engine, out in zip(engines, outs, strict=True):
+        engine._finish_stalled(progressed, out)
+
+
+def _faults(engines: Sequence[OxygenEngine]) -> int:
+    return sum(sum(engine.faults_by_stage.values()) for engine in engines)
+
+
+def _step(
+    engines: Sequence[OxygenEngine],
+    outs: list[list[TextDelta]],
+    batch: list[LanguageRequest],
+    owners: dict[int, int],
+    progressed: set[int],
+) -> None:
+    """One batched decode step over ``batch`` (the first engine's decoder: one pool) and each
+    engine's bookkeeping; each delta goes to its request's engine."""
+    step_deltas = engines[0].decoder.step(batch)
+    made = collections.Counter()
+    for delta in step_deltas:
+        index = owners.get(delta.request_id, 0)
+        outs[index].append(delta)
+        made[index] += delta.finish_reason != "failed"
+    progressed.update(request.request_id for request in batch)
+    for index in sorted(set(owners.values()) | set(made)):
+        engines[index].decode_steps += 1
+        engines[index].tokens_generated += made[index]
+    for engine in engines:
+        engine._retire_finished()

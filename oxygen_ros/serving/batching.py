@@ -8,8 +8,10 @@ every open session has one waiting), and hands them to the worker thread as one 
    frame in its own engine (frames, KV, RTC, subtasks, noise seed);
 2. each reply is handed back to the loop the moment the batch's actions exist, so every session
    is answered before any language work runs;
-3. then language: each session's new requests (an ``ask``, a due narration) and decode steps
-   until ``language_budget_s`` after the actions (a quarter of it when frames already wait).
+3. then language: each session's new requests (an ``ask``, a due narration) are admitted onto
+   its newest frame, and the requests of every open session advance together in batched decode
+   steps (`scheduler.decode_together`: one KV pool) until ``language_budget_s`` after the
+   actions (a quarter of it when frames already wait).
 
 The loop never runs model code, so it keeps serving ``/healthz``, reads and refusals while a
 batch runs. A session's failed frame is answered with its own error; the others' frames in
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..engine.scheduler import act_together
+from ..engine.scheduler import act_together, decode_together
 from .observations import ClientFrame
 from .sessions import Session
 from .stats import Counters
@@ -72,7 +74,7 @@ class ModelWorker:
         self,
         settings: BatchSettings,
         counters: Counters,
-        open_sessions: Callable[[], int],
+        open_sessions: Callable[[], list[Session]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -129,7 +131,7 @@ class ModelWorker:
     async def _gather_window(self) -> None:
         """Wait up to ``window_s`` for more frames, less when every open session has one."""
         end = self.clock() + self.settings.window_s
-        while len(self._waiting) < min(self._open_sessions(), self.settings.max_batch):
+        while len(self._waiting) < min(len(self._open_sessions()), self.settings.max_batch):
             left = end - self.clock()
             if left <= 0:
                 return
@@ -177,10 +179,11 @@ class ModelWorker:
                 )
         # language yields most of its budget when frames already wait for the next batch
         budget = self.settings.language_budget_s / (4 if self._waiting else 1)
-        until = self.clock() + budget
-        for waiting in batch:
-            if not waiting.session.closed:
-                waiting.session.decode(until)
+        sessions = [session for session in self._open_sessions() if not session.closed]
+        if sessions:
+            outs = decode_together([session.engine for session in sessions], self.clock() + budget)
+            for session, deltas in zip(sessions, outs, strict=True):
+                session.heard(deltas)
 
     def shutdown(self) -> None:
         """Stop the model thread after the batch it runs (if any)."""

@@ -37,6 +37,7 @@ from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.frames import CloseCode
 
 from ..engine.runtime import build_engine
+from ..engine.scheduler import PoolShare
 from ..engine.settings import EngineConfig
 from ..policy_io.policy import Pi05Policy
 from .batching import BatchSettings, InferenceFailed, ModelWorker, QueueFull
@@ -80,12 +81,15 @@ class PolicyServer:
         self.sessions = SessionTable(
             self._make_engine, settings.max_sessions, settings.language, self.counters
         )
+        # every session's frames and language requests live in one KV pool
+        self.share = PoolShare(policy, engine_config, settings.max_sessions)
         self.port = settings.port
         self._worker: ModelWorker | None = None
 
     def _make_engine(self, session_id: int):
         seed = self.engine_config.seed + session_id - 1
-        return build_engine(self.policy, dataclasses.replace(self.engine_config, seed=seed))
+        config = dataclasses.replace(self.engine_config, seed=seed)
+        return build_engine(self.policy, config, share=self.share)
 
     def metadata(self, session: Session) -> dict[str, Any]:
         """The first frame a client receives."""
@@ -109,7 +113,7 @@ class PolicyServer:
     # -- serving ---------------------------------------------------------------------------------
     async def serve(self, started: asyncio.Future | None = None) -> None:
         """Serve until cancelled; ``started`` gets the bound port once listening."""
-        self._worker = ModelWorker(self.settings.batch, self.counters, lambda: len(self.sessions))
+        self._worker = ModelWorker(self.settings.batch, self.counters, self.sessions.sessions)
         batches = asyncio.create_task(self._worker.run())
         try:
             async with serve(

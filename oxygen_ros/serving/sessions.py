@@ -1,8 +1,9 @@
 """Robot sessions: one per connection, each with its own engine state over the shared policy.
 
 A `Session` owns an `OxygenEngine` built over the server's one policy (one copy of the
-weights): its own frames and KV pool, chunk continuity (RTC), subtask loop, language requests
-and noise seed. Only the model worker thread touches a session's engine (`batching`).
+weights) in the server's one KV pool (`scheduler.PoolShare`): its own frames, chunk continuity
+(RTC), subtask loop, language requests and noise seed. Only the model worker thread touches a
+session's engine (`batching`).
 `SessionTable` admits sessions up to a limit and counts what it refuses.
 """
 
@@ -51,9 +52,9 @@ class Session:
         if every and self.frames % every == 1 % every and "narration" in self.engine.config.kinds:
             self.engine.submit("narration", "", sampling)
 
-    def decode(self, until: float) -> None:
-        """Language steps of this session's requests before ``until`` (worker thread)."""
-        self._unsent += self.engine.decode(until)
+    def heard(self, deltas: list[TextDelta]) -> None:
+        """Language this session's requests made (worker thread): sent with the next reply."""
+        self._unsent += deltas
 
     def acted(self, chunk: ActionChunk, ask: str) -> dict:
         """The reply's language part for a frame just acted on (worker thread): the deltas made
@@ -78,9 +79,12 @@ class Session:
         return extra
 
     def close(self) -> None:
-        """Finish every request and release all KV (worker thread; idempotent)."""
+        """Finish every request, release all KV and leave the shared pool (worker thread)."""
         self.closed = True
-        self.engine.close()
+        if self.engine.share is None:
+            self.engine.close()
+        else:
+            self.engine.share.close_engine(self.engine)
 
 
 class SessionTable:
@@ -118,6 +122,11 @@ class SessionTable:
             self._open[session_id] = session
         self.counters.add("sessions_opened")
         return session
+
+    def sessions(self) -> list[Session]:
+        """The open sessions, oldest first."""
+        with self._lock:
+            return list(self._open.values())
 
     def forget(self, session: Session) -> None:
         with self._lock:
