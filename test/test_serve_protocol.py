@@ -22,6 +22,7 @@ from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.serving.batching import BatchSettings
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+from oxygen_ros.serving.sessions import LanguageSettings
 from oxygen_ros.tools.make_checkpoint import synthetic_norm_stats
 
 
@@ -200,3 +201,15 @@ def test_aloha_client_with_channel_first_images_and_an_unused_camera(aloha):
         np.testing.assert_allclose(reply["actions"], expected, rtol=0, atol=1e-4)
         with pytest.raises(RuntimeError, match="images.cam_top: unknown camera"):
             client.infer({"images": {"cam_top": images["cam_high"]}, "state": state, "prompt": "x"})
+
+
+def test_narration_rides_along_every_n_frames(droid):
+    server = server_for(droid, language=LanguageSettings(narration_every=2, max_tokens=4))
+    with serve_in_thread(server) as running, OpenpiClient(running.uri) as client:
+        narrations = []
+        for frame in range(1, 12):
+            reply = client.infer(droid_observation(frame))
+            narrations += [e for e in reply.get("language", []) if e["kind"] == "narration"]
+        finished = {e["request_id"] for e in narrations if e.get("final")}
+        assert len(finished) >= 2  # frames 1, 3, 5, ... each asked for one
+        assert all(e["finish_reason"] in ("eos", "length") for e in narrations if e.get("final"))

@@ -49,7 +49,8 @@ class Session:
         if ask:
             self.engine.submit("answer", ask, sampling)
         every = self.language.narration_every
-        if every and self.frames % every == 1 % every and "narration" in self.engine.config.kinds:
+        due = every and (self.frames - 1) % every == 0  # frames 1, 1 + every, ...
+        if due and "narration" in self.engine.config.kinds:
             self.engine.submit("narration", "", sampling)
 
     def heard(self, deltas: list[TextDelta]) -> None:
