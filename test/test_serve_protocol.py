@@ -213,3 +213,30 @@ def test_narration_rides_along_every_n_frames(droid):
         finished = {e["request_id"] for e in narrations if e.get("final")}
         assert len(finished) >= 2  # frames 1, 3, 5, ... each asked for one
         assert all(e["finish_reason"] in ("eos", "length") for e in narrations if e.get("final"))
+
+
+def test_each_session_runs_its_own_subtask_loop(droid):
+    config = EngineConfig(
+        max_active_requests=2,
+        subtask_conditioning="prompt",
+        prompt_format="openpi_subtask",
+        subtask_max_tokens=3,  # random weights never say eos: a short subtask ends by length
+    )
+    server = PolicyServer(droid, config, ServerSettings(port=0))
+    with serve_in_thread(server) as running:
+        clients = [OpenpiClient(running.uri), OpenpiClient(running.uri)]
+        subtasks: list[list[dict]] = [[], []]
+        conditioned = [False, False]
+        for frame in range(1, 30):
+            tasks = ["pick up the cup", "open the drawer"]
+            observations = [droid_observation(frame, task) for task in tasks]
+            for i, reply in enumerate(infer_together(clients, observations)):
+                subtasks[i] += [e for e in reply.get("language", []) if e["kind"] == "subtask"]
+                conditioned[i] |= "subtask" in reply
+            if all(conditioned):
+                break
+        assert all(conditioned), subtasks  # a finished subtask conditions the next actions
+        ids = [{e["request_id"] for e in entries} for entries in subtasks]
+        assert ids[0] and ids[1] and not ids[0] & ids[1]  # each session's own requests
+        for client in clients:
+            client.close()

@@ -75,7 +75,7 @@ class Session:
                 if delta.detail:
                     entry["detail"] = delta.detail
         extra: dict = {"language": list(language.values())} if language else {}
-        if chunk.subtask:
+        if chunk.subtask_id:  # conditioned (an untrained model's subtask may be blank text)
             extra["subtask"] = chunk.subtask
         return extra
 
