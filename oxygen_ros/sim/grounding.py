@@ -52,13 +52,13 @@ TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench'
 # how often each kind is asked in training: binding a colour word to its cube (where, all_cubes)
 # is what a policy needs and what is slow to learn, so it gets most of the questions
 KIND_WEIGHTS = {
-    WHERE: 0.35,
-    ALL_CUBES: 0.25,
-    TARGET: 0.1,
-    WHICH_AT: 0.1,
-    NEAREST: 0.1,
-    HELD: 0.05,
-    ON_PAD: 0.05,
+    WHERE: 0.45,
+    ALL_CUBES: 0.3,
+    WHICH_AT: 0.08,
+    TARGET: 0.05,
+    NEAREST: 0.05,
+    HELD: 0.035,
+    ON_PAD: 0.035,
 }
 
 
