@@ -604,19 +604,15 @@ class StaticRunner:
     # -- prefill -----------------------------------------------------------------------------------
     def stage_images(self, observation: Observation) -> tuple[int, ...]:
         """Preprocess and upload the observation's images into the buffer of its slot set."""
-        slots = self.policy.present_slots(observation.images)
+        images = self.policy.slot_images(observation.images)
+        slots = tuple(slot for slot, _ in images)
         buffer = self._image_buffer(slots)
-        images = observation.images
         if self.gpu_preprocess:
-            for i, slot in enumerate(slots):
-                raw = self._stager.to_device(
-                    f"raw {i}", np.asarray(self.policy.slot_image(images, slot))
-                )
+            for i, (_, image) in enumerate(images):
+                raw = self._stager.to_device(f"raw {i}", np.asarray(image))
                 self.policy.model_image_torch(raw, out=buffer[i : i + 1])
         else:  # the host path (openpi's PIL resize, or LeRobot's), one pinned upload
-            pixels = np.stack(
-                [self.policy.model_image(self.policy.slot_image(images, s)) for s in slots]
-            )
+            pixels = np.stack([self.policy.model_image(image) for _, image in images])
             self._stager.upload(f"images {slots}", pixels, buffer)
         return slots
 

@@ -185,9 +185,12 @@ class Pi05Policy:
             raise ValueError("observation has no camera image: at least one image slot is required")
         return present
 
-    def slot_image(self, images: Mapping[str, np.ndarray], slot: int) -> np.ndarray:
-        """The image an observation gives for slot index ``slot`` (see `present_slots`)."""
-        return next(image for name, image in images.items() if self._slot_names[name] == slot)
+    def slot_images(self, images: Mapping[str, np.ndarray]) -> list[tuple[int, np.ndarray]]:
+        """An observation's images as (slot index, image), in slot order; checks the names as
+        `present_slots` does."""
+        present = self.present_slots(images)
+        by_slot = {self._slot_names[name]: image for name, image in images.items()}
+        return [(slot, by_slot[slot]) for slot in present]
 
     def model_image(self, image: np.ndarray) -> np.ndarray:
         """One RGB uint8 [H, W, 3] frame -> float32 [3, size, size] model input, prepared the way
@@ -347,9 +350,8 @@ class Pi05Policy:
         causal = np.zeros((batch, longest), dtype=bool)
         columns = []
         for row, (images, prompt) in enumerate(frames):
-            filled = self.present_slots(images)
-            for name, image in images.items():
-                slot = self._slot_names[name]
+            filled = self.slot_images(images)
+            for slot, image in filled:
                 pixels[row, slot] = self.model_image(image)
                 present[row, slot] = True
             columns.append(len(filled) * self.config.image_tokens)
