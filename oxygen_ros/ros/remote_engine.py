@@ -131,6 +131,8 @@ class RemoteEngine:
     """The tick's engine over a connected `PolicyClient` (see the module docstring).
 
     deadline_s: the longest a tick waits for its reply, read at every frame.
+    action_dims: the node's action joints: a chunk keeps the model's first ``action_dims`` dims
+    (as the local engine does).
     """
 
     name = "remote"
@@ -144,9 +146,11 @@ class RemoteEngine:
         client: PolicyClient,
         model: ServedModel,
         deadline_s: Callable[[], float],
+        action_dims: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self.action_dims = action_dims
         self.policy = model
         self.clock = clock
         self.timer = _NoLocalDecoding()
@@ -206,16 +210,18 @@ class RemoteEngine:
             not isinstance(actions, np.ndarray)
             or actions.ndim != 2
             or actions.dtype.kind not in "iuf"
+            or actions.shape[1] < self.action_dims
         ):
             raise ServerRefused(
-                f"the server's reply has no [horizon, dims] actions array: {_kind(actions)}"
+                f"the server's reply has no [horizon, >= {self.action_dims}] actions array: "
+                f"{_kind(actions)}"
             )
         self._frame_id += 1
         subtask = reply.get("subtask", "")
         return ActionChunk(
             frame_id=self._frame_id,
             stamp=observation.stamp,
-            actions=actions.astype(np.float32),
+            actions=actions[:, : self.action_dims].astype(np.float32),
             prefill_ms=0.0,
             action_ms=(self.clock() - started) * 1e3,
             subtask=subtask if isinstance(subtask, str) else "",

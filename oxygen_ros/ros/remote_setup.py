@@ -94,4 +94,4 @@ def connect_remote_engine(
         f"RTC feedback {'sent' if model.takes_rtc_feedback else 'not taken by this server'}; "
         "narration is the server's (oxygen-serve --narration-every)"
     )
-    return RemoteEngine(client, model, deadline_s)
+    return RemoteEngine(client, model, deadline_s, len(settings.action_joint_names))
