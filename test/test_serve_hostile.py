@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import websockets
-from serve_helpers import OpenpiClient, droid_observation, infer_together, openpi_pack, wait_for
+from serve_helpers import OpenpiClient, droid_observation, openpi_pack, wait_for
 
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.policy_io.policy import load_policy
@@ -108,22 +108,22 @@ def test_a_client_that_disconnects_mid_inference(droid):
 
 
 def test_frames_beyond_the_queue_limit_are_refused(droid):
-    # three sessions open, so the first frame waits in its window for the other two; the queue
+    # three sessions open, so a first frame waits (a long window) for the other two; the queue
     # holds one frame, so a second one is refused at once
     server = make_server(
-        droid, batch=BatchSettings(window_s=2.0, max_queued_frames=1), max_sessions=3
+        droid, batch=BatchSettings(window_s=600.0, max_queued_frames=1), max_sessions=3
     )
     with serve_in_thread(server) as running:
-        clients = [OpenpiClient(running.uri) for _ in range(3)]
-        replies = infer_together(clients[:2], [droid_observation(1), droid_observation(2)])
-        refused = [r for r in replies if isinstance(r, RuntimeError)]
-        answered = [r for r in replies if isinstance(r, dict)]
-        assert len(refused) == 1 and len(answered) == 1
-        assert "server busy: 1 frames already wait" in str(refused[0])
-        assert answered[0]["actions"].shape == (10, 8)
-        assert served(clients[2], 1)  # and the queue serves again
-        for client in clients:
-            client.close()
+        waiting, refused, idle = (OpenpiClient(running.uri) for _ in range(3))
+        waiting.ws.send(openpi_pack(droid_observation(1)))
+        assert wait_for(lambda: server.stats()["frames_waiting"] == 1)
+        with pytest.raises(RuntimeError, match="server busy: 1 frames already wait"):
+            refused.infer(droid_observation(2))
+        refused.close()  # the sessions leaving end the wait: the batch runs
+        idle.close()
+        assert waiting.reply()["actions"].shape == (10, 8)
+        assert served(waiting, 1)  # and the queue serves again
+        waiting.close()
     assert server.counters.get("refused_queue_full") == 1
 
 

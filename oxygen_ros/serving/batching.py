@@ -85,6 +85,16 @@ class ModelWorker:
         self._waiting: list[_Waiting] = []
         self._arrived = asyncio.Event()
 
+    @property
+    def frames_waiting(self) -> int:
+        """Frames queued for the next batch."""
+        return len(self._waiting)
+
+    def session_left(self) -> None:
+        """A session closed: a batch that waits for every open session's frame may be ready."""
+        if self._waiting:
+            self._arrived.set()
+
     async def call(self, work: Callable[[], T]) -> T:
         """Run ``work`` on the model thread (between batches) and return its result."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)

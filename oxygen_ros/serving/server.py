@@ -108,7 +108,9 @@ class PolicyServer:
         }
 
     def stats(self) -> dict[str, Any]:
-        return {"sessions_open": len(self.sessions), **self.counters.snapshot()}
+        waiting = self._worker.frames_waiting if self._worker is not None else 0
+        now = {"sessions_open": len(self.sessions), "frames_waiting": waiting}
+        return now | self.counters.snapshot()
 
     # -- serving ---------------------------------------------------------------------------------
     async def serve(self, started: asyncio.Future | None = None) -> None:
@@ -186,6 +188,7 @@ class PolicyServer:
                 self.counters.add("refused_message_too_big")
         finally:
             self.sessions.forget(session)
+            worker.session_left()
             await worker.call(session.close)
             self.counters.add("sessions_closed")
             logger.info("session %d closed", session.session_id)
