@@ -240,3 +240,36 @@ def test_each_session_runs_its_own_subtask_loop(droid):
         assert ids[0] and ids[1] and not ids[0] & ids[1]  # each session's own requests
         for client in clients:
             client.close()
+
+
+def test_rtc_feedback_from_the_client_drives_the_sessions_continuity(droid):
+    config = EngineConfig(max_active_requests=2, chunk_continuity="rtc", action_dt=0.05)
+    server = PolicyServer(droid, config, ServerSettings(port=0))
+    with serve_in_thread(server) as running:
+        with OpenpiClient(running.uri) as reporting, OpenpiClient(running.uri) as silent:
+            keys = reporting.metadata["observation"]["keys"]
+            assert {"rtc/published_chunk", "rtc/delay_s"} <= set(keys)
+            engines = [session.engine for session in server.sessions.sessions()]
+            first = reporting.infer(droid_observation(1))["actions"]
+            silent.infer(droid_observation(1))
+            feedback = {"rtc/published_chunk": first[:4], "rtc/delay_s": 0.25}
+            assert reporting.infer({**droid_observation(2), **feedback})["actions"].shape == (10, 8)
+            silent.infer(droid_observation(2))
+            # the client's delay, not the server's guess; the silent one got the guess
+            assert engines[0].continuity.delay_s == 0.25
+            assert engines[1].continuity.delay_s is not None
+            assert engines[1].continuity.delay_s != 0.25
+            for bad, field in (
+                ({"rtc/published_chunk": first[:, :3], "rtc/delay_s": 0.1}, "published_chunk"),
+                ({"rtc/published_chunk": first, "rtc/delay_s": -1.0}, "rtc/delay_s"),
+                ({"rtc/delay_s": 0.1}, "rtc/published_chunk: missing"),
+            ):
+                with pytest.raises(RuntimeError, match=field):
+                    reporting.infer({**droid_observation(3), **bad})
+
+
+def test_rtc_feedback_keys_are_unknown_to_a_server_without_continuity(droid):
+    with serve_in_thread(server_for(droid)) as running, OpenpiClient(running.uri) as client:
+        assert "rtc/delay_s" not in client.metadata["observation"]["keys"]
+        with pytest.raises(RuntimeError, match="rtc/delay_s: unknown key"):
+            client.infer({**droid_observation(1), "rtc/delay_s": 0.1})

@@ -155,6 +155,8 @@ class ModelWorker:
     def _run_batch(self, batch: list[_Waiting], loop: asyncio.AbstractEventLoop) -> None:
         """Model thread: act on every frame at once, answer each, then language."""
         started = self.clock()
+        for waiting in batch:
+            waiting.session.report_published(waiting.frame.published)
         results = act_together(
             [w.session.engine for w in batch], [w.frame.observation for w in batch]
         )
@@ -184,9 +186,7 @@ class ModelWorker:
                     self.counters.add("late_replies")
             loop.call_soon_threadsafe(_resolve, waiting.future, reply)
             if not isinstance(result, Exception):
-                session.engine.chunk_published(
-                    result.frame_id, result.actions, self.clock() - waiting.received
-                )
+                session.replied(result, self.clock() - waiting.received)
         # language yields most of its budget when frames already wait for the next batch
         budget = self.settings.language_budget_s / (4 if self._waiting else 1)
         sessions = [session for session in self._open_sessions() if not session.closed]

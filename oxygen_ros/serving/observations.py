@@ -11,7 +11,9 @@ Each robot family is sent by its openpi example with its own keys (shared/SERVIN
   and ``state``.
 
 All of them add ``prompt`` (the task text) and may add ``ask`` (a question, answered over the
-following replies). Cameras map to image slots through the robot adapter's ``cameras`` (a camera
+following replies) and, to a server running chunk continuity, ``rtc/published_chunk`` and
+``rtc/delay_s`` (what the robot published of the previous reply, and how late). Cameras map
+to image slots through the robot adapter's ``cameras`` (a camera
 it does not use, such as ALOHA's ``cam_low``, is accepted and left out). Anything else — a
 missing or unknown key, a wrong dtype or shape, a non-finite state, an over-long text — raises
 `ObservationError` naming the field.
@@ -20,6 +22,7 @@ missing or unknown key, a wrong dtype or shape, a non-finite state, an over-long
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +30,7 @@ import numpy as np
 
 from ..engine.types import Observation
 from ..policy_io.policy import Pi05Policy
+from .client import PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY
 
 MAX_TEXT_CHARS = 2000  # prompt and ask
 MAX_IMAGE_SIDE = 4096
@@ -44,10 +48,13 @@ class ObservationError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ClientFrame:
-    """One checked request of a client: the engine's observation and an optional question."""
+    """One checked request of a client: the engine's observation, an optional question, and
+    (RTC feedback) what the robot published of the previous reply and how late: the actions
+    [steps, action_dim] and the delay from that reply's observation to its publication, s."""
 
     observation: Observation
     ask: str = ""
+    published: tuple[np.ndarray, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,18 +91,21 @@ NESTED_LAYOUT = ObservationLayout({}, ("state",))  # aloha, generic, LeRobot fol
 
 
 class ObservationReader:
-    """Checks and converts one robot family's client observations for ``policy``."""
+    """Checks and converts one robot family's client observations for ``policy``; with
+    ``rtc_feedback`` it also takes (and lists in `describe`) the optional RTC feedback keys
+    ``rtc/published_chunk`` and ``rtc/delay_s`` (the node's remote engine sends them)."""
 
-    def __init__(self, policy: Pi05Policy) -> None:
+    def __init__(self, policy: Pi05Policy, rtc_feedback: bool = False) -> None:
         self.policy = policy
         self.layout = LAYOUTS.get(policy.robot.name, NESTED_LAYOUT)
         self.cameras = dict(policy.robot.cameras)  # camera -> slot; empty: names are slots
         self.state_dim = policy.robot.state_dim or policy.state_dim
+        self.keys = self.layout.keys | (RTC_FEEDBACK_KEYS if rtc_feedback else frozenset())
 
     def describe(self) -> dict[str, Any]:
-        """What a client must send (for the metadata frame)."""
+        """What a client must send, and may (for the metadata frame)."""
         return {
-            "keys": sorted(self.layout.keys - {"ask"}),
+            "keys": sorted(self.keys - {"ask"}),
             "cameras": sorted(self.cameras) or list(self.policy.image_slots),
             "state_dim": self.state_dim or 0,
         }
@@ -104,16 +114,44 @@ class ObservationReader:
         """A decoded client message -> its checked frame. Raises `ObservationError`."""
         if not isinstance(message, dict):
             raise ObservationError("message", f"expected a map of fields, got {_kind(message)}")
-        unknown = sorted(str(key) for key in message if key not in self.layout.keys)
+        unknown = sorted(str(key) for key in message if key not in self.keys)
         if unknown:
             raise ObservationError(
-                unknown[0], f"unknown key; this server's robot takes {sorted(self.layout.keys)}"
+                unknown[0], f"unknown key; this server's robot takes {sorted(self.keys)}"
             )
         prompt = _text(message, "prompt", required=True)
         ask = _text(message, "ask", required=False)
         images = self._images(message)
         state = self._state(message)
-        return ClientFrame(Observation(images, state, prompt, stamp), ask)
+        published = self._published(message)
+        return ClientFrame(Observation(images, state, prompt, stamp), ask, published)
+
+    def _published(self, message: dict) -> tuple[np.ndarray, float] | None:
+        """The RTC feedback: both keys or neither."""
+        given = [key for key in (PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY) if key in message]
+        if not given:
+            return None
+        if len(given) == 1:
+            missing = ({PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY} - set(given)).pop()
+            raise ObservationError(missing, f"missing (sent with {given[0]})")
+        chunk = message[PUBLISHED_CHUNK_KEY]
+        horizon, width = self.policy.config.action_horizon, self.policy.action_dim
+        if not isinstance(chunk, np.ndarray) or chunk.dtype.kind not in "iuf":
+            problem = f"expected a float array, got {_kind(chunk)}"
+            raise ObservationError(PUBLISHED_CHUNK_KEY, problem)
+        if chunk.ndim != 2 or chunk.shape[1] != width or not 0 < chunk.shape[0] <= horizon:
+            raise ObservationError(
+                PUBLISHED_CHUNK_KEY, f"expected [1..{horizon}, {width}], got {chunk.shape}"
+            )
+        delay = message[PUBLISHED_DELAY_KEY]
+        if isinstance(delay, np.generic):
+            delay = delay.item()
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+            raise ObservationError(PUBLISHED_DELAY_KEY, f"expected seconds, got {_kind(delay)}")
+        if not (math.isfinite(delay) and delay >= 0):
+            problem = f"expected finite seconds >= 0, got {delay}"
+            raise ObservationError(PUBLISHED_DELAY_KEY, problem)
+        return chunk.astype(np.float64), float(delay)
 
     def _images(self, message: dict) -> dict[str, np.ndarray]:
         if self.layout.flat_cameras:
@@ -166,6 +204,10 @@ class ObservationReader:
             raise ObservationError(field, f"expected {self.state_dim} values, got {len(state)}")
         return state
 
+
+# RTC feedback (a client of a server running chunk continuity, named by serving/client.py): the
+# previous reply's chunk as the robot published it, and its delay
+RTC_FEEDBACK_KEYS = frozenset({PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY})
 
 # cameras openpi's ALOHA clients send that pi0.5 never reads
 _UNUSED_CAMERAS = frozenset({"cam_low"})

@@ -76,7 +76,8 @@ class PolicyServer:
         self.engine_config = engine_config
         self.settings = settings
         self.counters = Counters()
-        self.reader = ObservationReader(policy)
+        rtc = engine_config.chunk_continuity == "rtc"
+        self.reader = ObservationReader(policy, rtc_feedback=rtc)
         self.limits = WireLimits(max_message_bytes=settings.max_message_bytes)
         self.sessions = SessionTable(
             self._make_engine, settings.max_sessions, settings.language, self.counters

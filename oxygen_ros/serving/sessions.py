@@ -14,6 +14,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 from ..engine.requests import SamplingParams
 from ..engine.scheduler import OxygenEngine
 from ..engine.types import ActionChunk, TextDelta
@@ -42,6 +44,24 @@ class Session:
         self.closed = False
         self.frames = 0
         self._unsent: list[TextDelta] = []  # deltas made since the last reply
+        self._replied: tuple[int, np.ndarray, float] | None = None  # frame id, actions, delay
+
+    def replied(self, chunk: ActionChunk, delay_s: float) -> None:
+        """A reply was sent ``delay_s`` after its observation arrived (worker thread)."""
+        self._replied = (chunk.frame_id, chunk.actions, delay_s)
+
+    def report_published(self, published: tuple[np.ndarray, float] | None) -> None:
+        """Before acting on this session's next frame (worker thread): tell its engine's chunk
+        continuity what the robot published of the last reply and how late — the client's
+        report when it sends one (``rtc/published_chunk``, ``rtc/delay_s``), else the reply as
+        sent, when it was sent. A no-op without chunk continuity."""
+        if self._replied is None:
+            return
+        frame_id, actions, delay_s = self._replied
+        self._replied = None
+        if published is not None:
+            actions, delay_s = published
+        self.engine.chunk_published(frame_id, actions, delay_s)
 
     def submit_language(self, ask: str) -> None:
         """Queue this frame's question (if any) and a due narration (worker thread)."""
