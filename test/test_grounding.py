@@ -88,17 +88,19 @@ def test_later_poses_move_the_arm_and_their_labels_follow(scenes):
         assert answer == ("none" if held < 0 else f"the {CUBE_COLORS[held]} cube")
 
 
-def test_where_questions_are_asked_under_a_task_naming_their_cube(scenes, tokenizer_path):
+def test_scene_questions_are_vqa_and_the_task_question_is_an_ask(scenes, tokenizer_path):
     maker = _maker(scenes, tokenizer_path)
-    for row in range(len(scenes)):
-        for q in grounding.scene_questions(scenes, row):
-            if q.kind == grounding.WHERE:
-                assert f"the {q.subject} cube" in q.task
-                ids = maker.layout(row, q).ids
-                prompt = maker.tokenizer.frame_prompt(
-                    q.task, maker.states[row], maker.config.max_token_len, maker.format
-                )
-                assert ids[: len(prompt.ids)] == list(prompt.ids)
+    tok = maker.tokenizer
+    for q in grounding.scene_questions(scenes, 0):
+        layout = maker.layout(0, q)
+        answer = tok.encode_text(q.answer) + [tok.eos_id]
+        assert [i for i, s in zip(layout.ids, layout.supervised, strict=True) if s] == answer
+        n_prefix = len(layout.ids) - len(answer)
+        if q.layout == grounding.VQA:
+            assert layout.ids[:n_prefix] == [tok.bos_id] + tok.encode_text(q.text + "\n")
+            assert layout.causal == [False] * n_prefix + [True] * len(answer)
+        else:
+            assert q.kind == grounding.TARGET
 
 
 def test_which_at_answers_agree_with_where_answers(scenes):
@@ -165,10 +167,10 @@ def _maker(scenes, tokenizer_path) -> GroundingBatchMaker:
     )
 
 
-def test_questions_are_laid_out_as_an_ask_request(scenes, tokenizer_path):
+def test_the_task_question_is_laid_out_as_an_ask_request(scenes, tokenizer_path):
     maker = _maker(scenes, tokenizer_path)
     tok = maker.tokenizer
-    question = maker.questions(0)[0]
+    question = [q for q in maker.questions(0) if q.kind == grounding.TARGET][0]
     layout = maker.layout(0, question)
     answer = tok.encode_text(question.answer) + [tok.eos_id]
     cue = maker.format.kind_ids(tok, "answer", text=question.text)
@@ -177,7 +179,7 @@ def test_questions_are_laid_out_as_an_ask_request(scenes, tokenizer_path):
     assert [i for i, s in zip(layout.ids, layout.supervised, strict=True) if s] == answer
     n_prompt = sum(layout.action_reads)
     assert layout.action_reads == [True] * n_prompt + [False] * (len(cue) + len(answer))
-    batch = maker.examples([0, 1], maker.questions(0)[:1] + maker.questions(1)[:1])
+    batch = maker.examples([0, 1], [question, maker.questions(1)[0]])
     assert batch.images.shape == (2, 2, 3, 128, 128)
     assert int(batch.text_loss_mask.sum()) == len(answer) + len(
         tok.encode_text(maker.questions(1)[0].answer) + [tok.eos_id]

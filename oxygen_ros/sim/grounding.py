@@ -49,6 +49,11 @@ ON_PAD = "on_pad"  # is the <colour> cube on a pad? -> yes, the <pad> pad / no
 TARGET = "target"  # which cube are you going for? -> the task's cube
 QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET)
 TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench's Ask asks
+# how a question is laid out for the model (`oxygen_ros.training.grounding`): VQA as pi0.5's
+# vision-language data (the question in the bidirectional prefix with the images: the image
+# tokens can read the colour asked about), ASK as the node's Ask request (after the frame's
+# prompt, which the question cannot change: for questions about the task itself)
+VQA, ASK = "vqa", "ask"
 # how often each kind is asked in training: binding a colour word to its cube (where, all_cubes)
 # is what a policy needs and what is slow to learn, so it gets most of the questions
 KIND_WEIGHTS = {
@@ -191,7 +196,7 @@ class Question:
     text: str
     answer: str
     subject: str = ""  # the colour or place asked about
-    task: str = ""  # the task the frame's prompt carries when this is asked ("": the scene's)
+    layout: str = "vqa"  # VQA: the question with the images; ASK: after the frame, as Ask is
 
 
 def cube_place(scenes: GroundingScenes, row: int, cube: int) -> str:
@@ -218,8 +223,7 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
     places = [cube_place(scenes, row, k) for k in range(len(CUBE_COLORS))]
     scene_task = parse_task(scenes.tasks[row]) if scenes.tasks[row] else None
     questions = [
-        Question(WHERE, f"where is the {c} cube?", places[k], c, _task_naming(scene_task, c))
-        for k, c in enumerate(CUBE_COLORS)
+        Question(WHERE, f"where is the {c} cube?", places[k], c) for k, c in enumerate(CUBE_COLORS)
     ]
     listing = ", ".join(f"{c} {places[k]}" for k, c in enumerate(CUBE_COLORS))
     questions.append(Question(ALL_CUBES, "where are the cubes?", listing))
@@ -242,18 +246,8 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
         questions.append(Question(ON_PAD, f"is the {c} cube on a pad?", answer, c))
     if scene_task is not None:
         cube = scene_task.cube
-        questions.append(Question(TARGET, TARGET_QUESTION, f"the {cube} cube", cube))
+        questions.append(Question(TARGET, TARGET_QUESTION, f"the {cube} cube", cube, layout=ASK))
     return questions
-
-
-def _task_naming(task, colour: str) -> str:
-    """The task a "where is the <colour> cube?" question is asked under: the scene's own when it
-    is about that cube, else touching it. The frame's prompt is read by the image tokens (the
-    prefix is bidirectional) while a question after it is not, so the colour to find must be in
-    the task, as it is when a policy acts: this is the binding the action expert needs."""
-    if task is not None and task.cube == colour:
-        return task.text
-    return f"touch the {colour} cube"
 
 
 def curriculum_questions(questions: list[Question], one_colour: bool) -> list[Question]:

@@ -1,12 +1,17 @@
 """Grounding questions (`oxygen_ros.sim.grounding`) as text-only training batches, and the probe.
 
-An example is laid out as the node lays out an Ask request: the frame's images and flat action
-prompt (the scene's task, or the question's own: "where is the red cube?" is asked under a task
-that names the red cube, see `oxygen_ros.sim.grounding`; the state's bins), then the ``answer``
-kind's cue with the question (``"\\nQuestion: where is the red cube?\\nAnswer: "``), then the
-answer and an eos, causal and supervised. The action expert never reads the question
-(``action_reads`` covers the prompt only) and the batch carries no action loss: it trains the
-backbone (and the vision tower) alone, as pi0.5's vision-language co-training does.
+Two layouts (a question's ``layout``):
+
+* ``vqa``, as pi0.5's vision-language data (PaliGemma's prefix-LM): the images, bos and the
+  question bidirectional, then the answer and an eos, causal and supervised. The image tokens read
+  the question, so they learn to pick out the cube it names;
+* ``ask``, as the node lays out an Ask request: the images and the frame's flat action prompt (the
+  scene's task, the state's bins), then the ``answer`` kind's cue with the question
+  (``"\\nQuestion: ...\\nAnswer: "``), then the answer; the prefix cannot read the question, so
+  this is for questions about the task itself ("which cube are you going for?").
+
+No example carries an action loss: these batches train the backbone (and the vision tower) alone,
+as pi0.5's vision-language co-training does.
 
 The probe asks held-out scenes' questions teacher-forced and counts a question right when every
 answer token (and the eos) is the argmax: exactly what greedy decoding would say.
@@ -27,6 +32,7 @@ from oxygen_ros.policy_io.prompts import PromptFormat
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.sim.grounding import (
     QUESTION_KINDS,
+    VQA,
     GroundingScenes,
     Question,
     curriculum_questions,
@@ -37,6 +43,7 @@ from oxygen_ros.sim.grounding import (
 from .batches import BatchError, TextLayout, collate
 
 ANSWER_KIND = "answer"
+VQA_PROMPT = "{question}\n"  # PaliGemma's VQA prefix: the question, then a newline
 SCENE_CAMERAS = {"scene": "scene", "wrist": "wrist"}  # dataset camera key suffix -> scene field
 
 
@@ -82,11 +89,32 @@ class GroundingBatchMaker:
         return self._questions[row]
 
     def layout(self, row: int, question: Question) -> TextLayout:
-        """Scene ``row``'s flat action prompt (with the question's task, if it has one), then
-        ``question`` and its answer (supervised)."""
+        """``question`` about scene ``row`` and its answer (supervised), in the question's
+        layout: :data:`VQA` or :data:`ASK`."""
+        if question.layout == VQA:
+            return self.vqa_layout(question)
+        return self.ask_layout(row, question)
+
+    def vqa_layout(self, question: Question) -> TextLayout:
+        """PaliGemma's prefix-LM layout, as pi0.5's vision-language data: bos and the question
+        bidirectional with the images, then the answer and an eos, causal and supervised."""
         tok = self.tokenizer
-        task = question.task or self.scenes.tasks[row]
-        prompt = tok.frame_prompt(task, self.states[row], self.config.max_token_len, self.format)
+        prefix = [tok.bos_id] + tok.encode_text(VQA_PROMPT.format(question=question.text))
+        answer = tok.encode_text(question.answer) + [tok.eos_id]
+        return TextLayout(
+            ids=prefix + answer,
+            causal=[False] * len(prefix) + [True] * len(answer),
+            supervised=[False] * len(prefix) + [True] * len(answer),
+            action_reads=[True] * len(prefix) + [False] * len(answer),
+        )
+
+    def ask_layout(self, row: int, question: Question) -> TextLayout:
+        """Scene ``row``'s flat action prompt, then the ``answer`` kind's cue with ``question``,
+        then its answer (supervised)."""
+        tok = self.tokenizer
+        prompt = tok.frame_prompt(
+            self.scenes.tasks[row], self.states[row], self.config.max_token_len, self.format
+        )
         ids = list(prompt.ids)
         cue = self.format.kind_ids(tok, ANSWER_KIND, text=question.text)
         answer = tok.encode_text(question.answer) + [tok.eos_id]
