@@ -39,10 +39,10 @@ WAIT_S = 120.0  # generous: nothing here depends on how busy the machine is
 
 
 def start_server(checkpoint: Path, port: int, key_file: Path, log: Path) -> ServeProcess:
-    """``oxygen-serve`` on the tiny checkpoint with the API key, narrating every 2 frames."""
-    server = ServeProcess(
-        checkpoint, port, log, ["--api-key-file", str(key_file), "--narration-every", "2"]
-    )
+    """``oxygen-serve`` on the tiny checkpoint with the API key, narrating every 2 frames, each
+    session's chunks continuing the previous one (RTC, from what the node published)."""
+    args = ["--api-key-file", str(key_file), "--narration-every", "2", "--chunk-continuity", "rtc"]
+    server = ServeProcess(checkpoint, port, log, args)
     server.wait_healthy(WAIT_S)
     return server
 
@@ -119,6 +119,7 @@ def _ticks_and_answers_over_the_server(probe: Probe, node: NodeProcess, port: in
     values = probe.fresh_diagnostics(30.0)
     assert values["server_uri"] == f"ws://127.0.0.1:{port}"
     assert values["server_name"] == "oxygen-serve" and values["server_robot"] == "generic"
+    assert values["server_rtc_feedback"] == "true" and values["server_errors"] == "0"
     ask = AskClient(probe, wait_s=WAIT_S)
     handle = ask.send("what is on the table?", max_tokens=4)
     assert handle.accepted
@@ -251,3 +252,26 @@ def test_a_frame_the_server_refuses_names_the_field_and_the_next_frame_is_served
         assert stats["server_errors"] == 1 and stats["server_connected"] is True
     finally:
         engine.close()
+
+
+def test_rtc_feedback_carries_the_published_rows_in_all_the_models_dims(tiny_checkpoint):
+    """A node driving 7 of the model's 8 action dims: the chunk it published goes back with the
+    server's own values in the dim it does not drive, and the server takes it."""
+    server = PolicyServer(
+        load_policy(tiny_checkpoint), EngineConfig(chunk_continuity="rtc"), ServerSettings(port=0)
+    )
+    joints = joint_names(JOINTS)
+    image = np.zeros((32, 32, 3), np.uint8)
+    with serve_in_thread(server) as running:
+        settings = _settings(server_uri=running.uri, action_joint_names=joints[:-1])
+        engine = connect_remote_engine(settings, _Log(), lambda: 60.0)
+        try:
+            assert engine.policy.takes_rtc_feedback
+            first = engine.act(Observation({"base_0_rgb": image}, np.zeros(JOINTS), "pick", 1.0))
+            assert first.actions.shape[1] == JOINTS - 1
+            engine.chunk_published(first.frame_id, first.actions[:4] + 0.5, 0.05)
+            # the server checks the feedback's shape ([1..horizon, 8]) before it acts
+            second = engine.act(Observation({"base_0_rgb": image}, np.ones(JOINTS), "pick", 2.0))
+            assert second.frame_id == 2 and engine.server_stats()["server_errors"] == 0
+        finally:
+            engine.close()

@@ -158,6 +158,7 @@ class RemoteEngine:
         self._deadline_s = deadline_s
         self._frame_id = 0
         self._published: tuple[np.ndarray, float] | None = None
+        self._reply: tuple[int, np.ndarray] | None = None  # the last chunk's frame, all its dims
         self._lock = threading.Lock()  # language state: the tick and late replies meet here
         self._next_id = 1
         self._questions: collections.deque[tuple[int, str]] = collections.deque()  # not sent
@@ -217,6 +218,7 @@ class RemoteEngine:
                 f"{_kind(actions)}"
             )
         self._frame_id += 1
+        self._reply = (self._frame_id, actions.astype(np.float32))
         subtask = reply.get("subtask", "")
         return ActionChunk(
             frame_id=self._frame_id,
@@ -229,9 +231,14 @@ class RemoteEngine:
 
     def chunk_published(self, frame_id: int, actions: np.ndarray | None, delay_s: float) -> None:
         """Remember what the robot now executes (None: the chunk was not published, the previous
-        one still runs) for the next request's RTC feedback."""
-        if actions is not None:
-            self._published = (np.asarray(actions, dtype=np.float32), float(delay_s))
+        one still runs) for the next request's RTC feedback: the published rows, in all the
+        model's dims (those the node does not drive as the server sent them)."""
+        if actions is None or self._reply is None or self._reply[0] != frame_id:
+            return
+        published = np.asarray(actions, dtype=np.float32)
+        full = self._reply[1][: len(published)].copy()
+        full[:, : published.shape[1]] = published
+        self._published = (full, float(delay_s))
 
     def set_action_dt(self, action_dt: float) -> None:
         """Nothing to set here: the server's RTC steps at its own ``--action-dt``."""
