@@ -231,6 +231,8 @@ def test_configure_refuses_a_robot_the_server_does_not_serve(keyed_server, tmp_p
 def test_engine_remote_needs_a_server_uri():
     with pytest.raises(SettingsError, match="engine remote needs server_uri"):
         _settings()
+    with pytest.raises(SettingsError, match="engine must be one of local, remote"):
+        _settings(engine="cloud", server_uri="ws://gpu-box:8000")
 
 
 def test_a_frame_the_server_refuses_names_the_field_and_the_next_frame_is_served(
