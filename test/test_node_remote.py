@@ -166,7 +166,7 @@ def _reconnected_chunks_flow_again(probe: Probe, node: NodeProcess) -> None:
 # -- configure-time checks, against a server in this process ------------------------------------
 def _settings(**overrides) -> NodeSettings:
     values = {spec.name: spec.default for spec in PARAMETERS}
-    values.update(joint_names=joint_names(JOINTS), engine="remote", **overrides)
+    values.update({"joint_names": joint_names(JOINTS), "engine": "remote", **overrides})
     return NodeSettings.from_values(values)
 
 
