@@ -21,6 +21,7 @@ from oxygen_ros.model.siglip import sincos_positions
 from oxygen_ros.policy_io.prompts import resolve_format
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.sim import grounding
+from oxygen_ros.sim import questions as qa
 from oxygen_ros.sim.language import place_words
 from oxygen_ros.sim.recording import demonstration_specs, write_demonstrations
 from oxygen_ros.sim.scene import CUBE_COLORS
@@ -45,7 +46,7 @@ HELDOUT = grounding.HELDOUT_SEED0 + 500_000  # the tests' own held-out layouts
 
 
 @pytest.fixture(scope="module")
-def scenes() -> grounding.GroundingScenes:
+def scenes() -> qa.GroundingScenes:
     return grounding.render_scenes(HELDOUT, 3, poses_per_layout=3)
 
 
@@ -67,7 +68,7 @@ def test_labels_are_the_sims_state_at_the_start_pose(scenes):
     assert len(start_rows) == 3
     for row in start_rows:
         layout = random_layout(np.random.default_rng(int(scenes.seeds[row])))
-        questions = {q.text: q.answer for q in grounding.scene_questions(scenes, row)}
+        questions = {q.text: q.answer for q in qa.scene_questions(scenes, row)}
         for k, colour in enumerate(CUBE_COLORS):
             x, y, _ = layout.cubes[colour]
             np.testing.assert_allclose(scenes.cubes[row, k, :2], (x, y), atol=2e-3)
@@ -84,30 +85,30 @@ def test_later_poses_move_the_arm_and_their_labels_follow(scenes):
     for row in later:
         assert np.abs(scenes.state[row] - scenes.state[row - 1]).max() > 1e-3
         held = int(scenes.grasped[row])
-        answer = {q.kind: q.answer for q in grounding.scene_questions(scenes, row)}["held"]
+        answer = {q.kind: q.answer for q in qa.scene_questions(scenes, row)}["held"]
         assert answer == ("none" if held < 0 else f"the {CUBE_COLORS[held]} cube")
 
 
 def test_scene_questions_are_vqa_and_the_task_question_is_an_ask(scenes, tokenizer_path):
     maker = _maker(scenes, tokenizer_path)
     tok = maker.tokenizer
-    for q in grounding.scene_questions(scenes, 0):
+    for q in qa.scene_questions(scenes, 0):
         layout = maker.layout(0, q)
         answer = tok.encode_text(q.answer) + [tok.eos_id]
         assert [i for i, s in zip(layout.ids, layout.supervised, strict=True) if s] == answer
         n_prefix = len(layout.ids) - len(answer)
-        if q.layout == grounding.VQA:
+        if q.layout == qa.VQA:
             assert layout.ids[:n_prefix] == [tok.bos_id] + tok.encode_text(q.text + "\n")
             assert layout.causal == [False] * n_prefix + [True] * len(answer)
         else:
-            assert q.kind == grounding.TARGET
+            assert q.kind == qa.TARGET
 
 
 def test_which_at_answers_agree_with_where_answers(scenes):
     for row in range(len(scenes)):
-        questions = grounding.scene_questions(scenes, row)
-        where = {q.subject: q.answer for q in questions if q.kind == grounding.WHERE}
-        for q in (q for q in questions if q.kind == grounding.WHICH_AT):
+        questions = qa.scene_questions(scenes, row)
+        where = {q.subject: q.answer for q in questions if q.kind == qa.WHERE}
+        for q in (q for q in questions if q.kind == qa.WHICH_AT):
             there = [c for c, place in where.items() if place == q.subject]
             assert q.answer == (f"the {there[0]} cube" if there else "none")
 
@@ -129,29 +130,29 @@ def test_seed_ranges_are_disjoint():
 
 
 def test_the_warm_up_asks_one_colour_and_the_listing_only(scenes):
-    questions = grounding.scene_questions(scenes, 0)
-    warm = grounding.curriculum_questions(questions, one_colour=True)
-    assert [(q.kind, q.subject) for q in warm] == [(grounding.WHERE, CUBE_COLORS[0])]
-    assert grounding.curriculum_questions(questions, one_colour=False) == questions
+    questions = qa.scene_questions(scenes, 0)
+    warm = qa.curriculum_questions(questions, one_colour=True)
+    assert [(q.kind, q.subject) for q in warm] == [(qa.WHERE, CUBE_COLORS[0])]
+    assert qa.curriculum_questions(questions, one_colour=False) == questions
 
 
 def test_questions_are_drawn_by_kind_weights(scenes):
-    questions = grounding.scene_questions(scenes, 0)
+    questions = qa.scene_questions(scenes, 0)
     rng = np.random.default_rng(0)
-    drawn = [grounding.draw_question(questions, rng).kind for _ in range(4000)]
+    drawn = [qa.draw_question(questions, rng).kind for _ in range(4000)]
     kinds = {q.kind for q in questions}
-    total = sum(grounding.KIND_WEIGHTS[k] for k in kinds)
+    total = sum(qa.KIND_WEIGHTS[k] for k in kinds)
     for kind in kinds:
-        expected = grounding.KIND_WEIGHTS[kind] / total
+        expected = qa.KIND_WEIGHTS[kind] / total
         assert abs(drawn.count(kind) / len(drawn) - expected) < 0.03, kind
 
 
 def test_scenes_round_trip_through_a_file(scenes, tmp_path):
     scenes.save(tmp_path / "s.npz")
-    back = grounding.GroundingScenes.load(tmp_path / "s.npz")
+    back = qa.GroundingScenes.load(tmp_path / "s.npz")
     assert back.tasks == scenes.tasks
     np.testing.assert_array_equal(back.scene, scenes.scene)
-    both = grounding.GroundingScenes.concatenate([scenes, back])
+    both = qa.GroundingScenes.concatenate([scenes, back])
     assert len(both) == 2 * len(scenes)
 
 
@@ -170,7 +171,7 @@ def _maker(scenes, tokenizer_path) -> GroundingBatchMaker:
 def test_the_task_question_is_laid_out_as_an_ask_request(scenes, tokenizer_path):
     maker = _maker(scenes, tokenizer_path)
     tok = maker.tokenizer
-    question = [q for q in maker.questions(0) if q.kind == grounding.TARGET][0]
+    question = [q for q in maker.questions(0) if q.kind == qa.TARGET][0]
     layout = maker.layout(0, question)
     answer = tok.encode_text(question.answer) + [tok.eos_id]
     cue = maker.format.kind_ids(tok, "answer", text=question.text)

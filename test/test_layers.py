@@ -1,12 +1,15 @@
 """The layers import downward only, and no module imports itself in a circle.
 
-    model < checkpoints < policy_io < engine < ros < tools
+    model < checkpoints < policy_io < engine < serving < ros < tools
 
 model/ is the network alone (plain PyTorch), checkpoints/ its file formats, policy_io/ what a
-checkpoint's framework does around the network; engine/ is the OxyGen core (no rclpy), ros/ the
-node, tools/ the command-line entry points (they may import anything). Beside them: sim/ (the
-simulated robot) imports ros/ only, data/ (the dataset converter) nothing of the package, and
-training/ imports model/, checkpoints/, policy_io/ and data/ (no engine, no ROS). Tooling
+checkpoint's framework does around the network; engine/ is the OxyGen core (no rclpy), serving/
+the engine behind openpi's policy-server protocol and its client (no rclpy), ros/ the node,
+tools/ the command-line entry points (they may import anything). Beside them: sim/ (the
+simulated robot) imports ros/ and data/ (it writes its demonstrations as a dataset), data/ (the
+dataset converter) nothing of the package, and training/ imports model/, checkpoints/,
+policy_io/, data/ and the sim's pure task vocabulary (:data:`SIM_VOCABULARY`: tasks, scene
+constants, language, grounding questions; no physics, no ROS). Tooling
 (the tiny tokenizer's trainer, random checkpoints) lives in tools/, and building an engine from
 plain arguments (engine/runtime.py) needs no ROS.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
-LAYERS = ("model", "checkpoints", "policy_io", "engine", "ros", "tools")
+LAYERS = ("model", "checkpoints", "policy_io", "engine", "serving", "ros", "tools")
 OTHERS = ("sim", "data", "training")
 
 
@@ -38,10 +41,12 @@ FORBIDDEN = {
         layer: _modules(*_above(layer), *OTHERS) + (() if layer == "ros" else ("rclpy",))
         for layer in LAYERS[:-1]
     },
-    "sim": _modules(*(p for p in LAYERS if p != "ros"), "data", "training"),
+    "sim": _modules(*(p for p in LAYERS if p != "ros"), "training"),
     "data": _modules(*LAYERS, "sim", "training"),
-    "training": _modules("engine", "ros", "tools", "sim") + ("rclpy",),
+    "training": _modules("engine", "ros", "tools") + ("rclpy",),
 }
+# the sim modules training may read: numpy only, no physics, no ROS (checked below)
+SIM_VOCABULARY = _modules("sim.scene", "sim.tasks", "sim.language", "sim.questions")
 
 
 def imported_modules_of(node: ast.Import | ast.ImportFrom, package: str) -> Iterator[str]:
@@ -87,6 +92,27 @@ def test_layer_imports_only_downward(layer):
         if name.startswith(FORBIDDEN[layer])
     )
     assert not offending, f"{layer}/ must not import {FORBIDDEN[layer]}: {offending}"
+
+
+def test_training_reads_only_the_sims_vocabulary():
+    """training/ may import the sim's pure modules only, and those import nothing but each other
+    (no physics, no ROS): a training machine needs no simulator."""
+    sim_imports = sorted(
+        name
+        for path in _sources(PACKAGE / "training")
+        for name in imported_modules(path, _package_of(path))
+        if name.startswith("oxygen_ros.sim")
+    )
+    assert sim_imports and set(sim_imports) <= set(SIM_VOCABULARY), sim_imports
+    for module in SIM_VOCABULARY:
+        path = PACKAGE / "sim" / f"{module.rsplit('.', 1)[1]}.py"
+        package_imports = {
+            name
+            for name in imported_modules(path, "oxygen_ros.sim")
+            if name.startswith("oxygen_ros")
+        }
+        assert package_imports <= set(SIM_VOCABULARY), (module, package_imports)
+        assert "mujoco" not in set(imported_modules(path, "oxygen_ros.sim")), module
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:

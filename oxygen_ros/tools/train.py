@@ -25,7 +25,7 @@ from pathlib import Path
 from oxygen_ros.checkpoints.core import TOKENIZER_FILENAME
 from oxygen_ros.model.config import PRESETS, get_preset
 from oxygen_ros.policy_io.prompts import PRESETS as PROMPT_FORMATS
-from oxygen_ros.sim.grounding import question_sentences
+from oxygen_ros.sim.questions import question_sentences
 from oxygen_ros.tools.cli import positive_float, positive_int
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 from oxygen_ros.training.dataset import NARRATION_MODES, dataset_texts

@@ -1,4 +1,4 @@
-"""Grounding questions (`oxygen_ros.sim.grounding`) as text-only training batches, and the probe.
+"""Grounding questions (`oxygen_ros.sim.questions`) as text-only training batches, and the probe.
 
 Two layouts (a question's ``layout``):
 
@@ -30,7 +30,7 @@ from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.policy_io.preprocess_torch import lerobot_resize_with_pad
 from oxygen_ros.policy_io.prompts import PromptFormat
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
-from oxygen_ros.sim.grounding import (
+from oxygen_ros.sim.questions import (
     QUESTION_KINDS,
     VQA,
     GroundingScenes,

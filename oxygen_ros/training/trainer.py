@@ -37,7 +37,7 @@ from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.model.siglip import sincos_positions
 from oxygen_ros.policy_io.prompts import resolve_format
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
-from oxygen_ros.sim.grounding import GroundingScenes
+from oxygen_ros.sim.questions import GroundingScenes
 
 from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from oxygen_ros.checkpoints.rtc_metadata import FIELD as RTC_FIELD
-from oxygen_ros.sim.grounding import TARGET_QUESTION
+from oxygen_ros.sim.questions import TARGET_QUESTION
 
 EXPERT, POLICY = "expert", "policy"
 TRAINED, RANDOM, GUIDED = "trained", "random", "guided"  # checkpoint variants
