@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, Simulation
-from .expert import ScriptedExpert
+from .episode import Simulation
+from .headless import drive_expert
 from .questions import NO_CUBE, GroundingScenes
 from .scene import CUBE_COLORS, PAD_COLORS
 from .tasks import random_task
@@ -63,20 +63,12 @@ def _layout_rows(sim: Simulation, seed: int, poses: int, camera_px: int) -> list
     rng = np.random.default_rng([seed, 11])
     task = random_task(rng)
     sim.reset(task, seed)
-    expert = ScriptedExpert()
     # control steps at which to look: the start, then moments of a typical episode's length
     moments = sorted(set(int(m) for m in rng.integers(10, 400, size=poses - 1)))
     rows = [_snapshot(sim, seed, camera_px)]
-    step = 0
-    steps_per_plan = max(1, round(0.1 / sim.control_dt))
-    while moments and sim.status == RUNNING:
-        if step % steps_per_plan == 0:
-            planned = expert.plan(sim.privileged_state())
-            if planned is not None:
-                sim.receive(ARM_CONTROLLER, planned[0])
-                sim.receive(GRIPPER_CONTROLLER, planned[1])
-        sim.control_step()
-        step += 1
+    for step, _ in drive_expert(sim):
+        if not moments:
+            break
         if step == moments[0]:
             rows.append(_snapshot(sim, seed, camera_px))
             moments.pop(0)

@@ -3,11 +3,15 @@
 The same :class:`~.episode.Simulation` and :class:`~.expert.ScriptedExpert` as the ROS nodes,
 with no transport in between (a trajectory arrives at the control step it was planned), no
 cameras and no pacing: for measuring the expert's success rate over many episodes quickly.
+:func:`drive_expert` is the one loop that runs an episode under the expert; recording
+demonstrations (:mod:`.recording`) and rendering grounding scenes (:mod:`.grounding`) look at the
+sim from inside it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, Simulation
@@ -34,19 +38,39 @@ def run_expert_episode(
     """One episode of ``task`` (random from ``seed`` when None) driven by a fresh expert, its arm
     trajectories perturbed as :class:`~.expert.ExpertNode` does with ``perturbation_rad``."""
     started = time.perf_counter()
+    task = sim.reset(task, seed)
+    for _ in drive_expert(sim, expert_rate_hz, perturbation_rad):
+        pass
+    return EpisodeResult(task.text, seed, sim.status, sim.elapsed_s, time.perf_counter() - started)
+
+
+def steps_per_plan(sim: Simulation, expert_rate_hz: float) -> int:
+    """Control steps between two of the expert's plans."""
+    return max(1, round(1.0 / (expert_rate_hz * sim.control_dt)))
+
+
+def drive_expert(
+    sim: Simulation, expert_rate_hz: float = 10.0, perturbation_rad: float = 0.0
+) -> Iterator[tuple[int, tuple | None]]:
+    """Run the episode ``sim`` was just reset to under a fresh expert until it ends.
+
+    Yields ``(step, plan)`` before each control step: ``step`` control steps have run, and
+    ``plan`` is the expert's clean (arm, gripper) plan sent at this step (the arm's with the DART
+    drift of ``perturbation_rad`` applied), or None between plans. Stop iterating to leave the
+    episode where it is."""
     expert = ScriptedExpert()
     perturbation = ArmPerturbation(perturbation_rad)
-    task = sim.reset(task, seed)
     perturbation.reset(sim.episode)
-    steps_per_plan = max(1, round(1.0 / (expert_rate_hz * sim.control_dt)))
+    between = steps_per_plan(sim, expert_rate_hz)
     step = 0
     while sim.status == RUNNING:
-        if step % steps_per_plan == 0:
+        planned = None
+        if step % between == 0:
             planned = expert.plan(sim.privileged_state())
             if planned is not None:
-                perturbation.advance(steps_per_plan * sim.control_dt)
+                perturbation.advance(between * sim.control_dt)
                 sim.receive(ARM_CONTROLLER, perturbation.apply(planned[0]))
                 sim.receive(GRIPPER_CONTROLLER, planned[1])
+        yield step, planned
         sim.control_step()
         step += 1
-    return EpisodeResult(task.text, seed, sim.status, sim.elapsed_s, time.perf_counter() - started)

@@ -34,8 +34,8 @@ from oxygen_ros.data.lerobot_dataset import (
 )
 from oxygen_ros.data.message_values import TrajectoryReference
 
-from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, SUCCESS, Simulation
-from .expert import ArmPerturbation, ScriptedExpert
+from .episode import SUCCESS, Simulation
+from .headless import drive_expert, steps_per_plan
 from .scene import ARM_JOINTS, GRIPPER_JOINT
 from .tasks import Task, random_task
 
@@ -91,38 +91,29 @@ def record_episode(
     narration_period_s: float = NARRATION_PERIOD_S,
 ) -> RecordedEpisode:
     """Run one expert episode of ``spec`` and return its frames (whatever its outcome)."""
-    expert = ScriptedExpert()
-    perturbation = ArmPerturbation(spec.perturbation_rad)
     task = episode_task(spec)
     sim.reset(task, spec.seed)
-    perturbation.reset(sim.episode)
-    steps_per_frame = max(1, round(1.0 / (fps * sim.control_dt)))
+    steps_per_frame = steps_per_plan(sim, fps)
     frames: dict[str, list] = {key: [] for key in dataset_features(camera_px)}
     said, said_at = "", -np.inf
-    step = 0
-    while sim.status == RUNNING:
-        if step % steps_per_frame == 0:
-            now = sim.now_s
-            for key, camera in CAMERAS.items():
-                frames[key].append(sim.world.render(camera, camera_px, camera_px))
-            state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
-            frames["observation.state"].append(state.astype(np.float32))
-            planned = expert.plan(sim.privileged_state())
-            if planned is None:
-                raise RuntimeError(f"episode {spec}: the expert planned nothing while running")
-            arm_plan, gripper_plan = planned
-            frames["action"].append(_reference(arm_plan, gripper_plan, now, now + 1.0 / fps))
-            phase = sim.phase
-            frames["subtask"].append(phase.subtask)
-            narrate = phase.narration != said or now - said_at >= narration_period_s - 1e-9
-            frames["narration"].append(phase.narration if narrate else "")
-            if narrate:
-                said, said_at = phase.narration, now
-            perturbation.advance(steps_per_frame * sim.control_dt)
-            sim.receive(ARM_CONTROLLER, perturbation.apply(arm_plan))
-            sim.receive(GRIPPER_CONTROLLER, gripper_plan)
-        sim.control_step()
-        step += 1
+    for step, planned in drive_expert(sim, fps, spec.perturbation_rad):
+        if step % steps_per_frame:
+            continue
+        if planned is None:
+            raise RuntimeError(f"episode {spec}: the expert planned nothing while running")
+        # the plan only reached the controllers: the world is still as the frame sees it
+        now = sim.now_s
+        for key, camera in CAMERAS.items():
+            frames[key].append(sim.world.render(camera, camera_px, camera_px))
+        state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
+        frames["observation.state"].append(state.astype(np.float32))
+        frames["action"].append(_reference(*planned, now, now + 1.0 / fps))
+        phase = sim.phase
+        frames["subtask"].append(phase.subtask)
+        narrate = phase.narration != said or now - said_at >= narration_period_s - 1e-9
+        frames["narration"].append(phase.narration if narrate else "")
+        if narrate:
+            said, said_at = phase.narration, now
     return RecordedEpisode(spec, task.text, sim.status, frames)
 
 
