@@ -22,7 +22,7 @@ from ..policy_io.policy import Pi05Policy
 from ..policy_io.prompts import MIN_SUBTASK_TOKENS, subtask_max_tokens
 from ..policy_io.robots import DELTA_POSITION
 from ..policy_io.tokenizer import PromptTooLong
-from .params import NodeSettings, SettingsError
+from .params import NodeSettings, SettingsError, check_chunk_fits
 
 Log = Callable[[str], None]
 
@@ -70,17 +70,7 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
 def check_fits_model(settings: NodeSettings, policy: Pi05Policy) -> None:
     """Raise :class:`SettingsError` when the parameters ask for more than the model has (a task
     whose prompt cannot fit ``max_token_len`` included)."""
-    config = policy.config
-    if settings.action_horizon > config.action_horizon:
-        raise SettingsError(
-            f"action_horizon {settings.action_horizon} exceeds the model's horizon "
-            f"{config.action_horizon}"
-        )
-    if len(settings.action_joint_names) > config.action_dim:
-        raise SettingsError(
-            f"{len(settings.action_joint_names)} action joints but the model has "
-            f"{config.action_dim} action dims"
-        )
+    check_chunk_fits(settings, policy.config.action_horizon, policy.config.action_dim)
     state_dim = policy.state_dim
     if state_dim is not None and len(settings.joint_names) > state_dim:
         raise SettingsError(

@@ -1037,6 +1037,22 @@ def _cameras(
     return tuple(CameraInput(t, s, bool(c)) for t, s, c in zip(topics, slots, flags, strict=True))
 
 
+def check_chunk_fits(
+    settings: NodeSettings, horizon: int, action_dim: int, model: str = "the model"
+) -> None:
+    """Raise `SettingsError` when ``action_horizon`` or the action joints ask for more than
+    ``model`` (a checkpoint here, or the one a server serves) has."""
+    if settings.action_horizon > horizon:
+        raise SettingsError(
+            f"action_horizon {settings.action_horizon} exceeds {model}'s horizon {horizon}"
+        )
+    if len(settings.action_joint_names) > action_dim:
+        raise SettingsError(
+            f"{len(settings.action_joint_names)} action joints but {model} has {action_dim} "
+            "action dims"
+        )
+
+
 def changed_configure_parameters(names: Sequence[str]) -> list[str]:
     """The names among ``names`` that only the configure transition applies."""
     return [name for name in names if SPECS[name].applies == CONFIGURE]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..serving.client import PolicyClient
-from .params import NodeSettings, SettingsError
+from .params import NodeSettings, SettingsError, check_chunk_fits
 from .remote_engine import RemoteEngine, ServedModel
 
 
@@ -39,16 +39,7 @@ def check_fits_server(settings: NodeSettings, model: ServedModel) -> None:
             f"the server serves robot {model.robot!r} but robot is {settings.robot!r}: set robot "
             f"{model.robot} (its observation keys and action meaning are the server's)"
         )
-    if settings.action_horizon > model.action_horizon:
-        raise SettingsError(
-            f"action_horizon {settings.action_horizon} exceeds the served model's horizon "
-            f"{model.action_horizon}"
-        )
-    if len(settings.action_joint_names) > model.action_dim:
-        raise SettingsError(
-            f"{len(settings.action_joint_names)} action joints but the served model has "
-            f"{model.action_dim} action dims"
-        )
+    check_chunk_fits(settings, model.action_horizon, model.action_dim, "the served model")
     if model.state_dim and len(settings.joint_names) != model.state_dim:
         raise SettingsError(
             f"the server reads a {model.state_dim}-value state but joint_names has "
