@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+# the node's counters are the engine's class, shared with the server's /stats
+from ..engine.counters import Counters as Counters
+
 # Counters (see /diagnostics "counters") that mean something went wrong; the rest count normal
 # events.
 FAULT_COUNTER_PREFIXES = (
@@ -46,27 +49,6 @@ FAULT_COUNTER_PREFIXES = (
     "engine_close_errors",
     "error_transitions",
 )
-
-
-class Counters:
-    """Named monotonically increasing counts (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = collections.Counter()
-
-    def add(self, key: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[key] += amount
-
-    def get(self, key: str) -> int:
-        with self._lock:
-            return self._counts.get(key, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        """A copy of every count, sorted by name."""
-        with self._lock:
-            return dict(sorted(self._counts.items()))
 
 
 class KeyedThrottle:

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..engine.counters import Counters
 from ..engine.scheduler import act_together, decode_together
 from .observations import ClientFrame
 from .sessions import Session
-from .stats import Counters
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ import websockets
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.frames import CloseCode
 
+from ..engine.counters import Counters
 from ..engine.runtime import build_engine
 from ..engine.scheduler import PoolShare
 from ..engine.settings import EngineConfig
@@ -43,7 +44,6 @@ from ..policy_io.policy import Pi05Policy
 from .batching import BatchSettings, InferenceFailed, ModelWorker, QueueFull
 from .observations import ObservationError, ObservationReader
 from .sessions import LanguageSettings, Session, SessionTable
-from .stats import Counters
 from .wire import WireError, WireLimits, pack, unpack
 
 logger = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..engine.counters import Counters
 from ..engine.requests import SamplingParams
 from ..engine.scheduler import OxygenEngine
 from ..engine.types import ActionChunk, TextDelta
-from .stats import Counters
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The server's counters: every refusal kind, frames served, batch sizes (read at ``/stats``)."""
+"""Named counts that only grow: the node's ``/diagnostics`` counters and the server's ``/stats``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import threading
 
 
 class Counters:
-    """Named counts, safe to bump from the event loop and the model worker at once."""
+    """Named monotonically increasing counts, safe to bump from several threads at once (the
+    node's executor threads; the server's event loop and its model thread)."""
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
@@ -21,5 +22,6 @@ class Counters:
             return self._counts.get(name, 0)
 
     def snapshot(self) -> dict[str, int]:
+        """A copy of every count, sorted by name."""
         with self._lock:
             return dict(sorted(self._counts.items()))
