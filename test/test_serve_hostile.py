@@ -131,11 +131,11 @@ def test_a_fault_outside_the_engine_answers_the_batch_and_serving_goes_on(droid,
     real_acted = Session.acted
     calls = []
 
-    def acted_failing_once(self, chunk, ask):
+    def acted_failing_once(self, chunk, *language):
         calls.append(self.session_id)
         if len(calls) == 1:
             raise RuntimeError("injected fault after the actions")
-        return real_acted(self, chunk, ask)
+        return real_acted(self, chunk, *language)
 
     monkeypatch.setattr(Session, "acted", acted_failing_once)
     server = make_server(droid)

@@ -173,7 +173,7 @@ class ModelWorker:
             else:
                 reply = {
                     "actions": result.actions,
-                    **session.acted(result, waiting.frame.ask),
+                    **session.acted(result, waiting.frame.ask, waiting.frame.ask_max_tokens),
                     "server_timing": {
                         "infer_ms": (acted - started) * 1e3,
                         "queue_ms": (started - waiting.received) * 1e3,

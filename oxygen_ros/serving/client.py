@@ -15,11 +15,16 @@ What it adds, for a robot loop:
   comes later is dropped when it arrives (``stats.late_replies_dropped``; ``on_late_reply`` may
   still read what else it carries, e.g. language); the next request goes out at once (the server
   answers in order), unless `MAX_IN_FLIGHT` requests are still unanswered (`ServerBehind`).
+* **Failover**: given several servers (each serving the same model), it uses one at a time and
+  moves on to the next when that one cannot be reached, drops the connection, or leaves
+  `server_ring.SWITCH_AFTER_UNANSWERED` requests in a row without a reply in time
+  (`server_ring`). Each connection is a new session on its server: `connection` numbers them, and
+  ``infer(..., connection=n)`` refuses to send a request built for another one.
 * Replies are read with `wire.unpack` (sizes, dtypes and shapes checked): a server is a peer too.
 
 Typical use::
 
-    client = PolicyClient("ws://gpu-box:8000", api_key=key)
+    client = PolicyClient(["ws://gpu-box:8000", "ws://gpu-box-2:8000"], api_key=key)
     client.start()
     client.wait_connected(10.0)
     reply = client.infer({"observation/state": state, "prompt": "pick"}, timeout_s=0.1)
@@ -32,13 +37,15 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import websockets.exceptions
 import websockets.sync.client
 
+from .server_ring import SWITCH_AFTER_UNANSWERED, Backoff, ServerRing
 from .wire import WireError, WireLimits, pack, unpack
 
 MAX_IN_FLIGHT = 2  # unanswered requests (the late one being waited out, and the current one)
@@ -49,6 +56,9 @@ DEFAULT_PORT = 8000  # openpi's serve_policy.py
 # came. Without them a server can only assume its last reply was executed as sent, right away.
 PUBLISHED_CHUNK_KEY = "rtc/published_chunk"  # float32 [H, D]: the last chunk as published
 PUBLISHED_DELAY_KEY = "rtc/delay_s"  # float: its observation's stamp to its publication, s
+# The token limit of the answer to a frame's ``ask`` (an int >= 1), sent to a server that lists it
+# among its observation keys; the server's own limit (oxygen-serve --max-tokens) still caps it.
+ASK_MAX_TOKENS_KEY = "ask/max_tokens"
 
 logger = logging.getLogger(__name__)
 
@@ -75,23 +85,12 @@ class ServerError(ClientError):
     field at fault and why)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Backoff:
-    """Waits between connection attempts: ``first_s`` doubling up to ``max_s``."""
-
-    first_s: float = 0.1
-    max_s: float = 5.0
-
-    def delay(self, failures: int) -> float:
-        """The wait after ``failures`` failed attempts in a row (1 = the first failure)."""
-        return min(self.max_s, self.first_s * 2 ** max(failures - 1, 0))
-
-
 @dataclasses.dataclass
 class ClientStats:
     """What the connection has been through (counters only grow)."""
 
     connects: int = 0  # handshakes that ended with the server's metadata
+    switches: int = 0  # connections made to another server than the last one
     disconnects: int = 0  # established connections lost
     failed_attempts: int = 0  # connection attempts that failed
     requests: int = 0  # observations sent
@@ -151,6 +150,8 @@ def describe(error: BaseException) -> str:
         status = error.response.status_code
         hint = " (wrong or missing API key?)" if status in (401, 403) else ""
         return f"the server refused the handshake: HTTP {status}{hint}"
+    if isinstance(error, ClientError):
+        return str(error)
     if isinstance(error, ConnectionRefusedError):
         return "connection refused (is oxygen-serve running there?)"
     if isinstance(error, websockets.exceptions.ConnectionClosed):
@@ -178,33 +179,48 @@ class _Waiter:
 class PolicyClient:
     """openpi's protocol with the connection in a background thread (see the module docstring).
 
+    servers: one address, or several serving the same model (tried in order, cycling; see
+    `server_ring`). switch_after_unanswered: requests in a row without a reply in time after which
+    the client leaves a server for the next (only with several).
+    check_metadata(metadata): called with each new server's metadata before its connection is
+    used; a ValueError it raises refuses that server (a failed attempt, with its message); may be
+    set later.
     on_change(connected, detail): called from the connection thread when the connection is made
-    (detail: the server's address) or lost / cannot be made (detail: why); optional.
+    (detail: the server's address, and the one it moved on from) or lost / cannot be made
+    (detail: why); optional.
     on_late_reply(reply): called from the connection thread with each reply that came after its
     request's deadline (its actions are stale; anything else in it may not be); optional.
     """
 
     def __init__(
         self,
-        uri: str,
+        servers: str | Sequence[str],
         api_key: str | None = None,
         *,
         open_timeout_s: float = 5.0,
         backoff: Backoff | None = None,
+        switch_after_unanswered: int = SWITCH_AFTER_UNANSWERED,
         limits: WireLimits | None = None,
+        check_metadata: Callable[[dict[str, Any]], None] | None = None,
         on_change: Callable[[bool, str], None] | None = None,
         on_late_reply: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        self.uri = server_uri(uri)
+        uris = [servers] if isinstance(servers, str) else list(servers)
+        self._ring = ServerRing([server_uri(uri) for uri in uris], backoff, switch_after_unanswered)
         self._api_key = api_key
         self._open_timeout_s = open_timeout_s
-        self._backoff = backoff or Backoff()
         self._limits = limits or WireLimits()
         self._on_change = on_change
+        self.check_metadata = check_metadata  # may be set later
         self.on_late_reply = on_late_reply  # may be set later
         self.stats = ClientStats()
         self.metadata: dict[str, Any] | None = None  # the current (or last) server's
+        # why the last attempt failed or the last connection ended (with several servers, prefixed
+        # with the server's address)
         self.last_error = "not started"
+        self.last_switch = ""  # "FROM -> TO: why FROM was left", after the first switch
+        self._connected_to: str | None = None  # the server of the current (or last) connection
+        self._drop_reason: str | None = None  # why the client itself ends the connection
         self._conn: websockets.sync.client.ClientConnection | None = None
         self._pending: collections.deque[_Waiter] = collections.deque()
         self._lock = threading.Lock()
@@ -212,6 +228,27 @@ class PolicyClient:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported: bool | None = None  # the state on_change last told
+
+    @property
+    def uri(self) -> str:
+        """The server in use, or the one tried next while there is no connection."""
+        return self._ring.current
+
+    @property
+    def uris(self) -> tuple[str, ...]:
+        """All the servers, in the order they are tried."""
+        return self._ring.uris
+
+    @property
+    def connection(self) -> int:
+        """The number of the current (or last) connection: 1 for the first, one more for each new
+        one (a new session, on the same server or the next); 0 before any."""
+        return self.stats.connects
+
+    def current_connection(self) -> tuple[int, dict[str, Any] | None]:
+        """The connection's number and its server's metadata, read together."""
+        with self._lock:
+            return self.stats.connects, self.metadata
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> PolicyClient:
@@ -248,12 +285,19 @@ class PolicyClient:
         self.close()
 
     # -- requests -------------------------------------------------------------------------------
-    def infer(self, observation: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    def infer(
+        self,
+        observation: dict[str, Any],
+        timeout_s: float | None = None,
+        connection: int | None = None,
+    ) -> dict[str, Any]:
         """Send ``observation`` and wait for its reply, at most ``timeout_s`` (None: as long as the
-        connection lasts).
+        connection lasts). With ``connection`` (a `connection` number), send it only on that
+        connection: a request built for one session is not sent to the next.
 
         Raises:
-            NotConnected: no connection now, or it dropped before the reply.
+            NotConnected: no connection now (or not ``connection``), or it dropped before the
+                reply.
             ServerBehind: `MAX_IN_FLIGHT` requests are unanswered; nothing was sent.
             DeadlineMissed: no reply within ``timeout_s`` (it is dropped when it comes).
             ServerError: the server's error text.
@@ -265,8 +309,14 @@ class PolicyClient:
             conn = self._conn
             if conn is None:
                 raise NotConnected(f"not connected to {self.uri}: {self.last_error}")
+            if connection is not None and connection != self.stats.connects:
+                raise NotConnected(
+                    f"the request was built for connection {connection}; connection "
+                    f"{self.stats.connects} (to {self.uri}) is a new session"
+                )
             if len(self._pending) >= MAX_IN_FLIGHT:
                 self.stats.behind += 1
+                self._unanswered(conn)
                 raise ServerBehind(
                     f"{len(self._pending)} requests to {self.uri} are still unanswered"
                 )
@@ -284,12 +334,19 @@ class PolicyClient:
                 if not waiter.done.is_set():
                     waiter.abandoned = True
                     self.stats.deadline_misses += 1
+                    self._unanswered(conn)
                     raise DeadlineMissed(
                         f"no reply from {self.uri} within {timeout_s * 1e3:.0f} ms"
                     )
         if waiter.error is not None:
+            if isinstance(waiter.error, NotConnected):
+                raise waiter.error
+            with self._lock:  # the server answered (with an error)
+                self._ring.answered_in_time()
             raise waiter.error
-        self.stats.replies += 1
+        with self._lock:
+            self._ring.answered_in_time()
+            self.stats.replies += 1
         return waiter.reply
 
     @property
@@ -297,41 +354,84 @@ class PolicyClient:
         """Requests sent and not answered yet (abandoned ones included)."""
         return len(self._pending)
 
+    def _unanswered(self, conn: websockets.sync.client.ClientConnection) -> None:
+        """A request on ``conn`` got no reply in time (lock held): after
+        ``switch_after_unanswered`` in a row, with other servers to go to, end the connection
+        (the connection thread then moves on). The socket is shut down, not closed with a
+        handshake: a server that has stopped answering would not answer that either."""
+        if not self._ring.unanswered() or self._conn is not conn or self._drop_reason:
+            return
+        self._drop_reason = (
+            f"{self._ring.switch_after_unanswered} requests in a row got no reply within their "
+            "deadline"
+        )
+        with contextlib.suppress(OSError):
+            conn.socket.shutdown(socket.SHUT_RDWR)
+
     # -- the connection thread ------------------------------------------------------------------
     def _run(self) -> None:
-        failures = 0
         while not self._closing.is_set():
+            uri = self.uri
             try:
-                with connect(self.uri, self._api_key, self._open_timeout_s, self._limits) as (
+                with connect(uri, self._api_key, self._open_timeout_s, self._limits) as (
                     conn,
                     metadata,
                 ):
-                    failures = 0
-                    reason = self._serve(conn, metadata)
-            except Exception as error:  # any failed attempt: say why, wait, try again
-                failures += 1
-                self.stats.failed_attempts += 1
-                self._set_error(describe(error))
-                self._closing.wait(self._backoff.delay(failures))
+                    self._check(uri, metadata)
+                    reason = self._serve(uri, conn, metadata)
+            except Exception as error:  # any failed attempt: say why, wait, try the next server
+                with self._lock:
+                    self.stats.failed_attempts += 1
+                self._move_on(uri, describe(error), lost=False)
                 continue
-            if not self._closing.is_set():
-                self._set_error(reason)
-                # a server that accepts and drops at once is not hammered
-                self._closing.wait(self._backoff.first_s)
+            if self._closing.is_set():
+                with self._lock:
+                    self.stats.disconnects += 1
+            else:
+                self._move_on(uri, reason, lost=True)
 
-    def _serve(self, conn: websockets.sync.client.ClientConnection, metadata: dict) -> str:
-        """Make ``conn`` the connection until it ends; returns why it ended."""
+    def _move_on(self, uri: str, reason: str, lost: bool) -> None:
+        """After ``uri`` failed (or its connection was ``lost``): say why, choose the next server
+        (the same one when there is only one) and wait before trying it."""
+        with self._lock:  # whoever sees the disconnect sees its reason and the next server
+            self.stats.disconnects += lost
+            self.last_error = f"{uri}: {reason}" if self._ring.several else reason
+            wait = self._ring.move_on()
+        self._notify(False, self.last_error)
+        self._closing.wait(wait)
+
+    def _check(self, uri: str, metadata: dict[str, Any]) -> None:
+        """Raises `ServerError` when ``check_metadata`` refuses the server's model."""
+        check = self.check_metadata
+        if check is None:
+            return
+        try:
+            check(metadata)
+        except ValueError as error:
+            raise ServerError(f"{uri} serves a model this client cannot use: {error}") from None
+
+    def _serve(
+        self, uri: str, conn: websockets.sync.client.ClientConnection, metadata: dict
+    ) -> str:
+        """Make ``conn`` (to ``uri``) the connection until it ends; returns why it ended."""
         with self._lock:
             self._conn, self.metadata = conn, metadata
             self.stats.connects += 1
+            left = self._connected_to if self._connected_to != uri else None
+            if left is not None:
+                self.stats.switches += 1
+                self.last_switch = f"{left} -> {uri}: {self.last_error}"
+            self._connected_to = uri
+            self._drop_reason = None
+            self._ring.connected()
         self._connected.set()
-        self._notify(True, self.uri)
+        self._notify(True, uri if left is None else f"{uri} (moved on from {left})")
         reason = self._read(conn)
         with self._lock:
             self._conn = None
             self._connected.clear()
-            self.stats.disconnects += 1
-        self._fail_pending(NotConnected(f"the connection to {self.uri} dropped: {reason}"))
+            reason = self._drop_reason or reason
+        self._fail_pending(NotConnected(f"the connection to {uri} dropped: {reason}"))
         return reason
 
     def _read(self, conn: websockets.sync.client.ClientConnection) -> str:
@@ -343,6 +443,7 @@ class PolicyClient:
                 return describe(error)
             with self._lock:
                 waiter = self._pending.popleft() if self._pending else None
+                self._ring.replied()
             if waiter is None:  # a reply nobody asked for: the stream is out of step
                 conn.close()
                 return "the server sent a reply to no request"
@@ -369,10 +470,6 @@ class PolicyClient:
             pending, self._pending = list(self._pending), collections.deque()
         for waiter in pending:
             waiter.deliver(None, error)
-
-    def _set_error(self, reason: str) -> None:
-        self.last_error = reason
-        self._notify(False, reason)
 
     def _notify(self, connected: bool, detail: str) -> None:
         """Tell on_change about a new state (not every failed attempt of a reconnection)."""

@@ -11,12 +11,12 @@ Each robot family is sent by its openpi example with its own keys (shared/SERVIN
   and ``state``.
 
 All of them add ``prompt`` (the task text) and may add ``ask`` (a question, answered over the
-following replies) and, to a server running chunk continuity, ``rtc/published_chunk`` and
-``rtc/delay_s`` (what the robot published of the previous reply, and how late). Cameras map
-to image slots through the robot adapter's ``cameras`` (a camera
-it does not use, such as ALOHA's ``cam_low``, is accepted and left out). Anything else — a
-missing or unknown key, a wrong dtype or shape, a non-finite state, an over-long text — raises
-`ObservationError` naming the field.
+following replies) with ``ask/max_tokens`` (its answer's token limit, at most the server's) and,
+to a server running chunk continuity, ``rtc/published_chunk`` and ``rtc/delay_s`` (what the robot
+published of the previous reply, and how late). Cameras map to image slots through the robot
+adapter's ``cameras`` (a camera it does not use, such as ALOHA's ``cam_low``, is accepted and left
+out). Anything else — a missing or unknown key, a wrong dtype or shape, a non-finite state, an
+over-long text — raises `ObservationError` naming the field.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..engine.types import Observation
 from ..policy_io.policy import Pi05Policy
-from .client import PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY
+from .client import ASK_MAX_TOKENS_KEY, PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY
 
 MAX_TEXT_CHARS = 2000  # prompt and ask
 MAX_IMAGE_SIDE = 4096
@@ -48,12 +48,14 @@ class ObservationError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ClientFrame:
-    """One checked request of a client: the engine's observation, an optional question, and
-    (RTC feedback) what the robot published of the previous reply and how late: the actions
-    [steps, action_dim] and the delay from that reply's observation to its publication, s."""
+    """One checked request of a client: the engine's observation, an optional question and its
+    answer's token limit (0: the server's), and (RTC feedback) what the robot published of the
+    previous reply and how late: the actions [steps, action_dim] and the delay from that reply's
+    observation to its publication, s."""
 
     observation: Observation
     ask: str = ""
+    ask_max_tokens: int = 0
     published: tuple[np.ndarray, float] | None = None
 
 
@@ -71,7 +73,9 @@ class ObservationLayout:
     @property
     def keys(self) -> frozenset[str]:
         nested = () if self.flat_cameras else ("images",)
-        return frozenset((*self.flat_cameras, *nested, *self.state_parts, "prompt", "ask"))
+        return frozenset(
+            (*self.flat_cameras, *nested, *self.state_parts, "prompt", "ask", ASK_MAX_TOKENS_KEY)
+        )
 
 
 LAYOUTS: dict[str, ObservationLayout] = {
@@ -121,10 +125,12 @@ class ObservationReader:
             )
         prompt = _text(message, "prompt", required=True)
         ask = _text(message, "ask", required=False)
+        ask_max_tokens = _token_limit(message, ASK_MAX_TOKENS_KEY)
         images = self._images(message)
         state = self._state(message)
         published = self._published(message)
-        return ClientFrame(Observation(images, state, prompt, stamp), ask, published)
+        observation = Observation(images, state, prompt, stamp)
+        return ClientFrame(observation, ask, ask_max_tokens, published)
 
     def _published(self, message: dict) -> tuple[np.ndarray, float] | None:
         """The RTC feedback: both keys or neither."""
@@ -231,6 +237,20 @@ def _text(message: dict, key: str, required: bool) -> str:
         raise ObservationError(key, f"expected text, got {_kind(value)}")
     if len(value) > MAX_TEXT_CHARS:
         raise ObservationError(key, f"{len(value)} characters, at most {MAX_TEXT_CHARS}")
+    return value
+
+
+def _token_limit(message: dict, key: str) -> int:
+    """An optional token limit: a whole number >= 1 (0 when absent)."""
+    if key not in message:
+        return 0
+    value = message[key]
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ObservationError(key, f"expected a whole number of tokens, got {_kind(value)}")
+    if value < 1:
+        raise ObservationError(key, f"expected at least 1 token, got {value}")
     return value
 
 

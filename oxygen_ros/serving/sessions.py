@@ -63,11 +63,13 @@ class Session:
             actions, delay_s = published
         self.engine.chunk_published(frame_id, actions, delay_s)
 
-    def submit_language(self, ask: str) -> None:
-        """Queue this frame's question (if any) and a due narration (worker thread)."""
+    def submit_language(self, ask: str, ask_max_tokens: int = 0) -> None:
+        """Queue this frame's question (if any; its answer limited to ``ask_max_tokens`` when the
+        client asks for fewer than the server's limit) and a due narration (worker thread)."""
         sampling = SamplingParams(max_tokens=self.language.max_tokens, seed=self.frames)
         if ask:
-            self.engine.submit("answer", ask, sampling)
+            limit = min(ask_max_tokens or sampling.max_tokens, sampling.max_tokens)
+            self.engine.submit("answer", ask, dataclasses.replace(sampling, max_tokens=limit))
         every = self.language.narration_every
         due = every and (self.frames - 1) % every == 0  # frames 1, 1 + every, ...
         if due and "narration" in self.engine.config.kinds:
@@ -77,11 +79,11 @@ class Session:
         """Language this session's requests made (worker thread): sent with the next reply."""
         self._unsent += deltas
 
-    def acted(self, chunk: ActionChunk, ask: str) -> dict:
+    def acted(self, chunk: ActionChunk, ask: str, ask_max_tokens: int = 0) -> dict:
         """The reply's language part for a frame just acted on (worker thread): the deltas made
         since the last reply, merged per request, and the current subtask."""
         self.frames += 1
-        self.submit_language(ask)
+        self.submit_language(ask, ask_max_tokens)
         deltas, self._unsent = self._unsent, []
         language: dict[int, dict] = {}
         for delta in deltas:
