@@ -14,7 +14,7 @@
 # Steps (all skipped when the stamp matches):
 #   1. python3 -m venv; pip==25.3
 #   2. pip install torch==2.13.0 (alone, first: an unpinned torch would pull a CUDA build)
-#   3. pip install -r requirements/<distro>.txt (the ROS 2 wheels, numpy, test tools, ...)
+#   3. pip install -r requirements/<distro>.txt (the ROS 2 wheels, numpy, test tools, colcon, ...)
 #   4. patch the include paths the ROS wheels baked into their *__rosidl_generator_pyExport.cmake
 #   5. cmake-build msg/ and action/ against the wheels and install them into the venv prefix
 #      (generated Python lands in site-packages/oxygen_ros/{msg,action,*typesupport*.so}; its empty
@@ -47,9 +47,11 @@ cd "$ROOT"
 
 log() { printf 'setup_env: %s\n' "$*"; }
 
-if [[ ! -f "$REQUIREMENTS" ]]; then
-  known="$(cd requirements && ls -- *.txt | sed 's/\.txt$//' | paste -sd' ')"
-  log "ERROR: ROS_DISTRO=$DISTRO has no $REQUIREMENTS; tested here: $known (Humble is written for" \
+# A distribution's file pins its rclpy; requirements/robot.txt (the pip-only list for a robot with a
+# system ROS) is not one.
+if ! grep -qs '^ros-rclpy==' "$REQUIREMENTS"; then
+  known="$(cd requirements && grep -l '^ros-rclpy==' -- *.txt | sed 's/\.txt$//' | paste -sd' ')"
+  log "ERROR: ROS_DISTRO=$DISTRO: no $REQUIREMENTS pinning its ROS wheels; tested here: $known (Humble is written for" \
     "but not tested: build it in a colcon workspace against /opt/ros/humble)" >&2
   exit 2
 fi
@@ -59,7 +61,7 @@ inputs_hash() {
     printf '%s\n' "$VENV"
     "$PYTHON" -c 'import sys; print(sys.version)'
     printf '%s\n' "$DISTRO"
-    cat requirements.txt "$REQUIREMENTS" CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
+    cat requirements.txt requirements/robot.txt "$REQUIREMENTS" CMakeLists.txt package.xml setup.py setup.cfg scripts/setup_env.sh
     for f in msg/*.msg action/*.action; do printf '%s\n' "$f"; cat "$f"; done
   } | sha256sum | cut -d' ' -f1
 }
