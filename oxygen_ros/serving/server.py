@@ -12,7 +12,9 @@ carry ``Authorization: Api-Key <key>`` (401 without the header, 403 with another
 too, ``/healthz`` never); a frame over ``max_message_bytes`` closes that connection with 1009
 (the websocket library refuses it before reading it); sessions beyond ``max_sessions`` are
 refused with 503 at the handshake (or, when several handshakes race for the last place, closed
-with 1013 "try again later" before the metadata frame).
+with 1013 "try again later" before the metadata frame); a session that sends no observation for
+``idle_timeout_s`` gives its place back at once and is closed with 1001 "going away" and a
+reason saying so.
 
 Each connection is a `sessions.Session` (its own engine state over the one policy); frames of
 all sessions are batched on one model thread (`batching.ModelWorker`).
@@ -27,6 +29,7 @@ import hmac
 import http
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +45,7 @@ from ..engine.scheduler import PoolShare
 from ..engine.settings import EngineConfig
 from ..policy_io.policy import Pi05Policy
 from .batching import BatchSettings, InferenceFailed, ModelWorker, QueueFull
-from .observations import ObservationError, ObservationReader
+from .observations import ClientFrame, ObservationError, ObservationReader
 from .sessions import LanguageSettings, Session, SessionTable
 from .wire import WireError, WireLimits, pack, unpack
 
@@ -50,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 HEALTH_PATH = "/healthz"
 STATS_PATH = "/stats"
+# Long enough for a robot paused between episodes (a scene reset, an operator's prompt), short
+# enough that a client that connected and went silent gives its place back (docs/serving.md).
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+IDLE_CLOSE_CODE = CloseCode.GOING_AWAY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +68,17 @@ class ServerSettings:
     api_key: str = ""  # empty: no key checked
     max_sessions: int = 8
     max_message_bytes: int = 8 * 1024 * 1024
+    # a session without an observation for this long is closed (0: never)
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     batch: BatchSettings = BatchSettings()
     language: LanguageSettings = LanguageSettings()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_timeout_s < math.inf:
+            raise ValueError(
+                f"idle_timeout_s must be finite seconds >= 0 (0: idle sessions are never closed), "
+                f"got {self.idle_timeout_s}"
+            )
 
 
 class PolicyServer:
@@ -171,43 +187,82 @@ class PolicyServer:
             await connection.close(CloseCode.TRY_AGAIN_LATER, reason)
             return
         logger.info("session %d opened from %s", session.session_id, connection.remote_address)
+        idle = False
         try:
             await connection.send(pack(self.metadata(session)))
-            previous_ms = None
-            async for message in connection:
-                start = time.monotonic()
-                reply = await self._answer(session, message)
-                if isinstance(reply, str):
-                    await connection.send(reply)
-                    continue
-                if previous_ms is not None:
-                    reply["server_timing"]["prev_total_ms"] = previous_ms
-                await connection.send(pack(reply))
-                previous_ms = (time.monotonic() - start) * 1e3
+            idle = await self._serve_session(connection, session)
         except websockets.ConnectionClosed as closed:
             if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
                 self.counters.add("refused_message_too_big")
         finally:
-            self.sessions.forget(session)
-            worker.session_left()
-            await worker.call(session.close)
-            self.counters.add("sessions_closed")
-            logger.info("session %d closed", session.session_id)
+            await self._release(session)
+        if idle:  # its place is already free; now tell the client why
+            timeout = self.settings.idle_timeout_s
+            self.counters.add("sessions_closed_idle")
+            logger.info("session %d closed: no observation for %g s", session.session_id, timeout)
+            await connection.close(
+                IDLE_CLOSE_CODE,
+                f"idle: no observation for {timeout:g} s; session closed, reconnect to be served",
+            )
 
-    async def _answer(self, session: Session, message: bytes | str) -> dict[str, Any] | str:
-        """A reply dict, or the text of an error frame (each refusal counted by kind)."""
+    async def _serve_session(self, connection: ServerConnection, session: Session) -> bool:
+        """Answer the client's messages in order until it leaves (raises ConnectionClosed) or sends
+        no observation for ``idle_timeout_s`` (returns True).
+
+        The idle clock runs while the server waits for the client, from the metadata frame or the
+        last answered observation; a message the wire or observation checks refuse does not reset
+        it.
+        """
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.idle_timeout_s or None
+        waiting_since = loop.time()
+        previous_ms = None
+        while True:
+            left = None if timeout is None else waiting_since + timeout - loop.time()
+            try:
+                message = await asyncio.wait_for(connection.recv(), left)
+            except asyncio.TimeoutError:
+                return True
+            start = time.monotonic()
+            frame = self._read(message)
+            if isinstance(frame, str):
+                await connection.send(frame)
+                continue
+            reply = await self._infer(session, frame)
+            if isinstance(reply, str):
+                await connection.send(reply)
+            else:
+                if previous_ms is not None:
+                    reply["server_timing"]["prev_total_ms"] = previous_ms
+                await connection.send(pack(reply))
+                previous_ms = (time.monotonic() - start) * 1e3
+            waiting_since = loop.time()
+
+    async def _release(self, session: Session) -> None:
+        """Give the session's place back, then finish its requests and free its KV on the model
+        thread (queued before any session opened after it)."""
+        self.sessions.forget(session)
+        self._worker.session_left()
+        await self._worker.call(session.close)
+        self.counters.add("sessions_closed")
+        logger.info("session %d closed", session.session_id)
+
+    def _read(self, message: bytes | str) -> ClientFrame | str:
+        """The checked frame, or the text of an error frame (each refusal counted by kind)."""
         if isinstance(message, str):
             self.counters.add("refused_text_frame")
             return "message: expected a binary msgpack frame, got a text frame"
         try:
-            decoded = unpack(message, self.limits)
-            frame = self.reader.read(decoded, time.monotonic())
+            return self.reader.read(unpack(message, self.limits), time.monotonic())
         except WireError as error:
             self.counters.add("refused_bad_message")
             return str(error)
         except ObservationError as error:
             self.counters.add("refused_bad_observation")
             return str(error)
+
+    async def _infer(self, session: Session, frame: ClientFrame) -> dict[str, Any] | str:
+        """The model's reply, or the text of an error frame (queue full, inference failed)."""
         try:
             return await self._worker.infer(session, frame)
         except (QueueFull, InferenceFailed) as error:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from oxygen_ros.engine.runtime import ModelSpec, load_policy
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.policy_io.robots import ROBOTS
 from oxygen_ros.serving.batching import BatchSettings
-from oxygen_ros.serving.server import PolicyServer, ServerSettings
+from oxygen_ros.serving.server import DEFAULT_IDLE_TIMEOUT_S, PolicyServer, ServerSettings
 from oxygen_ros.serving.sessions import LanguageSettings
 
 API_KEY_ENV = "OXYGEN_SERVE_API_KEY"
@@ -63,6 +64,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     net.add_argument("--max-sessions", type=int, default=8)
     net.add_argument("--max-queued-frames", type=int, default=16)
     net.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
+    net.add_argument(
+        "--idle-timeout-s",
+        type=_idle_timeout,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="close a session that sends no observation for this long, freeing its place "
+        f"(default {DEFAULT_IDLE_TIMEOUT_S:g} s; 0: never)",
+    )
     batch = parser.add_argument_group("batching and language")
     batch.add_argument("--batch-window-ms", type=float, default=5.0)
     batch.add_argument("--max-batch", type=int, default=8)
@@ -73,6 +81,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     batch.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
+
+
+def _idle_timeout(text: str) -> float:
+    """``--idle-timeout-s``: finite seconds >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: never close), got {text!r}")
+    return seconds
 
 
 def read_api_key(path: Path | None) -> str:
@@ -115,6 +134,7 @@ def build_server(args: argparse.Namespace) -> PolicyServer:
         api_key=read_api_key(args.api_key_file),
         max_sessions=args.max_sessions,
         max_message_bytes=args.max_message_bytes,
+        idle_timeout_s=args.idle_timeout_s,
         batch=BatchSettings(
             window_s=args.batch_window_ms / 1e3,
             max_batch=args.max_batch,
