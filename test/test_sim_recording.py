@@ -58,6 +58,28 @@ def test_a_touch_episode_records_every_frame_of_the_expert(sim):
     assert episode.frames["narration"][0] == said[0]  # said on the first frame
 
 
+def test_settling_records_the_whole_reach_and_a_moment_at_the_goal(sim):
+    """Past the touch (3 cm) the expert finishes its reach to 1.7 cm above the cube's centre and
+    holds there; the settling frames keep the reach's labels."""
+    plain = record_episode(sim, EpisodeSpec("touch", SEED))
+    settled = record_episode(sim, EpisodeSpec("touch", SEED, settle_s=1.0))
+    assert settled.status == SUCCESS
+    extra = len(settled) - len(plain)
+    assert 9 <= extra <= 11  # 1 s at 10 fps
+    for key in ("observation.state", "action", "subtask", "narration"):
+        assert len(settled.frames[key]) == len(settled)
+    np.testing.assert_allclose(
+        np.stack(settled.frames["action"][: len(plain)]), np.stack(plain.frames["action"])
+    )
+    assert set(settled.frames["subtask"][len(plain) :]) == {plain.frames["subtask"][-1]}
+    tip_to_cube = sim.facts().tip_to_cube  # the scene as the last settling frame left it
+    assert tip_to_cube < 0.022  # well inside the 3 cm where the plain recording stops
+    states = np.stack(settled.frames["observation.state"])
+    assert np.abs(states[-1] - states[-3]).max() < 0.02  # holding, not moving on
+    with pytest.raises(ValueError, match="settle_s"):
+        record_episode(sim, EpisodeSpec("touch", SEED, settle_s=-1.0))
+
+
 def test_dart_drift_moves_the_arm_but_not_the_label_at_the_start(sim):
     clean = record_episode(sim, EpisodeSpec("touch", SEED + 1))
     drifted = record_episode(sim, EpisodeSpec("touch", SEED + 1, perturbation_rad=0.05))

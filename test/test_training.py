@@ -5,6 +5,7 @@ the loss, the checkpoint loads through load_policy unchanged, and the augmentati
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,10 @@ from oxygen_ros.policy_io.prompts import preset
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.tools.train import dataset_tokenizer
 from oxygen_ros.training.augment import augment_camera, color_jitter
-from oxygen_ros.training.batches import BatchError, BatchMaker, action_chunk
+from oxygen_ros.training.batches import BatchError, BatchMaker
 from oxygen_ros.training.dataset import (
     TrainingDataError,
+    action_chunk,
     concatenate_frames,
     held_narrations,
     load_training_frames,
@@ -439,3 +441,49 @@ def test_train_cli_takes_several_datasets_and_refuses_negative_threads(capsys):
     with pytest.raises(SystemExit):
         _parse_args(["--dataset", "a", "--out", "o", "--threads", "-1"])
     assert "--threads must be >= 0" in capsys.readouterr().err
+
+
+def test_relative_actions_round_trip_through_the_lerobot_folder(dataset, tokenizer_path, tmp_path):
+    """Trained relative to the chunk's start state (the gripper absolute), the folder says so, and
+    the loader's inverse turns the chunk the model learned back into the dataset's actions."""
+    settings = TrainSettings(
+        datasets=(dataset,),
+        out=tmp_path / "relative",
+        tokenizer=tokenizer_path,
+        steps=2,
+        batch_size=2,
+        relative_actions=True,
+        command="oxygen-train (test)",
+    )
+    train(settings, log=lambda line: None)
+    config = json.loads((settings.out / "config.json").read_text())
+    assert config["use_relative_actions"] is True
+    assert config["relative_exclude_joints"] == ["gripper"]
+    policy = load_policy(settings.out)
+    assert policy.lerobot.relative_actions == (True,) * 5 + (False,)
+
+    frames = load_training_frames(dataset)
+    relative = (True,) * 5 + (False,)
+    norms = dataset_norms(frames, relative, policy.config.action_horizon)
+    maker = BatchMaker(
+        frames,
+        norms,
+        policy.config,
+        Pi05Tokenizer(tokenizer_path),
+        preset("openpi_subtask"),
+        lerobot_conventions("main", ["test"], 32),
+        augment=False,
+    )
+    index = 5  # mid-episode: the state is far from zero
+    end = int(frames.episode_end[index])
+    learned = maker.action_chunk(index)
+    absolute = action_chunk(frames.actions, index, end, policy.config.action_horizon)
+    assert not np.allclose(learned[:, :6], norms.action.normalize(absolute), atol=1e-3)
+    # the robot-unit chunk is in the node's delta_position space: the state added back on the
+    # relative dims (ros/commands.py) gives the dataset's absolute actions
+    assert policy.robot.action_space == "delta_position" and policy.robot.gripper_dims == (5,)
+    deltas = policy.robot_actions(learned, frames.states[index])
+    deltas[:, :5] += frames.states[index][:5]
+    np.testing.assert_allclose(deltas, absolute, atol=1e-5)
+    with pytest.raises(ValueError, match="one flag per action dim"):
+        dataset_norms(frames, (True,) * 3, 4)

@@ -545,6 +545,21 @@ def _feature_norm(
     return FeatureNorm(key, mode, eps, kept, widths.pop())
 
 
+def relative_action_mask(
+    action_dim: int, names: Sequence[str] | None, exclude: Sequence[str] | None
+) -> tuple[bool, ...]:
+    """Which action dims LeRobot's relative-actions step makes relative to the state
+    (RelativeActionsProcessorStep._build_mask): a dim whose name equals or contains one of
+    ``exclude`` (case-insensitive) stays absolute; without names every dim is relative."""
+    tokens = [t.lower() for t in exclude or [] if t]
+    mask = [True] * action_dim
+    if tokens and names:
+        for i, name in enumerate(names[:action_dim]):
+            lowered = name.lower()
+            mask[i] = not any(t == lowered or t in lowered for t in tokens)
+    return tuple(mask)
+
+
 def _relative_mask(
     step: Mapping[str, Any] | None,
     config: Mapping[str, Any],
@@ -566,14 +581,7 @@ def _relative_mask(
         names = _names(config, "action_feature_names", config_path)
     if not enabled:
         return (), f"absolute actions ({source})"
-    # LeRobot's RelativeActionsProcessorStep._build_mask: a case-insensitive name match or
-    # substring excludes a dim; without names every dim is relative.
-    tokens = [t.lower() for t in exclude or [] if t]
-    mask = [True] * action_dim
-    if tokens and names:
-        for i, name in enumerate(names[:action_dim]):
-            lowered = name.lower()
-            mask[i] = not any(t == lowered or t in lowered for t in tokens)
+    mask = relative_action_mask(action_dim, names, exclude)
     absolute = [i for i, m in enumerate(mask) if not m]
     return tuple(mask), (
         f"relative actions ({source}): the raw state is added back on dims "

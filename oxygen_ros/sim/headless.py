@@ -10,11 +10,13 @@ sim from inside it.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, Simulation
+from .episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING, SUCCESS, Simulation
 from .expert import ArmPerturbation, ScriptedExpert
 from .tasks import Task
 
@@ -50,23 +52,33 @@ def steps_per_plan(sim: Simulation, expert_rate_hz: float) -> int:
 
 
 def drive_expert(
-    sim: Simulation, expert_rate_hz: float = 10.0, perturbation_rad: float = 0.0
+    sim: Simulation,
+    expert_rate_hz: float = 10.0,
+    perturbation_rad: float = 0.0,
+    settle_s: float = 0.0,
 ) -> Iterator[tuple[int, tuple | None]]:
-    """Run the episode ``sim`` was just reset to under a fresh expert until it ends.
+    """Run the episode ``sim`` was just reset to under a fresh expert until it ends, then, if it
+    succeeded, ``settle_s`` more sim seconds with the expert still heading for its last target.
 
     Yields ``(step, plan)`` before each control step: ``step`` control steps have run, and
     ``plan`` is the expert's clean (arm, gripper) plan sent at this step (the arm's with the DART
     drift of ``perturbation_rad`` applied), or None between plans. Stop iterating to leave the
     episode where it is."""
+    if not (math.isfinite(settle_s) and settle_s >= 0):
+        raise ValueError(f"settle_s must be >= 0 s, got {settle_s}")
     expert = ScriptedExpert()
     perturbation = ArmPerturbation(perturbation_rad)
     perturbation.reset(sim.episode)
     between = steps_per_plan(sim, expert_rate_hz)
-    step = 0
-    while sim.status == RUNNING:
+    settle_steps = round(settle_s / sim.control_dt)
+    step, settled = 0, 0
+    while sim.status == RUNNING or (sim.status == SUCCESS and settled < settle_steps):
+        if sim.status != RUNNING:
+            settled += 1
         planned = None
         if step % between == 0:
-            planned = expert.plan(sim.privileged_state())
+            # the scene is scored already; the expert plans on as if the episode still ran
+            planned = expert.plan(dataclasses.replace(sim.privileged_state(), status=RUNNING))
             if planned is not None:
                 perturbation.advance(between * sim.control_dt)
                 sim.receive(ARM_CONTROLLER, perturbation.apply(planned[0]))

@@ -34,7 +34,7 @@ from oxygen_ros.data.lerobot_dataset import (
 )
 from oxygen_ros.data.message_values import TrajectoryReference
 
-from .episode import SUCCESS, Simulation
+from .episode import RUNNING, SUCCESS, Simulation
 from .headless import drive_expert, steps_per_plan
 from .scene import ARM_JOINTS, GRIPPER_JOINT
 from .tasks import Task, random_task
@@ -49,12 +49,15 @@ ROBOT_TYPE = "so101_sim"
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
-    """One demonstration to record: a task kind ('touch' / 'place'), a layout seed, and the
-    standard deviation of the DART drift on the executed arm plan (0: the clean expert)."""
+    """One demonstration to record: a task kind ('touch' / 'place'), a layout seed, the
+    standard deviation of the DART drift on the executed arm plan (0: the clean expert), and how
+    long the recording goes on past a success (``settle_s``: the expert keeps heading for its
+    goal, the frames keep the labels the scene had just before it counted as a success)."""
 
     kind: str
     seed: int
     perturbation_rad: float = 0.0
+    settle_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -96,7 +99,8 @@ def record_episode(
     steps_per_frame = steps_per_plan(sim, fps)
     frames: dict[str, list] = {key: [] for key in dataset_features(camera_px)}
     said, said_at = "", -np.inf
-    for step, planned in drive_expert(sim, fps, spec.perturbation_rad):
+    phase = sim.phase
+    for step, planned in drive_expert(sim, fps, spec.perturbation_rad, spec.settle_s):
         if step % steps_per_frame:
             continue
         if planned is None:
@@ -108,7 +112,8 @@ def record_episode(
         state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
         frames["observation.state"].append(state.astype(np.float32))
         frames["action"].append(_reference(*planned, now, now + 1.0 / fps))
-        phase = sim.phase
+        if sim.status == RUNNING:  # settling frames keep the labels of the last running one
+            phase = sim.phase
         frames["subtask"].append(phase.subtask)
         narrate = phase.narration != said or now - said_at >= narration_period_s - 1e-9
         frames["narration"].append(phase.narration if narrate else "")
@@ -182,16 +187,22 @@ def _stacked(values: Sequence) -> np.ndarray | list[str]:
 
 
 def demonstration_specs(
-    kind: str, seed0: int, count: int, perturbed_share: float, perturbation_rad: float
+    kind: str,
+    seed0: int,
+    count: int,
+    perturbed_share: float,
+    perturbation_rad: float,
+    settle_s: float = 0.0,
 ) -> list[EpisodeSpec]:
     """``count`` episodes of ``kind`` on seeds ``seed0 ...``; every 1/``perturbed_share``-th one
-    (evenly spread) with DART drift ``perturbation_rad``."""
+    (evenly spread) with DART drift ``perturbation_rad``; each recorded ``settle_s`` past its
+    success."""
     if not 0.0 <= perturbed_share <= 1.0:
         raise ValueError(f"perturbed_share must be in [0, 1], got {perturbed_share}")
     perturbed = np.floor((np.arange(count) + 1) * perturbed_share) > np.floor(
         np.arange(count) * perturbed_share
     )
     return [
-        EpisodeSpec(kind, seed0 + i, perturbation_rad if perturbed[i] else 0.0)
+        EpisodeSpec(kind, seed0 + i, perturbation_rad if perturbed[i] else 0.0, settle_s)
         for i in range(count)
     ]

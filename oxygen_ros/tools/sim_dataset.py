@@ -52,6 +52,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     demos.add_argument("--perturbation-rad", type=float, default=0.02)
     demos.add_argument(
+        "--touch-settle-s",
+        type=float,
+        default=0.0,
+        help="touch episodes go on this long past the touch, the expert finishing its reach to "
+        "its goal (1.7 cm above the cube's centre) and holding there; labels stay the reach's",
+    )
+    demos.add_argument(
         "--timeout-s", type=positive_float, default=12.0, help="sim seconds before an episode fails"
     )
     scenes = commands.add_parser("grounding", help="grounding scenes (.npz) for oxygen-train")
@@ -72,7 +79,12 @@ def write_demos(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.recording import demonstration_specs, write_demonstrations
 
     specs = demonstration_specs(
-        "touch", args.touch_seed, args.touch, args.perturbed_share, args.perturbation_rad
+        "touch",
+        args.touch_seed,
+        args.touch,
+        args.perturbed_share,
+        args.perturbation_rad,
+        args.touch_settle_s,
     ) + demonstration_specs(
         "place", args.place_seed, args.place, args.perturbed_share, args.perturbation_rad
     )

@@ -102,6 +102,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="share of frames with a subtask given the plain action prompt instead",
     )
     parser.add_argument(
+        "--relative-actions",
+        action="store_true",
+        help="learn the arm's actions relative to the state at the chunk's start (LeRobot's "
+        "relative actions; the gripper stays absolute); the folder says so and the loader adds "
+        "the state back",
+    )
+    parser.add_argument(
         "--state-noise",
         type=float,
         default=0.0,
@@ -220,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_token_len=args.max_token_len,
             augment=not args.no_augment,
             flat_fraction=args.flat_fraction,
+            relative_actions=args.relative_actions,
             state_noise=args.state_noise,
             state_dropout=args.state_dropout,
             start_share=args.start_share,

@@ -39,7 +39,7 @@ from oxygen_ros.policy_io.prompts import EOS_PIECE, SUBTASK_IDS_PIECE, PromptFor
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 
 from .augment import augment_images
-from .dataset import TrainingFrames
+from .dataset import TrainingFrames, frame_chunk
 from .normalization import DatasetNorms
 
 NARRATION_KIND = "narration"
@@ -57,13 +57,6 @@ class TextLayout:
     causal: list[bool]  # attends causally (openpi's ar=1)
     supervised: list[bool]  # a target of the text loss
     action_reads: list[bool]  # part of the frame's prompt (the action expert reads it)
-
-
-def action_chunk(actions: np.ndarray, start: int, end: int, horizon: int) -> np.ndarray:
-    """``horizon`` rows of ``actions`` from ``start``, never past ``end`` (exclusive): the last
-    row of the episode is repeated."""
-    rows = np.minimum(np.arange(start, start + horizon), end - 1)
-    return actions[rows]
 
 
 def subtask_piece_follows_eos(fmt: PromptFormat) -> bool:
@@ -192,10 +185,6 @@ class BatchMaker:
         self.start_indices = np.flatnonzero(np.arange(len(frames)) - episode_start < start_frames)
         self.narration = narration and NARRATION_KIND in prompt_format.kinds
         self.normalized_states = norms.state.normalize(frames.states)
-        actions = norms.action.normalize(frames.actions)
-        padded = np.zeros((len(actions), config.action_dim), dtype=np.float32)
-        padded[:, : actions.shape[1]] = actions
-        self.normalized_actions = padded
 
     # -- text ----------------------------------------------------------------------------------
     def text_layout(
@@ -298,17 +287,17 @@ class BatchMaker:
             self.text_layout(int(i), self._conditioned(int(i), rng), self._state(int(i), rng))
             for i in indices
         ]
-        horizon = self.config.action_horizon
-        actions = np.stack(
-            [
-                action_chunk(
-                    self.normalized_actions, int(i), int(self.frames.episode_end[i]), horizon
-                )
-                for i in indices
-            ]
-        )
+        actions = np.stack([self.action_chunk(int(i)) for i in indices])
         images = self.model_images(indices, generator)
         return collate(layouts, images, torch.from_numpy(actions))
+
+    def action_chunk(self, index: int) -> np.ndarray:
+        """Frame ``index``'s chunk as the model learns it: normalised, zero-padded to the
+        model's action width [horizon, action_dim] float32."""
+        raw = frame_chunk(self.frames, index, self.config.action_horizon, self.norms.relative_mask)
+        padded = np.zeros((len(raw), self.config.action_dim), dtype=np.float32)
+        padded[:, : raw.shape[1]] = self.norms.action.normalize(raw)
+        return padded
 
     def prompt_lengths(self) -> tuple[int, int]:
         """The longest action prompt and the longest full example (prompt + narration), in

@@ -22,7 +22,7 @@ from oxygen_ros.checkpoints.rtc_metadata import FIELD as RTC_FIELD
 from oxygen_ros.model.pi05 import Pi05Model
 
 from .dataset import IMAGE_PREFIX, TrainingFrames
-from .normalization import DatasetNorms
+from .normalization import RELATIVE_EXCLUDE, DatasetNorms
 
 TRAINING_JSON = "training.json"
 README = "README.md"
@@ -48,7 +48,8 @@ def write_trained_checkpoint(
         action_dim=frames.actions.shape[1],
         version="main",
         norm_mode="QUANTILES",
-        exclude_joints=(),
+        relative_actions=any(norms.relative),
+        exclude_joints=RELATIVE_EXCLUDE if any(norms.relative) else (),
         action_names=frames.action_names,
         n_action_steps=model.config.action_horizon,
         config_overrides={RTC_FIELD: int(rtc_training_max_delay)},

@@ -201,3 +201,24 @@ def dataset_texts(root: Path | str) -> list[str]:
     for key in (SUBTASK_KEY, NARRATION_KEY):
         texts.update(t for t in content.frames.get(key) or () if t)
     return sorted(texts)
+
+
+def action_chunk(actions: np.ndarray, start: int, end: int, horizon: int) -> np.ndarray:
+    """``horizon`` rows of ``actions`` from ``start``, never past ``end`` (exclusive): the last
+    row of the episode is repeated."""
+    rows = np.minimum(np.arange(start, start + horizon), end - 1)
+    return actions[rows]
+
+
+def frame_chunk(
+    frames: TrainingFrames, index: int, horizon: int, relative: np.ndarray | None = None
+) -> np.ndarray:
+    """The raw action chunk the model learns at frame ``index``; the dims where ``relative`` is
+    True are taken relative to the frame's state (LeRobot's relative actions: the state at the
+    chunk's start is subtracted, and added back at inference)."""
+    chunk = action_chunk(frames.actions, index, int(frames.episode_end[index]), horizon)
+    if relative is None or not relative.any():
+        return chunk
+    chunk = chunk.astype(np.float32, copy=True)
+    chunk[:, relative] -= frames.states[index, : len(relative)][relative]
+    return chunk

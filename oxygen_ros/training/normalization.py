@@ -10,14 +10,16 @@ the very class the checkpoint loader builds from the written folder
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from oxygen_ros.checkpoints.lerobot import FeatureNorm
 from oxygen_ros.data.stats import vector_stats
 
-from .dataset import ACTION_KEY, STATE_KEY, TrainingFrames
+from .dataset import ACTION_KEY, STATE_KEY, TrainingFrames, frame_chunk
 
+RELATIVE_EXCLUDE = ("gripper",)  # with relative actions these stay absolute (LeRobot's default)
 NORM_MODE = "QUANTILES"
 NORM_EPS = 1e-8  # LeRobot's normaliser eps
 # the statistics a LeRobot normaliser file holds per feature
@@ -26,11 +28,17 @@ WRITTEN_STATS = ("mean", "std", "min", "max", "q01", "q10", "q50", "q90", "q99")
 
 @dataclasses.dataclass(frozen=True)
 class DatasetNorms:
-    """The statistics to write ({feature: {stat: values}}) and the normalisers they make."""
+    """The statistics to write ({feature: {stat: values}}) and the normalisers they make;
+    ``relative`` marks the action dims learned relative to the state (empty: all absolute)."""
 
     stats: dict[str, dict[str, np.ndarray]]
     state: FeatureNorm
     action: FeatureNorm
+    relative: tuple[bool, ...] = ()
+
+    @property
+    def relative_mask(self) -> np.ndarray | None:
+        return np.asarray(self.relative, dtype=bool) if any(self.relative) else None
 
 
 def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
@@ -39,12 +47,33 @@ def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     return {name: np.asarray(stats[name], dtype=np.float32) for name in WRITTEN_STATS}
 
 
-def dataset_norms(frames: TrainingFrames) -> DatasetNorms:
-    """Quantile statistics of the state and action columns and their normalisers."""
-    stats = {STATE_KEY: feature_stats(frames.states), ACTION_KEY: feature_stats(frames.actions)}
+def dataset_norms(
+    frames: TrainingFrames, relative: Sequence[bool] = (), horizon: int = 1
+) -> DatasetNorms:
+    """Quantile statistics of the state and action columns and their normalisers.
+
+    With ``relative`` dims the action statistics are those of what the model learns: every
+    frame's ``horizon``-row chunk with those dims relative to the frame's state.
+
+    Raises:
+        ValueError: a ``relative`` mask wider than the actions or the state.
+    """
+    mask = np.asarray(relative, dtype=bool)
+    if mask.any():
+        width = frames.actions.shape[1]
+        if len(mask) != width or frames.states.shape[1] < width:
+            raise ValueError(
+                f"relative actions need one flag per action dim ({width}) and a state at least "
+                f"as wide (got {len(mask)} flags, state {frames.states.shape[1]})"
+            )
+        chunks = [frame_chunk(frames, i, horizon, mask) for i in range(len(frames))]
+        actions = np.concatenate(chunks)
+    else:
+        actions = frames.actions
+    stats = {STATE_KEY: feature_stats(frames.states), ACTION_KEY: feature_stats(actions)}
 
     def norm(key: str) -> FeatureNorm:
         kept = {s: stats[key][s] for s in ("q01", "q99")}
         return FeatureNorm(key, NORM_MODE, NORM_EPS, kept, int(stats[key]["q01"].size))
 
-    return DatasetNorms(stats, norm(STATE_KEY), norm(ACTION_KEY))
+    return DatasetNorms(stats, norm(STATE_KEY), norm(ACTION_KEY), tuple(bool(m) for m in mask))

@@ -31,6 +31,7 @@ import torch
 
 from oxygen_ros.checkpoints.conventions import lerobot_conventions
 from oxygen_ros.checkpoints.core import build_model, init_random_weights
+from oxygen_ros.checkpoints.lerobot import relative_action_mask
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.objectives import Losses, sample_flow, text_only_loss, training_losses
 from oxygen_ros.model.pi05 import Pi05Model
@@ -43,7 +44,7 @@ from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
 from .dataset import TrainingFrames, concatenate_frames, load_training_frames
 from .grounding import GroundingBatchMaker, probe
-from .normalization import dataset_norms
+from .normalization import RELATIVE_EXCLUDE, dataset_norms
 from .schedule import learning_rate
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class TrainSettings:
     max_token_len: int | None = None  # None: the preset's
     augment: bool = True
     flat_fraction: float = 0.25
+    relative_actions: bool = False  # arm dims relative to the chunk's start state (LeRobot's)
     state_noise: float = 0.0  # std of noise on the prompt's normalised state (`BatchMaker`)
     state_dropout: float = 0.0  # share of examples whose prompt shows a random state
     start_share: float = 0.0  # share of examples from their episode's first start_frames
@@ -178,8 +180,13 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         torch.set_num_threads(settings.threads)
     held = "event" if settings.narration == "none" else settings.narration
     frames = concatenate_frames([load_training_frames(d, held) for d in settings.datasets])
-    norms = dataset_norms(frames)
     config = model_config(settings, frames)
+    relative = (
+        relative_action_mask(frames.actions.shape[1], frames.action_names, RELATIVE_EXCLUDE)
+        if settings.relative_actions
+        else ()
+    )
+    norms = dataset_norms(frames, relative, config.action_horizon)
     tokenizer = Pi05Tokenizer(settings.tokenizer)
     prompt_format = resolve_format(settings.prompt_format)
     conventions = lerobot_conventions("main", ["written by oxygen-train"], 32)
