@@ -3,16 +3,36 @@ node in between: many episodes quickly, to compare checkpoints (``closed-loop`` 
 node).
 
 Every ``action_dt`` of sim time the policy sees both cameras (rendered at the sim node's 128 px)
-and the joint state, samples a chunk with the flat prompt of ``--prompt-format``, and the chunk
-goes to the sim's two controllers the way the node sends it: point ``i`` due ``(i + 1) *
-action_dt`` after the observation, the five arm joints and the gripper on their own trajectories.
-Inference takes no sim time (the sim waits for it), so this is the policy at zero delay; its
-tasks and layouts are ``closed-loop``'s rounds for the same ``--seed``.
+and the joint state, samples a chunk, and the chunk goes to the sim's two controllers the way the
+node sends it: point ``i`` due ``(i + 1) * action_dt`` after the observation, the five arm joints
+and the gripper on their own trajectories. Inference takes no sim time (the sim waits for it), so
+this is the policy at zero delay; its tasks and layouts are ``closed-loop``'s rounds for the same
+``--seed``. Touch episodes time out after 8 s of sim time, place after 20 s (``--timeout-s``):
+the scripted expert touches in ~1.6 s, and a policy that wanders into contact is not succeeding.
 
-Grounding: the arm starts every episode at the same pose, so the first chunk can only head for the
-named cube if the policy found it in the images. ``heading_correlation`` is the correlation, over
-episodes, of the first chunk's last ``shoulder_pan`` with the cube's azimuth from the base (the
-scripted expert's 1 s pan: 0.99); a policy that ignores the images scores about 0.
+pi0.5's hierarchy, stage by stage (``--subtask``, `subtask_modes`): ``flat`` (the flat action
+prompt), ``oracle`` (every frame's prompt carries the sim's own subtask), ``lying`` (the same with
+another side's place words), ``predicted`` (the checkpoint's own subtask, decoded by the node's
+engine with ``same_frame`` conditioning; ``--subtask-every N``: from every Nth frame).
+
+Measured (summary keys of ``--json``):
+
+* ``success_rate`` (``successes`` of ``episodes``, Wilson ``ci95``) and ``time_to_success_s``;
+* ``closest_tip_to_cube_m``: the median over episodes of the closest the tip came to the cube;
+* ``heading_correlation``: the arm starts every episode at the same pose, so the first chunk can
+  only head for the named cube if the policy found it. The correlation, over episodes, of the
+  first executed chunk's last ``shoulder_pan`` with the cube's azimuth from the base (the
+  scripted expert's 1 s pan: 0.99; a policy that ignores the scene: about 0);
+* ``heading_noise_share``: on the first ``--noise-layouts`` layouts, ``--noise-draws`` first chunks
+  at the start pose, each from another noise draw: the within-layout variance of their heading
+  over the total variance (1: the noise alone picks the heading, 0: the scene and words alone);
+* ``lying`` only, ``heading_follows_lie``: the correlation of the first chunk's heading with the
+  nominal azimuth of the side its lying words name (`subtask_modes.SIDE_AZIMUTH`: the middle of
+  that third of the place sector, +-0.57 rad; the lie is always left or right);
+* ``predicted`` only, over every frame a subtask was decoded from: ``subtask_exact``, the share
+  whose subtask says the sim's words at that frame, and ``subtask_place_right``, over those where
+  the sim's subtask names a place (reaching), the share whose place words are the sim's.
+
 ``--probe-layouts N`` also asks the checkpoint the grounding questions
 (`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,000,000, never trained on),
 laid out as the node's Ask request, and reports the share answered exactly, per question kind.
@@ -27,15 +47,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from oxygen_ros.tools.benches.closed_loop import round_task
 from oxygen_ros.tools.benches.closed_loop_metrics import mean_or_nan, wilson_interval
 from oxygen_ros.tools.benches.common import print_table, write_json
+from oxygen_ros.tools.benches.subtask_modes import (
+    MODES,
+    ChunkSource,
+    chunk_source,
+    named_azimuth,
+    place_of,
+    same_words,
+)
 
 HELP = "a checkpoint drives the sim directly (no ROS): success over many episodes"
 CAMERA_PX = 128  # the sim node's default image size
 SLOTS = {"scene": "observation.images.scene", "wrist": "observation.images.wrist"}
+TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim seconds per episode, by task kind
+SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +76,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--tasks", default="touch", choices=["touch", "place"])
     parser.add_argument("--seed", type=int, default=777, help="closed-loop's round seed")
-    parser.add_argument("--timeout-s", type=float, default=20.0, help="sim seconds per episode")
+    parser.add_argument(
+        "--subtask",
+        default="flat",
+        choices=MODES,
+        help="what conditions the chunks: flat prompt, the sim's subtask (oracle), the sim's with "
+        "another side's place words (lying), the checkpoint's own via the engine (predicted)",
+    )
+    parser.add_argument(
+        "--subtask-every",
+        type=int,
+        default=1,
+        help="predicted: decode a subtask from every Nth frame (0: once per episode)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help=f"sim seconds per episode (default: touch {TIMEOUT_S['touch']:g}, "
+        f"place {TIMEOUT_S['place']:g})",
+    )
     parser.add_argument("--action-dt", type=float, default=0.1, help="the dataset's 1/fps")
     parser.add_argument("--prompt-format", default="openpi_subtask")
     parser.add_argument("--num-steps", type=int, default=10, help="flow-matching steps")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--noise-layouts",
+        type=int,
+        default=8,
+        help="layouts of the heading-noise measurement (0: none)",
+    )
+    parser.add_argument(
+        "--noise-draws", type=int, default=4, help="first chunks per layout, one noise draw each"
+    )
     parser.add_argument(
         "--probe-layouts",
         type=int,
@@ -61,107 +118,235 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write every episode and the summary here")
 
 
-class DirectPolicy:
-    """A loaded checkpoint turning one observation into the two controllers' trajectories."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        from oxygen_ros.policy_io.policy import load_policy
-        from oxygen_ros.policy_io.prompts import resolve_format
-
-        torch.set_num_threads(args.threads)
-        self.policy = load_policy(args.checkpoint)
-        self.format = resolve_format(args.prompt_format)
-        self.num_steps = args.num_steps
-        self.action_dt = args.action_dt
-        self.noise = torch.Generator().manual_seed(args.seed)
-
-    def trajectories(self, images: dict[str, np.ndarray], state: np.ndarray, task: str, now_s):
-        """(arm, gripper) JointTrajectory messages of the chunk for this observation."""
-        from oxygen_ros.ros.convert import chunk_to_joint_trajectory, seconds_to_stamp
-        from oxygen_ros.sim.scene import ARM_JOINTS, GRIPPER_JOINT
-
-        policy, model = self.policy, self.policy.model
-        inputs = policy.encode(images, state, task, policy.frame_prompt(state, task, self.format))
-        prefix = model.prefill(
-            inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks,
-            inputs.token_causal,
-        )  # fmt: skip
-        shape = (1, policy.config.action_horizon, policy.config.action_dim)
-        chunk = model.sample_actions(
-            prefix, torch.randn(shape, generator=self.noise), self.num_steps
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse arguments no bench can run, naming the flag."""
+    problems = [
+        f"--{name.replace('_', '-')} must be {rule}"
+        for name, rule, ok in (
+            ("episodes", "at least 1", args.episodes >= 1),
+            ("subtask_every", ">= 0", args.subtask_every >= 0),
+            ("timeout_s", "> 0", args.timeout_s is None or args.timeout_s > 0),
+            ("action_dt", "> 0", args.action_dt > 0),
+            ("noise_layouts", ">= 0", args.noise_layouts >= 0),
+            ("noise_draws", "at least 2", args.noise_layouts == 0 or args.noise_draws >= 2),
         )
-        actions = policy.robot_actions(chunk[0], state)
-        stamp = seconds_to_stamp(now_s)
-        arm = len(ARM_JOINTS)
-        return (
-            chunk_to_joint_trajectory(actions[:, :arm], ARM_JOINTS, self.action_dt, stamp),
-            chunk_to_joint_trajectory(actions[:, arm:], [GRIPPER_JOINT], self.action_dt, stamp),
-        )
+        if not ok
+    ]
+    if problems:
+        raise SystemExit("oxygen-bench sim-policy: " + "; ".join(problems))
 
 
-def run_episode(sim, driver: DirectPolicy, task, seed: int) -> dict[str, Any]:
-    """One episode: its status, the closest the tip came to the task's cube, and the
-    trajectories the controllers refused (per controller/reason)."""
-    from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, RUNNING
+def make_source(args: argparse.Namespace) -> ChunkSource:
+    """Load the checkpoint as the node does and wrap it in the ``--subtask`` mode's source."""
+    from oxygen_ros.engine.runtime import ModelSpec, load_policy
+    from oxygen_ros.policy_io.prompts import resolve_format
+
+    policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
+    return chunk_source(
+        args.subtask,
+        policy,
+        resolve_format(args.prompt_format),
+        args.num_steps,
+        args.subtask_every,
+        args.action_dt,
+    )
+
+
+def observe(sim):
+    """The sim's present frame as the node sees it: both cameras at 128 px, the joint state."""
+    from oxygen_ros.engine.types import Observation
+
+    world = sim.world
+    state = np.append(world.arm_positions(), world.gripper_opening()).astype(np.float32)
+    images = {slot: world.render(camera, CAMERA_PX, CAMERA_PX) for camera, slot in SLOTS.items()}
+    return Observation(images, state, sim.task.text, sim.now_s)
+
+
+def send(sim, actions: np.ndarray, action_dt: float) -> None:
+    """A chunk to the two controllers as the node sends it (arm joints, then the gripper)."""
+    from oxygen_ros.ros.convert import chunk_to_joint_trajectory, seconds_to_stamp
+    from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER
+    from oxygen_ros.sim.scene import ARM_JOINTS, GRIPPER_JOINT
+
+    stamp = seconds_to_stamp(sim.now_s)
+    arm = len(ARM_JOINTS)
+    sim.receive(
+        ARM_CONTROLLER, chunk_to_joint_trajectory(actions[:, :arm], ARM_JOINTS, action_dt, stamp)
+    )
+    sim.receive(
+        GRIPPER_CONTROLLER,
+        chunk_to_joint_trajectory(actions[:, arm:], [GRIPPER_JOINT], action_dt, stamp),
+    )
+
+
+class SubtaskTally:
+    """predicted: how the subtasks decoded in one episode compare with the sim's."""
+
+    def __init__(self) -> None:
+        self.frames = self.exact = self.reaching = self.place_right = 0
+        self.said: list[str] = []
+
+    def add(self, decoded: str, truth: str) -> None:
+        self.frames += 1
+        self.exact += same_words(decoded, truth)
+        place = place_of(truth)
+        if place is not None:
+            self.reaching += 1
+            self.place_right += place_of(" ".join(decoded.split())) == place
+        if decoded not in self.said and len(self.said) < SAID_KEPT:
+            self.said.append(decoded)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "subtask_frames": self.frames,
+            "subtask_exact_frames": self.exact,
+            "reaching_frames": self.reaching,
+            "place_right_frames": self.place_right,
+            "said": self.said,
+        }
+
+
+def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> dict[str, Any]:
+    """One episode: its status, the tip's start / closest / final distance to the task's cube,
+    the first chunk's heading and the words that conditioned it, the trajectories the controllers
+    refused (per controller/reason), and for ``predicted`` how its subtasks compare."""
+    from oxygen_ros.sim.episode import RUNNING
 
     sim.reset(task, seed)
-    world = sim.world
+    source.start(sim, seed)
     start = sim.facts().tip_to_cube
-    steps_per_frame = max(1, round(driver.action_dt / sim.control_dt))
+    steps_per_frame = max(1, round(action_dt / sim.control_dt))
     closest, step, started = np.inf, 0, time.perf_counter()
-    cube = world.cube_position(task.cube)
-    first_pan = None
-    while sim.status == RUNNING:
-        if step % steps_per_frame == 0:
-            state = np.append(world.arm_positions(), world.gripper_opening()).astype(np.float32)
-            images = {
-                slot: world.render(camera, CAMERA_PX, CAMERA_PX) for camera, slot in SLOTS.items()
-            }
-            arm, gripper = driver.trajectories(images, state, task.text, sim.now_s)
-            if first_pan is None:
-                first_pan = float(arm.points[-1].positions[0])
-            sim.receive(ARM_CONTROLLER, arm)
-            sim.receive(GRIPPER_CONTROLLER, gripper)
-        sim.control_step()
-        step += 1
-        closest = min(closest, sim.facts().tip_to_cube)
-    return {
+    cube = sim.world.cube_position(task.cube)
+    first = None
+    tally = SubtaskTally()
+    try:
+        while sim.status == RUNNING:
+            if step % steps_per_frame == 0:
+                truth = sim.phase.subtask
+                chunk = source.chunk(sim, observe(sim))
+                if chunk.decoded is not None:
+                    tally.add(chunk.decoded, truth)
+                if first is None:
+                    first = chunk
+                send(sim, chunk.actions, action_dt)
+            sim.control_step()
+            step += 1
+            closest = min(closest, sim.facts().tip_to_cube)
+    finally:
+        source.close()
+    words_azimuth = named_azimuth(first.subtask)
+    record = {
         "task": task.text,
         "seed": seed,
         "status": sim.status,
         "sim_s": round(sim.elapsed_s, 3),
         "start_tip_to_cube_m": round(float(start), 4),
         "closest_tip_to_cube_m": round(float(closest), 4),
+        "final_tip_to_cube_m": round(float(sim.facts().tip_to_cube), 4),
         "rejected": sim.episode_report()["rejected"],
-        "first_chunk_pan_rad": round(first_pan, 4),
+        "first_chunk_pan_rad": round(float(first.actions[-1, 0]), 4),
         "cube_azimuth_rad": round(float(np.arctan2(cube[1], cube[0])), 4),
+        "first_subtask": first.subtask,
+        "words_azimuth_rad": None if words_azimuth is None else round(words_azimuth, 4),
         "wall_s": round(time.perf_counter() - started, 3),
+    }
+    if source.mode == "predicted":
+        record.update(tally.record())
+    return record
+
+
+def start_pose_headings(sim, source: ChunkSource, task, seed: int, draws: int) -> list[float]:
+    """``draws`` first chunks' headings (last ``shoulder_pan``) at the start pose of ``task``'s
+    layout ``seed``, each from the next frame's noise (the first is the episode's own first)."""
+    sim.reset(task, seed)
+    source.start(sim, seed)
+    observation = observe(sim)
+    try:
+        return [float(source.chunk(sim, observation).actions[-1, 0]) for _ in range(draws)]
+    finally:
+        source.close()
+
+
+def heading_noise(headings: list[list[float]]) -> dict[str, Any]:
+    """How much of the first chunk's heading variance the noise explains: layouts x draws ->
+    ``share`` (mean within-layout variance / total variance; nan under 2 layouts or no spread),
+    the within-layout and the layout means' standard deviations (rad)."""
+    pans = np.asarray(headings, dtype=np.float64)
+    if pans.ndim != 2 or pans.shape[0] < 2 or pans.shape[1] < 2:
+        return {"share": float("nan"), "within_layout_sd_rad": float("nan"),
+                "layout_means_sd_rad": float("nan"), "headings_rad": headings}  # fmt: skip
+    within = float(pans.var(axis=1).mean())
+    total = float(pans.var())
+    return {
+        "share": within / total if total > 0 else float("nan"),
+        "within_layout_sd_rad": within**0.5,
+        "layout_means_sd_rad": float(pans.mean(axis=1).std()),
+        "headings_rad": [[round(p, 4) for p in row] for row in headings],
     }
 
 
-def summarise(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+def correlation(xs: list[float], ys: list[float]) -> float:
+    """Pearson correlation (nan under 3 pairs or without spread on either side)."""
+    if len(xs) < 3 or np.std(xs) == 0 or np.std(ys) == 0:
+        return float("nan")
+    return float(np.corrcoef(xs, ys)[0, 1])
+
+
+def heading_correlation(episodes: list[dict[str, Any]]) -> float:
+    """Correlation of the first chunks' final pan with the cubes' azimuths (nan under 3)."""
+    return correlation(
+        [e["first_chunk_pan_rad"] for e in episodes], [e["cube_azimuth_rad"] for e in episodes]
+    )
+
+
+def heading_follows_words(episodes: list[dict[str, Any]]) -> float:
+    """Correlation of the first chunks' final pan with the azimuth their words name (episodes
+    whose first subtask names no place left out)."""
+    named = [e for e in episodes if e["words_azimuth_rad"] is not None]
+    return correlation(
+        [e["first_chunk_pan_rad"] for e in named], [e["words_azimuth_rad"] for e in named]
+    )
+
+
+def subtask_shares(episodes: list[dict[str, Any]]) -> dict[str, float]:
+    """predicted: ``subtask_exact`` and ``subtask_place_right`` over all episodes' frames."""
+    frames = sum(e["subtask_frames"] for e in episodes)
+    reaching = sum(e["reaching_frames"] for e in episodes)
+    return {
+        "subtask_frames": frames,
+        "subtask_exact": sum(e["subtask_exact_frames"] for e in episodes) / frames
+        if frames
+        else float("nan"),
+        "subtask_place_right": sum(e["place_right_frames"] for e in episodes) / reaching
+        if reaching
+        else float("nan"),
+    }
+
+
+def summarise(
+    episodes: list[dict[str, Any]], mode: str = "flat", noise: dict[str, Any] | None = None
+) -> dict[str, Any]:
     wins = [e for e in episodes if e["status"] == "success"]
     low, high = wilson_interval(len(wins), len(episodes))
-    return {
+    summary = {
+        "subtask": mode,
         "episodes": len(episodes),
         "successes": len(wins),
         "success_rate": len(wins) / len(episodes) if episodes else float("nan"),
         "ci95": [low, high],
         "time_to_success_s": mean_or_nan([e["sim_s"] for e in wins]),
-        "median_closest_tip_to_cube_m": float(
-            np.median([e["closest_tip_to_cube_m"] for e in episodes])
-        ),
+        "closest_tip_to_cube_m": float(np.median([e["closest_tip_to_cube_m"] for e in episodes])),
         "heading_correlation": heading_correlation(episodes),
+        "heading_noise_share": noise["share"] if noise else float("nan"),
     }
-
-
-def heading_correlation(episodes: list[dict[str, Any]]) -> float:
-    """Correlation of the first chunks' final pan with the cubes' azimuths (nan under 3)."""
-    pans = [e["first_chunk_pan_rad"] for e in episodes]
-    azimuths = [e["cube_azimuth_rad"] for e in episodes]
-    if len(episodes) < 3 or np.std(pans) == 0 or np.std(azimuths) == 0:
-        return float("nan")
-    return float(np.corrcoef(pans, azimuths)[0, 1])
+    if noise:
+        summary["heading_noise"] = noise
+    if mode == "lying":
+        summary["heading_follows_lie"] = heading_follows_words(episodes)
+    if mode == "predicted":
+        summary.update(subtask_shares(episodes))
+    return summary
 
 
 def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float]:
@@ -186,45 +371,49 @@ def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from oxygen_ros.sim.episode import Simulation
 
-    if args.episodes < 1:
-        raise SystemExit("oxygen-bench sim-policy: --episodes must be at least 1")
-    driver = DirectPolicy(args)
-    sim = Simulation(episode_timeout_s=args.timeout_s)
-    episodes = []
+    check_arguments(args)
+    source = make_source(args)
+    timeout_s = args.timeout_s if args.timeout_s is not None else TIMEOUT_S[args.tasks]
+    sim = Simulation(episode_timeout_s=timeout_s)
+    episodes, headings = [], []
     try:
         for index in range(args.episodes):
             task, seed = round_task(index, args.seed, args.tasks)
-            episodes.append(run_episode(sim, driver, task, seed))
+            episodes.append(run_episode(sim, source, task, seed, args.action_dt))
+        for index in range(args.noise_layouts):
+            task, seed = round_task(index, args.seed, args.tasks)
+            headings.append(start_pose_headings(sim, source, task, seed, args.noise_draws))
     finally:
         sim.world.close()
-    summary = summarise(episodes)
+    summary = summarise(episodes, args.subtask, heading_noise(headings) if headings else None)
+    summary["timeout_s"] = timeout_s
     if args.probe_layouts > 0:
-        summary["probe"] = grounding_probe(driver.policy, args.prompt_format, args.probe_layouts)
-    low, high = summary["ci95"]
-    print_table(
-        [
-            {
-                "checkpoint": str(args.checkpoint),
-                "tasks": args.tasks,
-                "success": f"{summary['successes']}/{summary['episodes']} ({low:.2f}-{high:.2f})",
-                "time to success s": f"{summary['time_to_success_s']:.2f}",
-                "median closest m": f"{summary['median_closest_tip_to_cube_m']:.3f}",
-                "heading corr": f"{summary['heading_correlation']:.2f}",
-                "probe": f"{summary['probe']['all']:.3f}" if "probe" in summary else "-",
-            }
-        ],
-        [
-            "checkpoint",
-            "tasks",
-            "success",
-            "time to success s",
-            "median closest m",
-            "heading corr",
-            "probe",
-        ],
-    )
-    if "probe" in summary:
-        print("probe per question kind: " + json.dumps(summary["probe"]))
+        summary["probe"] = grounding_probe(source.policy, args.prompt_format, args.probe_layouts)
+    print_summary(args, summary)
     result = {"bench": "sim-policy", "args": vars(args), **summary, "runs": episodes}
     write_json(args.json, result)
     return result
+
+
+def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    low, high = summary["ci95"]
+    row = {
+        "checkpoint": str(args.checkpoint),
+        "tasks": args.tasks,
+        "subtask": args.subtask,
+        "success": f"{summary['successes']}/{summary['episodes']} ({low:.2f}-{high:.2f})",
+        "time to success s": f"{summary['time_to_success_s']:.2f}",
+        "median closest m": f"{summary['closest_tip_to_cube_m']:.3f}",
+        "heading corr": f"{summary['heading_correlation']:.2f}",
+        "noise share": f"{summary['heading_noise_share']:.2f}",
+    }
+    if "heading_follows_lie" in summary:
+        row["follows lie"] = f"{summary['heading_follows_lie']:.2f}"
+    if "subtask_exact" in summary:
+        row["subtask exact"] = f"{summary['subtask_exact']:.2f}"
+        row["place right"] = f"{summary['subtask_place_right']:.2f}"
+    if "probe" in summary:
+        row["probe"] = f"{summary['probe']['all']:.3f}"
+    print_table([row], list(row))
+    if "probe" in summary:
+        print("probe per question kind: " + json.dumps(summary["probe"]))

@@ -1,0 +1,226 @@
+"""``oxygen-bench sim-policy --subtask flat|oracle|lying|predicted`` with the shipped checkpoint
+(models/sim_so101) on fixed held-out layouts (round seed 4242: layouts never trained on).
+
+Each mode runs end to end and reports its keys; oracle and lying differ only by their place words,
+and those words reach the model (the same noise gives another chunk); predicted's subtasks are the
+engine's, the checkpoint's greedy subtask of the frame. Episodes are cut short (``--timeout-s``):
+success is the bench's to measure, not the tests'.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import, as oxygen_ros.sim does
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from oxygen_ros.engine.runtime import ModelSpec, load_policy  # noqa: E402
+from oxygen_ros.policy_io.prompts import resolve_format  # noqa: E402
+from oxygen_ros.tools.benches import sim_policy  # noqa: E402
+from oxygen_ros.tools.benches.closed_loop import round_task  # noqa: E402
+from oxygen_ros.tools.benches.subtask_modes import (  # noqa: E402
+    SIDE_AZIMUTH,
+    EngineChunks,
+    PromptedChunks,
+    lying_subtask,
+    named_azimuth,
+    place_of,
+)
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "sim_so101"
+HELDOUT_SEED = 4242  # closed-loop round seed whose layouts no shipped demonstration used
+FORMAT = resolve_format("openpi_subtask")
+NUM_STEPS = 10
+# The shipped checkpoint barely reads its words (the first chunk moves ~0.02 rad between true and
+# lying place words); one trained on them moves ~1 rad. Raise this when such a checkpoint ships.
+MIN_HEADING_SHIFT_RAD = 1e-4
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(ModelSpec(checkpoint_dir=str(CHECKPOINT)))
+
+
+@pytest.fixture()
+def sim():
+    from oxygen_ros.sim.episode import Simulation
+
+    sim = Simulation(episode_timeout_s=8.0)
+    yield sim
+    sim.world.close()
+
+
+def bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sim_policy.add_arguments(parser)
+    return parser.parse_args(["--checkpoint", str(CHECKPOINT), *argv])
+
+
+# -- the words ---------------------------------------------------------------------------------
+
+
+def test_a_lie_names_another_side_at_the_same_depth():
+    assert lying_subtask("touch the red cube, far left") == "touch the red cube, far right"
+    assert lying_subtask("reach the blue cube, near right") == "reach the blue cube, near left"
+    assert lying_subtask("touch the red cube, near centre") == "touch the red cube, near left"
+    assert lying_subtask("grasp the red cube") == "grasp the red cube"  # no place to lie about
+    assert place_of("touch the red cube, far left") == "far left"
+    assert place_of("carry the red cube to the green pad") is None
+    assert named_azimuth("touch the red cube, near right") == SIDE_AZIMUTH["right"] < 0
+    assert SIDE_AZIMUTH["left"] == pytest.approx(-SIDE_AZIMUTH["right"])
+
+
+def test_heading_noise_share_is_the_within_layout_share_of_the_variance():
+    # two layouts, two draws each: within-layout variance 0.01, layout means +-0.5
+    noise = sim_policy.heading_noise([[0.4, 0.6], [-0.6, -0.4]])
+    assert noise["share"] == pytest.approx(0.01 / (0.01 + 0.25))
+    assert noise["within_layout_sd_rad"] == pytest.approx(0.1)
+    assert noise["layout_means_sd_rad"] == pytest.approx(0.5)
+    assert sim_policy.heading_noise([[0.1, 0.5], [0.1, 0.5]])["share"] == pytest.approx(1.0)
+    assert math.isnan(sim_policy.heading_noise([[0.1, 0.5]])["share"])  # one layout: no share
+
+
+def test_subtask_tally_counts_exact_words_and_right_places():
+    tally = sim_policy.SubtaskTally()
+    tally.add("touch the red cube, far left", "touch the red cube, far left")
+    tally.add("touch the red  cube, far left", "touch the red cube, far left")  # spacing aside
+    tally.add("touch the blue cube, far left", "touch the red cube, far left")  # place right
+    tally.add("touch the red cube", "touch the red cube, near right")
+    tally.add("grasp the red cube", "grasp the red cube")  # not reaching
+    record = tally.record()
+    assert (record["subtask_frames"], record["subtask_exact_frames"]) == (5, 3)
+    assert (record["reaching_frames"], record["place_right_frames"]) == (4, 3)
+    shares = sim_policy.subtask_shares([record])
+    assert shares["subtask_exact"] == pytest.approx(3 / 5)
+    assert shares["subtask_place_right"] == pytest.approx(3 / 4)
+
+
+# -- the four modes end to end -------------------------------------------------------------------
+
+MODE_KEYS = {
+    "flat": set(),
+    "oracle": set(),
+    "lying": {"heading_follows_lie"},
+    "predicted": {"subtask_exact", "subtask_place_right", "subtask_frames"},
+}
+
+
+@pytest.mark.parametrize("mode", list(MODE_KEYS))
+def test_each_mode_drives_the_sim_and_reports_its_keys(mode, tmp_path):
+    out = tmp_path / "sp.json"
+    args = bench_args(
+        "--subtask", mode, "--seed", str(HELDOUT_SEED), "--episodes", "3", "--timeout-s", "0.3",
+        "--noise-layouts", "2", "--noise-draws", "2", "--json", str(out),
+    )  # fmt: skip
+    result = sim_policy.run(args)
+    assert json.loads(out.read_text())["subtask"] == mode
+    common = {"success_rate", "heading_correlation", "closest_tip_to_cube_m", "heading_noise_share"}
+    assert common | MODE_KEYS[mode] <= set(result)
+    assert not {"heading_follows_lie", "subtask_exact"} - MODE_KEYS[mode] & set(result)
+    assert 0.0 <= result["heading_noise_share"] <= 1.0
+    runs = result["runs"]
+    assert [run["status"] for run in runs] == ["timeout"] * 3
+    assert all(run["rejected"] == {} for run in runs)
+    assert result["closest_tip_to_cube_m"] <= min(run["start_tip_to_cube_m"] for run in runs)
+    # draw 0 of the heading-noise measurement is the episode's own first chunk
+    firsts = [run["first_chunk_pan_rad"] for run in runs[:2]]
+    assert [row[0] for row in result["heading_noise"]["headings_rad"]] == firsts
+    if mode == "flat":
+        assert all(run["first_subtask"] == "" for run in runs)
+    if mode in ("oracle", "lying"):
+        assert all(place_of(run["first_subtask"]) for run in runs)
+    if mode == "lying":
+        assert all(run["words_azimuth_rad"] != 0.0 for run in runs)  # always left or right
+        assert -1.0 <= result["heading_follows_lie"] <= 1.0
+    if mode == "predicted":  # a subtask from every frame, the start pose's included
+        assert result["subtask_frames"] == 3 * len(runs)  # frames at 0, 0.1 and 0.2 s
+        assert all(run["said"] and run["first_subtask"] == run["said"][0] for run in runs)
+
+
+# -- oracle against lying ------------------------------------------------------------------------
+
+
+def first_chunk(source, sim, layout: int):
+    """``source``'s first chunk at the start pose of held-out layout ``layout``, and its prompt."""
+    task, seed = round_task(layout, HELDOUT_SEED, "touch")
+    sim.reset(task, seed)
+    source.start(sim, seed)
+    observation = sim_policy.observe(sim)
+    prompt = source.frame_prompt(observation, source.subtask(sim))
+    return source.chunk(sim, observation), prompt
+
+
+def test_oracle_and_lying_words_reach_the_model_on_the_same_noise(policy, sim):
+    sources = {
+        mode: PromptedChunks(policy, FORMAT, mode, NUM_STEPS) for mode in ("oracle", "lying")
+    }
+    for layout in range(2):
+        (oracle, oracle_prompt), (lying, lying_prompt) = (
+            first_chunk(sources[mode], sim, layout) for mode in ("oracle", "lying")
+        )
+        assert lying.subtask == lying_subtask(oracle.subtask) != oracle.subtask
+        assert named_azimuth(lying.subtask) != named_azimuth(oracle.subtask)
+        # the prompts differ in the subtask's place words only: the shared part is the same
+        assert oracle_prompt.ids != lying_prompt.ids
+        assert oracle_prompt.ids[: oracle_prompt.shared] == lying_prompt.ids[: lying_prompt.shared]
+        # and the model reads them: the same noise, another heading
+        shift = abs(float(oracle.actions[-1, 0]) - float(lying.actions[-1, 0]))
+        assert shift > MIN_HEADING_SHIFT_RAD, (oracle.subtask, lying.subtask, shift)
+
+
+# -- predicted: the engine's subtasks ------------------------------------------------------------
+
+
+@torch.inference_mode()
+def greedy_subtask(policy, observation, max_tokens: int = 64) -> str:
+    """Reference: the checkpoint's greedy subtask of one frame, uncached, one token at a time
+    (reading the images and the shared part of the conditioned prompt, as the engine's
+    same_frame request does)."""
+    empty = policy.frame_prompt(observation.state, observation.prompt, FORMAT, True, None)
+    shared = type(empty)(empty.ids[: empty.shared], empty.shared)
+    inputs = policy.encode(observation.images, observation.state, observation.prompt, shared)
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        text = torch.tensor([tokens], dtype=torch.long)
+        logits = policy.model.text_logits_uncached(
+            inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, text
+        )
+        token = int(logits[0, -1].argmax())
+        if token == policy.tokenizer.eos_id:
+            break
+        tokens.append(token)
+    return policy.tokenizer.decode(tokens).strip()
+
+
+def test_predicted_subtasks_are_the_engines_greedy_decode_of_each_frame(policy, sim):
+    source = EngineChunks(policy, FORMAT, NUM_STEPS, subtask_every=1, action_dt=0.1)
+    task, seed = round_task(0, HELDOUT_SEED, "touch")
+    sim.reset(task, seed)
+    source.start(sim, seed)
+    try:
+        start = sim_policy.observe(sim)
+        first = source.chunk(sim, start)
+        engine = source.engine
+        # two engine frames at the start pose: the first decoded the subtask the second carries
+        # (none is due again before the sim moves)
+        assert engine.frame_count == 2 and engine.subtasks.refreshes == 1
+        assert first.decoded == greedy_subtask(policy, start) != ""
+        assert first.subtask == first.decoded  # the executed chunk was conditioned on it
+        sim_policy.send(sim, first.actions, 0.1)
+        for _ in range(10):
+            sim.control_step()
+        later = sim_policy.observe(sim)
+        second = source.chunk(sim, later)
+        assert engine.frame_count == 3 and engine.subtasks.refreshes == 2
+        assert second.decoded == greedy_subtask(policy, later)
+        assert engine.subtasks.current.text.text == second.decoded
+    finally:
+        source.close()
+    assert source.engine is None
