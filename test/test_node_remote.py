@@ -4,8 +4,10 @@ A real ``oxygen-serve`` process serves the tiny checkpoint with an API key; the 
 own process) ticks over it: chunks and trajectories come from the server, an Ask goal is answered
 by it, a reply past its deadline is dropped and counted, and when the server goes away and comes
 back the node keeps ticking, says disconnected and then reconnected on /diagnostics. The
-configure-time checks (a wrong key, a robot the server does not serve) run against a server in
-this process.
+configure-time checks (a wrong key, a robot the server does not serve), the parameters naming the
+servers, the answer's token limit reaching the server, and what restarts when the engine moves on
+to another server (RTC feedback, questions in flight) run against servers in this process.
+The whole node failing over between two oxygen-serve processes is test_node_failover.py.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from node_harness import (
     wait_for,
 )
 
+from oxygen_ros.engine.requests import SamplingParams
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.policy_io.policy import load_policy
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings, SettingsError
 from oxygen_ros.ros.remote_engine import ServerRefused
 from oxygen_ros.ros.remote_setup import connect_remote_engine
+from oxygen_ros.serving.client import ASK_MAX_TOKENS_KEY, PUBLISHED_CHUNK_KEY
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
@@ -229,10 +233,22 @@ def test_configure_refuses_a_robot_the_server_does_not_serve(keyed_server, tmp_p
 
 
 def test_engine_remote_needs_a_server_uri():
-    with pytest.raises(SettingsError, match="engine remote needs server_uri"):
+    with pytest.raises(SettingsError, match="engine remote needs server_uri .* or server_uris"):
         _settings()
     with pytest.raises(SettingsError, match="engine must be one of local, remote"):
         _settings(engine="cloud", server_uri="ws://gpu-box:8000")
+
+
+def test_one_server_in_server_uri_or_several_in_server_uris():
+    assert _settings(server_uri="ws://a:8000").servers == ("ws://a:8000",)
+    several = _settings(server_uris=["ws://a:8000", "ws://b:8000"])
+    assert several.servers == ("ws://a:8000", "ws://b:8000")
+    with pytest.raises(SettingsError, match="server_uri .* or server_uris .*, not both"):
+        _settings(server_uri="ws://a:8000", server_uris=["ws://b:8000"])
+    with pytest.raises(SettingsError, match="server_uris must be unique"):
+        _settings(server_uris=["ws://a:8000", "ws://a:8000"])
+    with pytest.raises(SettingsError, match="server_uris must not contain empty"):
+        _settings(server_uris=["ws://a:8000", " "])
 
 
 def test_a_frame_the_server_refuses_names_the_field_and_the_next_frame_is_served(
@@ -275,5 +291,81 @@ def test_rtc_feedback_carries_the_published_rows_in_all_the_models_dims(tiny_che
             # the server checks the feedback's shape ([1..horizon, 8]) before it acts
             second = engine.act(Observation({"base_0_rgb": image}, np.ones(JOINTS), "pick", 2.0))
             assert second.frame_id == 2 and engine.server_stats()["server_errors"] == 0
+        finally:
+            engine.close()
+
+
+class _Spy:
+    """Records the messages a client sends (and sends them)."""
+
+    def __init__(self, client) -> None:
+        self.sent: list[dict] = []
+        self._infer = client.infer
+        client.infer = self.infer
+
+    def infer(self, message: dict, *args, **kwargs) -> dict:
+        self.sent.append(message)
+        return self._infer(message, *args, **kwargs)
+
+
+def _frame(stamp: float) -> Observation:
+    return Observation(
+        {"base_0_rgb": np.zeros((32, 32, 3), np.uint8)}, np.zeros(JOINTS), "pick", stamp
+    )
+
+
+def test_the_asks_token_limit_reaches_the_server(tiny_checkpoint):
+    server = PolicyServer(load_policy(tiny_checkpoint), EngineConfig(), ServerSettings(port=0))
+    with serve_in_thread(server) as running:
+        engine = connect_remote_engine(_settings(server_uri=running.uri), _Log(), lambda: 60.0)
+        spy = _Spy(engine.client)
+        try:
+            request = engine.submit("answer", "what is here?", SamplingParams(max_tokens=3))
+            finals = []
+            for frame in range(1, 20):
+                engine.act(_frame(float(frame)))
+                finals += [d for d in engine.decode() if d.final and d.request_id == request]
+                if finals:
+                    break
+            assert spy.sent[0]["ask"] == "what is here?" and spy.sent[0][ASK_MAX_TOKENS_KEY] == 3
+            assert finals[0].finish_reason == "length"  # random weights never say eos
+            (session,) = server.sessions.sessions()
+            assert session.engine.tokens_generated == 3  # the server's own limit is 24
+        finally:
+            engine.close()
+
+
+def test_moving_on_to_the_next_server_starts_a_clean_session(tiny_checkpoint):
+    """RTC feedback about the first server's chunks never reaches the second; the question in
+    flight on the first ends failed, saying the server changed; the next question goes to the
+    second server."""
+    policy = load_policy(tiny_checkpoint)
+    config = EngineConfig(chunk_continuity="rtc")
+    first = PolicyServer(policy, config, ServerSettings(port=0))
+    second = PolicyServer(policy, config, ServerSettings(port=0))
+    with serve_in_thread(second) as running_second:
+        with serve_in_thread(first) as running_first:
+            settings = _settings(server_uris=[running_first.uri, running_second.uri])
+            engine = connect_remote_engine(settings, _Log(), lambda: 60.0)
+            spy = _Spy(engine.client)
+            chunk = engine.act(_frame(1.0))
+            engine.chunk_published(chunk.frame_id, chunk.actions, 0.05)
+            asked = engine.submit("answer", "what is here?", SamplingParams(max_tokens=20))
+            engine.act(_frame(2.0))  # carries the question and the first chunk's feedback
+            assert PUBLISHED_CHUNK_KEY in spy.sent[-1] and spy.sent[-1]["ask"]
+        try:
+            assert wait_for(lambda: engine.client.connection == 2, WAIT_S)
+            failed = [d for d in engine.decode() if d.request_id == asked]
+            assert failed[-1].final and failed[-1].finish_reason == "failed"
+            assert failed[-1].detail.startswith("the server changed: ")
+            assert running_second.uri in failed[-1].detail
+            again = engine.submit("answer", "and now?", SamplingParams(max_tokens=2))
+            chunk = engine.act(_frame(3.0))
+            assert PUBLISHED_CHUNK_KEY not in spy.sent[-1] and spy.sent[-1]["ask"] == "and now?"
+            assert chunk.frame_id == 3 and engine.policy.session_id == 1  # the second's first
+            stats = engine.server_stats()
+            assert stats["server_uri"] == running_second.uri and stats["server_switches"] == 1
+            assert stats["server_sessions"] == 2
+            assert engine.active_requests == 1 and again not in {d.request_id for d in failed}
         finally:
             engine.close()

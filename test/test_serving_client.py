@@ -1,7 +1,9 @@
 """`PolicyClient` against a real oxygen-serve in this process (tiny checkpoint, real sockets):
 deadlines (a late reply is dropped, handed to on_late_reply, and the stream stays in step), the
-limit on unanswered requests, a server's error frame, and connecting to a server that starts
-later."""
+limit on unanswered requests, a server's error frame, connecting to a server that starts later,
+failover between two servers (one that goes away, one that stops answering in time, one whose
+model the client refuses), the waits between attempts (`ServerRing`), and the answer's token
+limit sent as ``ask/max_tokens``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from node_harness import wait_for
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.policy_io.policy import load_policy
 from oxygen_ros.serving.client import (
+    ASK_MAX_TOKENS_KEY,
     MAX_IN_FLIGHT,
     DeadlineMissed,
     NotConnected,
@@ -23,6 +26,8 @@ from oxygen_ros.serving.client import (
     server_uri,
 )
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
+from oxygen_ros.serving.server_ring import Backoff, ServerRing
+from oxygen_ros.serving.sessions import LanguageSettings
 from oxygen_ros.tools.benches.serve_processes import free_port
 
 WAIT_S = 120.0
@@ -64,6 +69,7 @@ def test_a_late_reply_is_dropped_and_the_next_request_gets_its_own(policy):
                 1,
             )
             assert server.counters.get("frames_served") == MAX_IN_FLIGHT + 1
+            assert stats.connects == 1  # one server: a slow one is waited for, never left
 
 
 def test_a_server_error_frame_is_raised_and_the_connection_goes_on(policy):
@@ -105,3 +111,107 @@ def test_server_uri_takes_openpi_style_addresses():
     assert server_uri("wss://gpu-box/robot") == "wss://gpu-box/robot"
     with pytest.raises(ValueError, match="only ws:// and wss://"):
         server_uri("http://gpu-box:8000")
+
+
+def test_two_servers_the_client_moves_on_when_its_server_goes_away(policy):
+    first = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+    second = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+    changes: list[tuple[bool, str]] = []
+    with serve_in_thread(second) as running_second:
+        with serve_in_thread(first) as running_first:
+            client = PolicyClient(
+                [running_first.uri, running_second.uri],
+                on_change=lambda up, detail: changes.append((up, detail)),
+            ).start()
+            assert client.wait_connected(WAIT_S), client.last_error
+            assert client.uri == running_first.uri and client.connection == 1
+            assert client.infer(observation(), timeout_s=WAIT_S)["actions"].ndim == 2
+        # the first server is gone: the client is on the second, a new session
+        assert wait_for(lambda: client.connection == 2, WAIT_S), client.last_error
+        with client:
+            assert client.uri == running_second.uri and client.stats.switches == 1
+            assert client.last_switch.startswith(f"{running_first.uri} -> {running_second.uri}")
+            with pytest.raises(NotConnected, match="new session"):  # built for the first one
+                client.infer(observation(), timeout_s=WAIT_S, connection=1)
+            assert client.infer(observation(), timeout_s=WAIT_S, connection=2)["actions"].ndim == 2
+            assert second.counters.get("frames_served") == 1
+    assert changes[0] == (True, running_first.uri)
+    assert changes[1][0] is False and changes[1][1].startswith(running_first.uri)
+    assert changes[2] == (True, f"{running_second.uri} (moved on from {running_first.uri})")
+
+
+def test_a_server_that_stops_answering_in_time_is_left_after_three_misses(policy):
+    """Replies no deadline can meet (10 us): two misses and a request not sent (two still
+    unanswered) make three in a row, and the client moves on to the next server."""
+    first = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+    second = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+    with serve_in_thread(first) as running_first, serve_in_thread(second) as running_second:
+        with PolicyClient([running_first.uri, running_second.uri]) as client:
+            assert client.wait_connected(WAIT_S), client.last_error
+            for error in (DeadlineMissed, DeadlineMissed, ServerBehind):
+                with pytest.raises(error):
+                    client.infer(observation(), timeout_s=1e-5)
+            assert wait_for(lambda: client.stats.switches == 1 and client.connected, WAIT_S)
+            assert client.uri == running_second.uri
+            assert "3 requests in a row got no reply within their deadline" in client.last_switch
+            assert client.infer(observation(), timeout_s=WAIT_S)["actions"].ndim == 2
+
+
+def test_a_server_whose_model_the_client_refuses_is_skipped(policy):
+    wrong = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+    right = PolicyServer(policy, EngineConfig(), ServerSettings(port=0))
+
+    def only(port: int):
+        def check(metadata: dict) -> None:
+            if f":{port}" not in client.uri:
+                raise ValueError("not the robot this client drives")
+
+        return check
+
+    with serve_in_thread(wrong) as running_wrong, serve_in_thread(right) as running_right:
+        client = PolicyClient([running_wrong.uri, running_right.uri])
+        client.check_metadata = only(running_right.port)
+        with client:
+            assert client.wait_connected(WAIT_S), client.last_error
+            assert client.uri == running_right.uri and client.stats.failed_attempts >= 1
+            assert client.stats.switches == 0  # never connected to the refused one
+
+
+def test_the_waits_between_attempts():
+    """One server: the backoff after each failure in a row. Two: the next server at once, the
+    backoff only after a whole round failed; a reply starts the waits over."""
+    backoff = Backoff(first_s=0.1, max_s=0.4)
+    alone = ServerRing(["ws://a:1"], backoff)
+    assert [alone.move_on() for _ in range(4)] == [0.1, 0.2, 0.4, 0.4]
+    pair = ServerRing(["ws://a:1", "ws://b:1"], backoff)
+    assert [pair.move_on() for _ in range(5)] == [0.0, 0.1, 0.0, 0.2, 0.0]
+    assert pair.current == "ws://b:1"
+    pair.replied()
+    assert pair.move_on() == 0.0 and pair.current == "ws://a:1"
+    assert [pair.unanswered() for _ in range(3)] == [False, False, True]
+    assert not any(alone.unanswered() for _ in range(5))
+    with pytest.raises(ValueError, match="more than once"):
+        ServerRing(["ws://a:1", "ws://a:1"])
+
+
+def test_the_answer_is_limited_to_the_clients_max_tokens(policy):
+    """ask/max_tokens (listed in the metadata) limits the answer; the server's own limit (24
+    here) still caps it; a limit below 1 is refused naming the field."""
+    server = PolicyServer(
+        policy, EngineConfig(), ServerSettings(port=0, language=LanguageSettings(max_tokens=24))
+    )
+    with serve_in_thread(server) as running, PolicyClient(running.uri) as client:
+        assert client.wait_connected(WAIT_S), client.last_error
+        assert ASK_MAX_TOKENS_KEY in client.metadata["observation"]["keys"]
+        with pytest.raises(ServerError, match="ask/max_tokens: expected at least 1 token"):
+            client.infer({**observation(), "ask": "what?", ASK_MAX_TOKENS_KEY: 0}, WAIT_S)
+        first = client.infer({**observation(), "ask": "what?", ASK_MAX_TOKENS_KEY: 2}, WAIT_S)
+        answers = list(first.get("language", []))
+        for _ in range(20):
+            if any(entry.get("final") for entry in answers):
+                break
+            answers += client.infer(observation(), timeout_s=WAIT_S).get("language", [])
+        final = [entry for entry in answers if entry.get("final")]
+        assert final and final[0]["finish_reason"] == "length"  # random weights never say eos
+        (session,) = server.sessions.sessions()
+        assert session.engine.tokens_generated == 2

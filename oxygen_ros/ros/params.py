@@ -603,15 +603,36 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         _T.PARAMETER_STRING,
         "local",
         "where the model runs: local (this node loads checkpoint_dir) | remote (oxygen-serve at "
-        "server_uri; topics, limits, trajectories, diagnostics and Ask stay in the node)",
+        "server_uri or server_uris; topics, limits, trajectories, diagnostics and Ask stay in the "
+        "node)",
         CONFIGURE,
     ),
     ParamSpec(
         "server_uri",
         _T.PARAMETER_STRING,
         "",
-        "engine remote: oxygen-serve's address, ws://HOST:PORT (HOST:PORT also works)",
+        "engine remote: oxygen-serve's address, ws://HOST:PORT (HOST:PORT also works); for "
+        "several servers use server_uris instead",
         CONFIGURE,
+    ),
+    ParamSpec(
+        "server_uris",
+        _T.PARAMETER_STRING_ARRAY,
+        [],
+        "engine remote: several oxygen-serve addresses serving the same model, used one at a "
+        "time in this order; the node moves on to the next (cycling) when its server cannot be "
+        "reached, drops the connection or misses server_switch_after_misses replies in a row "
+        "(instead of server_uri)",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "server_switch_after_misses",
+        _T.PARAMETER_INTEGER,
+        3,
+        "engine remote with several servers: ticks in a row without the server's reply in time "
+        "(server_timeout_ms) after which the node moves on to the next server",
+        CONFIGURE,
+        (1, 1000),
     ),
     ParamSpec(
         "server_api_key_file",
@@ -842,6 +863,8 @@ class NodeSettings:
     # the model in oxygen-serve
     engine: str
     server_uri: str
+    server_uris: tuple[str, ...]
+    server_switch_after_misses: int
     server_api_key_file: str
     server_connect_timeout_s: float
     server_timeout_ms: float
@@ -849,6 +872,12 @@ class NodeSettings:
     @property
     def period_s(self) -> float:
         return 1.0 / self.rate_hz
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """engine remote: the servers in the order they are used (``server_uris``, else
+        ``server_uri``)."""
+        return self.server_uris or (self.server_uri.strip(),)
 
     @property
     def format(self) -> PromptFormat:
@@ -936,10 +965,7 @@ class NodeSettings:
                     f"joint_lower_limits exceed joint_upper_limits for joints {crossed}"
                 )
         _check_robot(robot, v, cameras, joints, action_joints, limits)
-        if v["engine"] == "remote" and not v["server_uri"].strip():
-            raise SettingsError(
-                "engine remote needs server_uri: oxygen-serve's address, e.g. ws://gpu-box:8000"
-            )
+        _check_servers(v)
         _check_prompt_format(robot, v)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
@@ -951,8 +977,28 @@ class NodeSettings:
                 "action_joint_names": action_joints,
                 **limits,
                 "gripper_joint_names": tuple(v["gripper_joint_names"]),
+                "server_uris": tuple(uri.strip() for uri in v["server_uris"]),
                 "narration_marker_position": tuple(v["narration_marker_position"]),
             }
+        )
+
+
+def _check_servers(v: Mapping[str, Any]) -> None:
+    """engine remote: one server in server_uri or several in server_uris, not both."""
+    one, several = v["server_uri"].strip(), [uri.strip() for uri in v["server_uris"]]
+    if one and several:
+        raise SettingsError(
+            "set server_uri (one server) or server_uris (several, in the order they are used), "
+            f"not both: server_uri is {one!r}, server_uris {several}"
+        )
+    if any(not uri for uri in several):
+        raise SettingsError(f"server_uris must not contain empty addresses, got {several}")
+    if len(set(several)) != len(several):
+        raise SettingsError(f"server_uris must be unique, got {several}")
+    if v["engine"] == "remote" and not (one or several):
+        raise SettingsError(
+            "engine remote needs server_uri (oxygen-serve's address, e.g. ws://gpu-box:8000) "
+            "or server_uris (several)"
         )
 
 

@@ -14,13 +14,21 @@ counters the tick records), with these differences:
 * **RTC**: when the server lists `PUBLISHED_CHUNK_KEY` and `PUBLISHED_DELAY_KEY` among its
   observation keys, each request carries the chunk the node last published (after its limits)
   and the delay it saw, so the server's real-time chunking guides from what the robot executes.
-* **Language**: a question (``submit("answer", text)``) rides along in the next request's ``ask``
-  field, one per request; the server's answer and narration deltas come back in the replies'
-  ``language`` entries and are matched to the node's requests in order (the server numbers them in
-  the order it was asked). Narration is the server's (``oxygen-serve --narration-every``): the
-  node's narration request is answered by the server's next narration; narrations the node did not
-  ask for are published too. A lost connection ends the session on the server, so every request
-  open there ends ``failed``.
+* **Language**: a question (``submit("answer", text, sampling)``) rides along in the next
+  request's ``ask`` field, one per request, with its token limit as ``ask/max_tokens`` when the
+  server lists that key (oxygen-serve caps it with its ``--max-tokens``); the server's answer and
+  narration deltas come back in the replies' ``language`` entries and are matched to the node's
+  requests in order (the server numbers them in the order it was asked). Narration is the
+  server's (``oxygen-serve --narration-every``): the node's narration request is answered by the
+  server's next narration; narrations the node did not ask for are published too. A lost
+  connection ends the session on the server, so every request open there ends ``failed``
+  (saying the server changed, when the client moves on to another).
+* **Sessions and failover**: each connection is a new session on its server (the same server
+  after a reconnection, the next one after a switch: `server_ring`). A new session starts clean:
+  no RTC feedback about chunks it never sent, its own subtask loop from its first frame, the
+  served model re-read from its metadata (the client has checked it fits the node). A request is
+  sent only on the connection its message was built for, so nothing built for the old session
+  reaches the new one, and a reply to the old one can never be acted on.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import numpy as np
 from ..engine.requests import SamplingParams
 from ..engine.types import ActionChunk, Observation, TextDelta, WarmUpReport
 from ..serving.client import (
+    ASK_MAX_TOKENS_KEY,
     PUBLISHED_CHUNK_KEY,
     PUBLISHED_DELAY_KEY,
     DeadlineMissed,
@@ -91,6 +100,10 @@ class ServedModel:
     @property
     def takes_rtc_feedback(self) -> bool:
         return {PUBLISHED_CHUNK_KEY, PUBLISHED_DELAY_KEY} <= self.observation_keys
+
+    @property
+    def takes_ask_max_tokens(self) -> bool:
+        return ASK_MAX_TOKENS_KEY in self.observation_keys
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> ServedModel:
@@ -161,13 +174,16 @@ class RemoteEngine:
         self._reply: tuple[int, np.ndarray] | None = None  # the last chunk's frame, all its dims
         self._lock = threading.Lock()  # language state: the tick and late replies meet here
         self._next_id = 1
-        self._questions: collections.deque[tuple[int, str]] = collections.deque()  # not sent
+        # questions not sent yet: (local id, text, token limit)
+        self._questions: collections.deque[tuple[int, str, int]] = collections.deque()
         self._asked: collections.deque[int] = collections.deque()  # sent, no server id yet
         self._narrations: collections.deque[int] = collections.deque()  # asked of the server
         self._open: dict[int, _Open] = {}  # local id -> a request sent (or to be answered)
         self._local_of: dict[int, int] = {}  # server request id -> local id
         self._inbox: list[TextDelta] = []
         self._disconnects_seen = client.stats.disconnects
+        self._connection = client.connection  # the session ``model`` describes
+        self.sessions = 1  # server sessions used: the first, and one per reconnection or switch
         client.on_late_reply = self._read_language
 
     # -- the action path -------------------------------------------------------------------------
@@ -181,17 +197,19 @@ class RemoteEngine:
         return self._act(observation, self._deadline_s())
 
     def _act(self, observation: Observation, timeout_s: float) -> ActionChunk:
-        self._end_lost_session()
+        connection = self._follow_session()
         message = client_message(observation, self.policy.robot)
         with self._lock:
             question = self._questions[0] if self._questions else None
         if question is not None:
             message["ask"] = question[1]
+            if self.policy.takes_ask_max_tokens:
+                message[ASK_MAX_TOKENS_KEY] = question[2]
         if self._published is not None and self.policy.takes_rtc_feedback:
             message[PUBLISHED_CHUNK_KEY], message[PUBLISHED_DELAY_KEY] = self._published
         started = self.clock()
         try:
-            reply = self.client.infer(message, timeout_s=timeout_s)
+            reply = self.client.infer(message, timeout_s=timeout_s, connection=connection)
         except DeadlineMissed as error:
             self._asked_question(question)  # the server has it: its answer comes later
             raise ServerUnavailable("late", str(error)) from None
@@ -252,10 +270,11 @@ class RemoteEngine:
     ) -> int:
         """A local id for a request the server will answer: a question rides along with the next
         frame; a narration is answered by the server's next one. Other kinds end ``refused``."""
+        limit = (sampling or SamplingParams()).max_tokens
         with self._lock:
             request_id = self._new_id()
             if kind == "answer":
-                self._questions.append((request_id, text))
+                self._questions.append((request_id, text, limit))
                 self._open[request_id] = _Open(kind)
             elif kind == "narration":
                 self._narrations.append(request_id)
@@ -286,7 +305,7 @@ class RemoteEngine:
 
     def decode(self, until: float | None = None) -> list[TextDelta]:
         """The deltas the replies brought since the last call (never waits)."""
-        self._end_lost_session()
+        self._follow_session()
         with self._lock:
             deltas, self._inbox = self._inbox, []
         return deltas
@@ -342,7 +361,7 @@ class RemoteEngine:
             detail=str(entry.get("detail", "")),
         )
 
-    def _asked_question(self, question: tuple[int, str] | None) -> None:
+    def _asked_question(self, question: tuple[int, str, int] | None) -> None:
         if question is None:
             return
         with self._lock:
@@ -350,7 +369,7 @@ class RemoteEngine:
                 self._questions.popleft()
                 self._asked.append(question[0])
 
-    def _refused_question(self, question: tuple[int, str] | None, why: str) -> None:
+    def _refused_question(self, question: tuple[int, str, int] | None, why: str) -> None:
         """A frame refused for its question (the error names ``ask``): end that question, so
         the frames after it go without it."""
         if question is None or not why.startswith("ask:"):
@@ -363,6 +382,18 @@ class RemoteEngine:
                     TextDelta(question[0], "answer", "", True, finish_reason="refused", detail=why)
                 )
 
+    def _follow_session(self) -> int:
+        """Catch up with the client's connection; returns the number of the one in use (or last
+        used). A lost connection ends the requests sent there; a new one starts a clean session."""
+        self._end_lost_session()
+        connection, metadata = self.client.current_connection()
+        if connection != self._connection and metadata is not None:
+            self._connection = connection
+            self.sessions += 1
+            self._published = self._reply = None  # chunks of the old session: not this one's
+            self.policy = ServedModel.from_metadata(metadata)  # checked by the client to fit
+        return connection
+
     def _end_lost_session(self) -> None:
         """After a lost connection the server's session is gone: every request sent there ends
         ``failed`` (questions not sent yet wait for the next session)."""
@@ -370,9 +401,16 @@ class RemoteEngine:
         if disconnects == self._disconnects_seen:
             return
         self._disconnects_seen = disconnects
-        detail = f"the connection to the server was lost: {self.client.last_error}"
+        if len(self.client.uris) > 1:
+            detail = (
+                f"the server changed: {self.client.last_error}; the node moved on to "
+                f"{self.client.uri} and the request ended with the old server's session "
+                "(ask again)"
+            )
+        else:
+            detail = f"the connection to the server was lost: {self.client.last_error}"
         with self._lock:
-            waiting = {request_id for request_id, _ in self._questions}
+            waiting = {request_id for request_id, *_ in self._questions}
             for request_id, request in list(self._open.items()):
                 if request_id in waiting:
                     continue
@@ -424,11 +462,15 @@ class RemoteEngine:
         stats = self.client.stats
         return {
             "server_uri": self.client.uri,
+            "server_uris": ", ".join(self.client.uris),
             "server_connected": self.client.connected,
             "server_name": self.policy.server,
             "server_robot": self.policy.robot,
             "server_connects": stats.connects,
             "server_reconnects": max(stats.connects - 1, 0),
+            "server_switches": stats.switches,
+            "server_last_switch": self.client.last_switch,
+            "server_sessions": self.sessions,
             "server_disconnects": stats.disconnects,
             "server_failed_attempts": stats.failed_attempts,
             "server_requests": stats.requests,

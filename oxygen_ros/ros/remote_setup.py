@@ -50,39 +50,59 @@ def check_fits_server(settings: NodeSettings, model: ServedModel) -> None:
 def connect_remote_engine(
     settings: NodeSettings, log: Any, deadline_s: Callable[[], float]
 ) -> RemoteEngine:
-    """Connect to ``server_uri`` (waiting up to ``server_connect_timeout_s``), check the served
-    model against the parameters and return the engine. From here on the client reconnects by
-    itself; connections made and lost are logged.
+    """Connect to the first reachable of the servers (``server_uri`` or ``server_uris``, waiting
+    up to ``server_connect_timeout_s``), check the served model against the parameters and return
+    the engine. From here on the client reconnects, or moves on to the next server, by itself,
+    using only servers whose model the same check accepts; connections made, lost and switched
+    are logged.
 
     Raises:
         ConnectionError: no connection within the timeout (the message says why).
-        SettingsError, ValueError: the key file, or a served model the parameters do not fit.
+        SettingsError, ValueError: the key file, an address that is not ws://, or a served model
+            the parameters do not fit.
     """
-    uri = settings.server_uri.strip()
+    servers = settings.servers
 
     def on_change(connected: bool, detail: str) -> None:
         if connected:
             log.info(f"connected to oxygen-serve at {detail}")
+        elif len(servers) > 1:
+            log.warning(f"no connection to oxygen-serve ({detail}); trying the next server")
         else:
-            log.warning(f"no connection to oxygen-serve at {uri}: {detail}; reconnecting")
+            log.warning(f"no connection to oxygen-serve at {servers[0]}: {detail}; reconnecting")
 
-    client = PolicyClient(uri, read_api_key(settings.server_api_key_file), on_change=on_change)
+    client = PolicyClient(
+        servers,
+        read_api_key(settings.server_api_key_file),
+        switch_after_unanswered=settings.server_switch_after_misses,
+        on_change=on_change,
+    )
     client.start()
     try:
         if not client.wait_connected(settings.server_connect_timeout_s):
             raise ConnectionError(
-                f"no connection to oxygen-serve at {client.uri} within "
+                f"no connection to oxygen-serve at {', '.join(client.uris)} within "
                 f"{settings.server_connect_timeout_s:g} s: {client.last_error}"
             )
         model = ServedModel.from_metadata(client.metadata)
         check_fits_server(settings, model)
+        client.check_metadata = lambda metadata: check_fits_server(
+            settings, ServedModel.from_metadata(metadata)
+        )
     except BaseException:
         client.close()
         raise
+    others = len(servers) - 1
     log.info(
         f"remote engine: {model.server} at {client.uri} serves robot {model.robot} (horizon "
         f"{model.action_horizon}, {model.action_dim} action dims, session {model.session_id}); "
         f"RTC feedback {'sent' if model.takes_rtc_feedback else 'not taken by this server'}; "
         "narration is the server's (oxygen-serve --narration-every)"
+        + (
+            f"; {others} other server(s) to move on to after a lost connection or "
+            f"{settings.server_switch_after_misses} replies in a row past their deadline"
+            if others
+            else ""
+        )
     )
     return RemoteEngine(client, model, deadline_s, len(settings.action_joint_names))
