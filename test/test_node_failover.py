@@ -1,0 +1,105 @@
+"""The node failing over between two ``oxygen-serve`` processes, over real sockets and DDS.
+
+Two real servers serve the tiny checkpoint; the real node (its own process, ``engine: remote``,
+``server_uris`` naming both) ticks over the first. With an Ask being answered there, the first
+server is killed (SIGKILL: no close frame, as when a box dies). The node moves on to the second
+and keeps publishing chunks, every one of them computed from an observation stamped after the
+kill; the Ask ends failed saying the server changed; /diagnostics names the second server and
+counts the switch. What a switch restarts (RTC feedback, questions in flight, a request built for
+the old session) and the deadline rule are tested in test_serving_client.py and
+test_node_remote.py, against servers in the test's own process.
+
+Cost: two server processes and one node (about 40 s on a busy 2-core machine, most of it start-up).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from node_harness import STATE_ACTIVE, AskClient, NodeProcess, Probe, stamp_ns, wait_for
+
+from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+JOINTS = 8  # the tiny checkpoint's state width
+WAIT_S = 120.0  # generous: nothing here depends on how busy the machine is
+# each session's chunks continue its previous one; an answer long enough to be cut by the kill
+SERVE_ARGS = ["--chunk-continuity", "rtc", "--max-tokens", "400"]
+
+
+def test_the_node_moves_on_to_the_next_server_when_its_server_is_killed(tiny_checkpoint, tmp_path):
+    bag = write_synthetic_bag(
+        tmp_path / "bag", duration_s=3.0, width=64, height=64, num_joints=JOINTS
+    )
+    servers = [
+        ServeProcess(tiny_checkpoint, free_port(), tmp_path / f"serve_{name}.log", SERVE_ARGS)
+        for name in ("first", "second")
+    ]
+    first, second = servers
+    node = None
+    probe = Probe()
+    try:
+        for server in servers:  # both started above: their start-ups overlap
+            server.wait_healthy(WAIT_S)
+        node = NodeProcess(
+            {
+                "engine": "remote",
+                "server_uris": [first.uri, second.uri],
+                "server_timeout_ms": 30_000.0,  # only the kill moves the node, never a slow tick
+                "camera_topics": [camera_topic("base"), camera_topic("wrist")],
+                "camera_slots": ["base_0_rgb", "left_wrist_0_rgb"],
+                "joint_names": joint_names(JOINTS),
+                "rate_hz": 5.0,
+                "action_dt": 0.5,
+                "max_observation_age_s": 30.0,
+            },
+            tmp_path,
+        )
+        probe.wait_active(node, WAIT_S)
+        with probe.play_in_background(bag):
+            assert wait_for(lambda: len(probe.chunks) >= 2, WAIT_S), node.log()[-3000:]
+            assert _diagnostics(probe)["server_uri"] == first.uri
+            ask = AskClient(probe, wait_s=WAIT_S)
+            handle = ask.send("what is on the table?", max_tokens=400)
+            assert handle.accepted
+            # the answer is being decoded on the first server when it dies
+            assert wait_for(lambda: ask.feedback_of(handle), WAIT_S), node.log()[-3000:]
+            killed_at_ns = probe.node.get_clock().now().nanoseconds
+            first.process.send_signal(signal.SIGKILL)
+
+            result = ask.result(handle).result
+            assert result.finish_reason == "failed", (result.finish_reason, result.detail)
+            assert result.detail.startswith("the server changed: ") and second.uri in result.detail
+
+            assert wait_for(
+                lambda: (
+                    _diagnostics(probe).get("server_uri") == second.uri
+                    and _diagnostics(probe).get("server_connected") == "true"
+                ),
+                WAIT_S,
+            ), node.log()[-3000:]
+            switched = _diagnostics(probe)
+            assert switched["server_switches"] == "1" and switched["server_sessions"] == "2"
+            assert switched["server_last_switch"].startswith(f"{first.uri} -> {second.uri}")
+            seen = len(probe.chunks)
+            assert wait_for(lambda: len(probe.chunks) >= seen + 3, WAIT_S), node.log()[-3000:]
+            after = [msg for _, msg in probe.chunks[seen:]]
+            assert all(stamp_ns(msg.header.stamp) > killed_at_ns for msg in after)
+            assert _diagnostics(probe)["server_errors"] == "0"  # no feedback the second refused
+            assert probe.get_state() == STATE_ACTIVE
+        assert f"connected to oxygen-serve at {second.uri} (moved on from {first.uri})" in (
+            node.log()
+        )
+        assert node.stop() == 0, node.log()[-3000:]
+    finally:
+        probe.close()
+        if node is not None:
+            node.stop()
+        for server in servers:
+            server.stop()
+
+
+def _diagnostics(probe: Probe) -> dict[str, str]:
+    return probe.fresh_diagnostics(30.0)
