@@ -21,7 +21,8 @@ Topics (relative names: a namespace moves them all):
   does not know is refused when the parameter is set.
 
 Parameters (:data:`PARAMETERS`, config/sim_so101.yaml) are read at start-up, except ``task``
-and ``seed``, read at each reset.
+and ``seed``, read at each reset. Two more (:data:`FAULT_PARAMETERS`) inject faults while the sim
+runs (tests and ``oxygen-bench faults``): streams that stop, and a clock that jumps.
 
 ``sim/episode`` holds JSON: ``episode`` (index), ``task``, ``seed``, ``status``
 (running | success | timeout), ``elapsed_s`` (sim seconds), ``rejected`` (this episode's
@@ -94,13 +95,42 @@ PARAMETERS: dict[str, object] = {
 }
 """Every parameter and its default (config/sim_so101.yaml sets the same values)."""
 
+FAULT_STREAMS = (*CAMERAS, "joint_states")
+FAULT_PARAMETERS: dict[str, object] = {
+    "fault_silent_streams": "",
+    "fault_clock_offset_s": 0.0,
+}
+"""Fault injection, changeable while the sim runs (``ros2 param set``); not in the config file, as a
+robot has no such switch. ``fault_silent_streams``: comma-separated names from
+:data:`FAULT_STREAMS` that the sim stops publishing (physics, the controllers and the other streams
+run on) until the parameter no longer names them. ``fault_clock_offset_s``: added to sim time, so
+changing it makes the clock jump by the difference, forward or back: stamps, ``/clock`` and the
+controllers' "now" jump together, as when a simulator's time is reset; the running trajectories
+keep their absolute times (a forward jump ends them, a backward one holds them until their time
+comes again) and an episode's elapsed time is not changed."""
+
+
+def parse_silent_streams(text: str) -> frozenset[str]:
+    """The stream names in ``fault_silent_streams``.
+
+    Raises:
+        ValueError: a name that is not in :data:`FAULT_STREAMS`.
+    """
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(FAULT_STREAMS))
+    if unknown:
+        raise ValueError(
+            f"fault_silent_streams names {unknown}; the sim's streams are {list(FAULT_STREAMS)}"
+        )
+    return names
+
 
 class SimNode(Node):
     """The simulated robot. Call :meth:`start` to run its physics thread, :meth:`stop` to end it."""
 
     def __init__(self, node_name: str = "sim", **node_kwargs) -> None:
         super().__init__(node_name, **node_kwargs)
-        for name, default in PARAMETERS.items():
+        for name, default in {**PARAMETERS, **FAULT_PARAMETERS}.items():
             self.declare_parameter(name, default)
         self._check_joint_parameters()
         p = self._parameter
@@ -121,9 +151,11 @@ class SimNode(Node):
             physics_rate_hz=p("physics_rate_hz"),
             control_rate_hz=p("control_rate_hz"),
             episode_timeout_s=p("episode_timeout_s"),
-            epoch_s=time.time() if epoch < 0 else epoch,
+            epoch_s=(time.time() if epoch < 0 else epoch) + p("fault_clock_offset_s"),
         )
         self._validate_task(p("task"))
+        self.silent_streams = parse_silent_streams(p("fault_silent_streams"))
+        self._clock_jump_s = 0.0  # asked for by fault_clock_offset_s, not applied yet
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._lock = threading.Lock()  # the simulation between the physics thread and callbacks
         self._stop = threading.Event()
@@ -163,13 +195,27 @@ class SimNode(Node):
             parse_task(text)
 
     def _on_set_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
-        for parameter in parameters:
-            if parameter.name == "task":
-                try:
-                    self._validate_task(parameter.value)
-                except TaskError as error:
-                    return SetParametersResult(successful=False, reason=str(error))
+        """Refuse an unknown task or stream name; apply the fault switches once all are valid."""
+        values = {parameter.name: parameter.value for parameter in parameters}
+        try:
+            if "task" in values:
+                self._validate_task(values["task"])
+            silent = parse_silent_streams(values.get("fault_silent_streams", ""))
+        except (TaskError, ValueError) as error:
+            return SetParametersResult(successful=False, reason=str(error))
+        if "fault_silent_streams" in values:
+            self.silent_streams = silent
+            self.get_logger().warning(f"fault injection: silent streams {sorted(silent)}")
+        if "fault_clock_offset_s" in values:
+            jump = values["fault_clock_offset_s"] - self._parameter("fault_clock_offset_s")
+            with self._lock:
+                self._clock_jump_s += jump
         return SetParametersResult(successful=True)
+
+    def take_clock_jump(self) -> float:
+        """Under the lock: the clock jump asked for since the last call (seconds, 0 for none)."""
+        jump, self._clock_jump_s = self._clock_jump_s, 0.0
+        return jump
 
     # -- interfaces -------------------------------------------------------------------------------
     def _make_interfaces(self) -> None:
@@ -356,12 +402,16 @@ class _PhysicsLoop:
             if node.step_gate is not None:
                 node.step_gate(sim.now_s)
             with node._lock:
+                jump = node.take_clock_jump()
+                if jump:
+                    self._jump_clock(jump)
+                    wall_anchor, sim_anchor = time.perf_counter(), sim.now_s
                 if node._apply_pending_reset():
                     self._publish_episode_start()
                 sim.control_step()
                 now = sim.now_s
                 self._publish_episode_changes(now)
-                if self._is_due("joints", now):
+                if self._is_due("joints", now) and "joint_states" not in node.silent_streams:
                     self._publish_joint_states(now)
                 if self._auto_reset_due(now):
                     node._queue_auto_reset()
@@ -375,6 +425,19 @@ class _PhysicsLoop:
                     time.sleep(ahead)
                 elif ahead < -MAX_LAG_S:
                     wall_anchor, sim_anchor = time.perf_counter(), now
+
+    def _jump_clock(self, seconds: float) -> None:
+        """Under the lock: sim time jumps by ``seconds`` (see :data:`FAULT_PARAMETERS`); the
+        episode's times and the publishing schedule move with it."""
+        sim = self.node.sim
+        sim.now_s += seconds
+        sim.episode_start_s += seconds
+        if sim.episode_end_s is not None:
+            sim.episode_end_s += seconds
+        if self.ended_at_s is not None:
+            self.ended_at_s += seconds
+        self.due = {what: due + seconds for what, due in self.due.items()}
+        self.node.get_logger().warning(f"fault injection: the clock jumped {seconds:+g} s")
 
     def _auto_reset_due(self, now: float) -> bool:
         if self.auto_reset_s < 0 or self.ended_at_s is None:
@@ -442,6 +505,8 @@ class _PhysicsLoop:
             return
         stamp = seconds_to_stamp(now)
         for camera, publisher in self.node._cameras.items():
+            if camera in self.node.silent_streams:
+                continue
             try:
                 rgb = self.node.sim.world.render(camera, self.width, self.height)
             except Exception as error:  # no OpenGL: the robot runs on, blind

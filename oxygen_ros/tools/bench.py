@@ -16,6 +16,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
                                                    # the sim arm through the node over DDS
     oxygen-bench sim-policy --episodes 100         # a checkpoint drives the sim directly
     oxygen-bench serve --clients 1,2,4,8           # robots on one oxygen-serve vs one server each
+    oxygen-bench faults --json faults.json         # stopped inputs, clock jumps: hold, resume
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (policy_io/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -39,6 +40,7 @@ from oxygen_ros.tools.benches import (
     closed_loop,
     continuity,
     engines,
+    faults,
     hierarchy,
     model,
     overload,
@@ -63,6 +65,7 @@ BENCHES = {
     "closed-loop": closed_loop,
     "sim-policy": sim_policy,
     "serve": serve,
+    "faults": faults,
 }
 
 

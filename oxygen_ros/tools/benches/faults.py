@@ -1,0 +1,691 @@
+"""``oxygen-bench faults``: faults in the loop on the simulated arm through the policy node, each in
+its own episode, each measured.
+
+Faults, injected by the sim itself (``oxygen-sim``'s fault switches, set as parameters while it
+runs, :data:`oxygen_ros.sim.node.FAULT_PARAMETERS`):
+
+* a camera stops, both cameras stop, the joint states stop: the sim stops publishing those streams
+  for ``--fault-s`` (physics and the controllers run on), then starts again;
+* the clock jumps: sim time (the stamps, ``/clock``, the controllers' "now") jumps forward 2 s, back
+  2 s, or back 0.3 s (less than ``max_observation_age_s``: the node drops messages stamped that
+  little earlier as out of order rather than take them for a restarted clock);
+* a server killed: ``oxygen-bench failover`` measures it (two ``oxygen-serve`` processes behind
+  ``engine: remote``); this table names it.
+
+Columns:
+
+* ``stale``: commands computed from an observation holding an input older than the node's
+  ``max_observation_age_s``, of all the commands the node computed in the episode. The node runs
+  in this process (its own ROS context and executor thread, spun as ``oxygen_node`` spins it) so
+  the bench sees every observation its engine acts on. Each input is traced back by its content
+  (image bytes, joint positions) to the newest message with that content that reached this
+  process, apart from the node's own bookkeeping; it is stale when that message had been here
+  longer than ``max_observation_age_s`` + 0.25 s (the node takes messages between ticks, up to a
+  tick after this process does) or its stamp is older than ``max_observation_age_s`` + 20 ms
+  (``/clock``'s step) on the node's clock.
+* ``gap_s``: how long the input was away (the stopped streams' last message to their first one
+  after the fault; for a jump, 0).
+* ``hold_s``: from the fault's onset (the stopped streams' last message) to the last trajectory
+  the arm controller received before going longer than ``max_observation_age_s`` without one; the
+  controller runs out that trajectory (one chunk: 1 s here) and holds its last point. ``-``:
+  trajectories never stopped (the node masked the stopped camera and went on with the other).
+  A clock jump holds the arm at once (0): the running trajectory no longer applies (after a jump
+  forward all its points are past and the controller holds the last; after a jump back it is not
+  yet due and the controller holds where it is).
+* ``resume_s``: from the input's return (its first message after the fault; for a jump, the first
+  joint state stamped in the new time) to the first trajectory after that which is current: it
+  starts within one loop period of its arrival and has not ended (a trajectory stamped before a
+  jump back starts seconds later and only creeps the arm towards its first point).
+* ``outcome``: the episode's end as the sim scores it (``success`` | ``timeout``); "before the
+  fault" when it had already ended (the sim and the node go on, so the fault is still measured).
+* ``node``: the policy node's lifecycle state after the episode (``active``: it kept running).
+
+Times are wall-clock seconds as this process received the messages (sim time runs at the wall
+clock's pace unless the CPU falls behind: see docs/closed_loop.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import hashlib
+import math
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rclpy
+import yaml
+from rcl_interfaces.srv import SetParameters
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Image, JointState
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.engine.types import Observation
+from oxygen_ros.sim.node import CAMERAS
+from oxygen_ros.tools.benches import common
+from oxygen_ros.tools.benches.closed_loop import round_task
+from oxygen_ros.tools.benches.closed_loop_ros import (
+    POLICY_NODE,
+    REMAPS,
+    BenchNode,
+    config_file,
+    ros_environment,
+    start_sim,
+    wait_for,
+)
+
+HELP = "faults in the loop on the simulated arm through the node: stale commands, hold, resume"
+JOINT_STATES = "joint_states"
+STAMP_GRACE_S = 0.02  # /clock comes every 10 ms: the node's clock may lag a stamp by that much
+TAKE_GRACE_S = 0.25  # the node takes messages between ticks: up to a tick (~0.1-0.2 s) after us
+ARRIVAL_SKEW_S = 0.1  # ... or a moment before us (this process's executor thread is another)
+INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+COLUMNS = ["fault", "gap_s", "stale", "hold_s", "resume_s", "outcome", "node"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: the sim streams it silences for ``--fault-s``, or the clock jump it makes."""
+
+    key: str  # its name in --faults
+    label: str  # its name in the table
+    silent: tuple[str, ...] = ()
+    jump_s: float = 0.0
+
+
+FAULTS = (
+    Fault("scene_camera", "scene camera stops", silent=("scene",)),
+    Fault("cameras", "both cameras stop", silent=CAMERAS),
+    Fault("joint_states", "joint states stop", silent=(JOINT_STATES,)),
+    Fault("clock_forward", "clock jumps +2 s", jump_s=2.0),
+    Fault("clock_back", "clock jumps -2 s", jump_s=-2.0),
+    Fault("clock_back_small", "clock jumps -0.3 s", jump_s=-0.3),
+)
+SERVER_KILLED = {"fault": "server killed", "outcome": "see oxygen-bench failover"}
+
+
+def select_faults(text: str) -> list[Fault]:
+    """``all`` or comma-separated fault keys, in the order of :data:`FAULTS`."""
+    if text == "all":
+        return list(FAULTS)
+    keys = {key.strip() for key in text.split(",") if key.strip()}
+    unknown = sorted(keys - {fault.key for fault in FAULTS})
+    if unknown or not keys:
+        raise ValueError(
+            f"unknown faults {unknown}; choose from {[fault.key for fault in FAULTS]} or all"
+        )
+    return [fault for fault in FAULTS if fault.key in keys]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--faults",
+        default="all",
+        help=f"comma-separated faults ({','.join(f.key for f in FAULTS)}) or all (default)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("models/sim_so101"),
+        help="the policy (a LeRobot pi05 folder; default models/sim_so101)",
+    )
+    parser.add_argument(
+        "--params-file",
+        type=Path,
+        default=None,
+        help="the policy node's parameters (default config/sim_policy.yaml)",
+    )
+    parser.add_argument(
+        "--fault-s", type=float, default=2.0, help="how long a stream stays silent (wall seconds)"
+    )
+    parser.add_argument(
+        "--warm-s",
+        type=float,
+        default=1.0,
+        help="wall seconds of normal driving before the fault (after the first trajectory)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=10.0, help="episode timeout in sim seconds"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=777, help="task and layout seed, as closed-loop's --seed"
+    )
+    parser.add_argument("--json", type=Path, help="write the table and each fault's details")
+    parser.add_argument("--work", type=Path, help="logs (default: a temp dir)")
+
+
+# -- what reaches this process ---------------------------------------------------------------------
+def digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def positions_digest(positions: Sequence[float]) -> bytes:
+    """Joint positions as the node hands them to its engine (float32, in its joint order)."""
+    return digest(np.asarray(positions, dtype=np.float32).tobytes())
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # time.monotonic() when this process took the message
+    stamp_ns: int
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    at: float  # time.monotonic() when it reached this process (and the controller)
+    start_ns: int  # its header stamp
+    end_ns: int  # its last point's time
+
+
+class InputLog:
+    """The sim's input streams as they reach this process (each message's arrival, stamp and
+    content digest) and the arrivals of the arm controller's trajectories."""
+
+    def __init__(self, node: Any, joint_names: Sequence[str]) -> None:
+        self._lock = threading.Lock()
+        self._joint_names = list(joint_names)
+        self.arrivals: dict[str, list[Arrival]] = {s: [] for s in (*CAMERAS, JOINT_STATES)}
+        self._by_content: dict[str, dict[bytes, list[Arrival]]] = {s: {} for s in self.arrivals}
+        self.trajectories: list[Trajectory] = []
+        for camera in CAMERAS:
+            node.create_subscription(
+                Image, f"/camera/{camera}/image_raw", self._on_image(camera), INPUT_QOS
+            )
+        node.create_subscription(JointState, f"/{JOINT_STATES}", self._on_joints, INPUT_QOS)
+        node.create_subscription(
+            JointTrajectory, "/arm_controller/joint_trajectory", self._on_trajectory, INPUT_QOS
+        )
+
+    def _store(self, stream: str, content: bytes, stamp: Any) -> None:
+        arrival = Arrival(time.monotonic(), stamp.sec * 1_000_000_000 + stamp.nanosec)
+        with self._lock:
+            self.arrivals[stream].append(arrival)
+            self._by_content[stream].setdefault(content, []).append(arrival)
+
+    def _on_image(self, camera: str):
+        return lambda msg: self._store(camera, digest(bytes(msg.data)), msg.header.stamp)
+
+    def _on_joints(self, msg: JointState) -> None:
+        names = list(msg.name)
+        positions = [msg.position[names.index(joint)] for joint in self._joint_names]
+        self._store(JOINT_STATES, positions_digest(positions), msg.header.stamp)
+
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        start = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        last = msg.points[-1].time_from_start if msg.points else None
+        end = start + (last.sec * 1_000_000_000 + last.nanosec if last else 0)
+        with self._lock:
+            self.trajectories.append(Trajectory(time.monotonic(), start, end))
+
+    def source(self, stream: str, content: bytes, by: float) -> Arrival | None:
+        """The newest message of ``stream`` with this content that arrived by ``by``."""
+        with self._lock:
+            arrived = [a for a in self._by_content[stream].get(content, []) if a.at <= by]
+        return arrived[-1] if arrived else None
+
+    def stream(self, name: str) -> list[Arrival]:
+        with self._lock:
+            return list(self.arrivals[name])
+
+    def trajectory_times(self) -> list[float]:
+        with self._lock:
+            return [trajectory.at for trajectory in self.trajectories]
+
+    def current_trajectory_times(self, lead_s: float) -> list[float]:
+        """Arrivals of the trajectories that start within ``lead_s`` of their arrival and have not
+        ended, on the sim's clock then (the newest input's stamp, advanced by the wall time since
+        it came)."""
+        with self._lock:
+            trajectories = list(self.trajectories)
+            inputs = sorted(
+                (a for arrivals in self.arrivals.values() for a in arrivals), key=lambda a: a.at
+            )
+        times = [a.at for a in inputs]
+        current = []
+        for trajectory in trajectories:
+            i = bisect.bisect_right(times, trajectory.at) - 1
+            if i < 0:
+                continue
+            now_ns = inputs[i].stamp_ns + int((trajectory.at - inputs[i].at) * 1e9)
+            if trajectory.start_ns <= now_ns + lead_s * 1e9 and trajectory.end_ns >= now_ns:
+                current.append(trajectory.at)
+        return current
+
+
+# -- what the node acts on -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Act:
+    """One call of the engine's ``act``: when, the node's ROS time then, and each input's
+    content digest by stream."""
+
+    at: float
+    ros_ns: int
+    inputs: dict[str, bytes]
+
+
+class ActAudit:
+    """Records every observation the policy node's engine acts on (wraps its ``act``)."""
+
+    def __init__(self, slot_streams: dict[str, str], ros_now_ns) -> None:
+        self._slot_streams = slot_streams
+        self._ros_now_ns = ros_now_ns
+        self._lock = threading.Lock()
+        self.acts: list[Act] = []
+
+    def attach(self, engine: Any) -> None:
+        act = engine.act
+
+        def audited(observation: Observation):
+            self._record(observation)
+            return act(observation)
+
+        engine.act = audited
+
+    def _record(self, observation: Observation) -> None:
+        inputs = {
+            self._slot_streams[slot]: digest(np.ascontiguousarray(image).tobytes())
+            for slot, image in observation.images.items()
+        }
+        inputs[JOINT_STATES] = positions_digest(observation.state)
+        with self._lock:
+            self.acts.append(Act(time.monotonic(), self._ros_now_ns(), inputs))
+
+    def between(self, start: float, end: float) -> list[Act]:
+        with self._lock:
+            return [act for act in self.acts if start <= act.at <= end]
+
+
+def judge_act(act: Act, log: InputLog, max_age_s: float) -> tuple[list[str], list[str]]:
+    """(the streams whose input in ``act`` was stale, those not traced to a message)."""
+    stale, untraced = [], []
+    for stream, content in act.inputs.items():
+        # another executor thread may take a message a moment after the node did
+        source = log.source(stream, content, act.at + ARRIVAL_SKEW_S)
+        if source is None:
+            untraced.append(stream)
+            continue
+        wall_age = act.at - source.at
+        stamp_age = (act.ros_ns - source.stamp_ns) * 1e-9
+        if wall_age > max_age_s + TAKE_GRACE_S or stamp_age > max_age_s + STAMP_GRACE_S:
+            stale.append(stream)
+    return stale, untraced
+
+
+# -- the policy node in this process ---------------------------------------------------------------
+class InProcessPolicy:
+    """The policy node (``OxygenNode`` with the params file and the remaps ``closed-loop`` gives
+    its process), spun by a single-threaded executor with ``spin_forever`` as ``oxygen_node``
+    does, in a thread of this process. It reads the node's engine and counters directly."""
+
+    def __init__(self, params_file: Path, checkpoint: Path) -> None:
+        from oxygen_ros.ros.node import OxygenNode, spin_forever
+
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = OxygenNode(
+            POLICY_NODE,
+            context=self.context,
+            cli_args=["--ros-args", "--params-file", str(params_file), *REMAPS],
+            parameter_overrides=[
+                Parameter("checkpoint_dir", value=str(checkpoint)),
+                Parameter("autostart", value=False),
+            ],
+        )
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=spin_forever,
+            args=(self.executor, self.node.record_executor_error, self._stop),
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def engine(self) -> Any:
+        return self.node._engine
+
+    def counters(self) -> dict[str, int]:
+        return self.node._loop.counters.snapshot()
+
+    def ros_now_ns(self) -> int:
+        return self.node.get_clock().now().nanoseconds
+
+    def transition(self, name: str) -> None:
+        """configure | activate | deactivate.
+
+        Raises:
+            RuntimeError: the transition failed (the node's log says why).
+        """
+        result = getattr(self.node, f"trigger_{name}")()
+        if result.name != "SUCCESS":
+            raise RuntimeError(f"{name} failed: {self.node._last_error or result.name}")
+
+    def set_task(self, text: str) -> None:
+        (result,) = self.node.set_parameters([Parameter("task", value=text)])
+        if not result.successful:
+            raise RuntimeError(f"the policy node refused task {text!r}: {result.reason}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.node.release()
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+# -- one fault ------------------------------------------------------------------------------------
+@dataclass
+class Window:
+    """When a fault ran (monotonic s): asked for, cleared, its onset and the input's return."""
+
+    start: float
+    clear: float
+    onset: float | None = None
+    back: float | None = None
+
+
+def silent_window(streams: dict[str, list[Arrival]], start: float, clear: float) -> Window:
+    """Onset: the latest last message of the silenced streams before they came back; return:
+    the first message of any of them after the fault was cleared."""
+    window = Window(start, clear)
+    lasts, firsts = [], []
+    for arrivals in streams.values():
+        lasts.append(max((a.at for a in arrivals if a.at < clear), default=None))
+        firsts.append(min((a.at for a in arrivals if a.at >= clear), default=None))
+    if all(t is not None for t in lasts):
+        window.onset = max(lasts)
+    returned = [t for t in firsts if t is not None]
+    window.back = min(returned) if returned else None
+    return window
+
+
+def jump_window(joints: list[Arrival], start: float, clear: float) -> tuple[Window, float]:
+    """Onset and return: the first joint state stamped in the new time (its stamp steps back, or
+    forward by more than 0.25 s). Also the measured jump in seconds."""
+    window = Window(start, clear)
+    for previous, arrival in zip(joints, joints[1:], strict=False):
+        step = (arrival.stamp_ns - previous.stamp_ns) * 1e-9
+        if arrival.at >= start and (step < 0 or step > 0.25):
+            window.onset = window.back = arrival.at
+            return window, step
+    return window, math.nan
+
+
+def hold_and_resume(
+    trajectories: list[float], window: Window, pause_s: float
+) -> tuple[float | None, float | None]:
+    """(hold s, resume s) of a silenced input from the current trajectories' arrivals: the first
+    pause longer than ``pause_s`` ending after the onset; (None, None) when none began before the
+    input came back (the arm kept moving)."""
+    onset, back = window.onset, window.back
+    if onset is None:
+        return None, None
+    for before, after in zip(trajectories, trajectories[1:], strict=False):
+        if after > onset and after - before > pause_s:
+            if before > (back if back is not None else window.clear):
+                break  # a pause after the input was back
+            return max(0.0, before - onset), (after - back if back is not None else None)
+    last = trajectories[-1] if trajectories else None
+    if last is not None and onset < last < (back if back is not None else math.inf):
+        return max(0.0, last - onset), None  # none since: held, never resumed
+    return None, None
+
+
+def resume_after_jump(trajectories: list[float], window: Window) -> float | None:
+    """The first current trajectory after a clock jump, from its onset (None: never)."""
+    if window.onset is None:
+        return None
+    return next((t - window.onset for t in trajectories if t > window.onset), None)
+
+
+class FaultRunner:
+    """Runs one fault per episode and measures it."""
+
+    def __init__(
+        self,
+        bench: BenchNode,
+        log: InputLog,
+        audit: ActAudit,
+        policy: InProcessPolicy,
+        base: dict[str, Any],
+        args: argparse.Namespace,
+    ) -> None:
+        self.bench, self.log, self.audit, self.policy = bench, log, audit, policy
+        self.args = args
+        self.max_age_s = float(base["max_observation_age_s"])
+        self.period_s = 1.0 / float(base["rate_hz"])
+        self.clock_offset_s = 0.0
+
+    def _set_sim(self, values: dict[str, Any]) -> None:
+        """Set the sim's parameters (absolute values: sending them twice is harmless)."""
+        client = self.bench.sim_clients[""][0]
+        request = SetParameters.Request(
+            parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
+        )
+        for _ in range(4):  # a fresh DDS client can lose a reply
+            future = client.call_async(request)
+            if wait_for(future.done, 5.0):
+                refused = [r.reason for r in future.result().results if not r.successful]
+                if refused:
+                    raise RuntimeError(f"the sim refused {values}: {refused}")
+                return
+        raise TimeoutError(f"no reply from the sim setting {values}")
+
+    def _start(self, fault: Fault) -> None:
+        if fault.silent:
+            self._set_sim({"fault_silent_streams": ",".join(fault.silent)})
+        else:
+            self.clock_offset_s += fault.jump_s
+            self._set_sim({"fault_clock_offset_s": self.clock_offset_s})
+
+    def _clear(self, fault: Fault) -> None:
+        if fault.silent:
+            self._set_sim({"fault_silent_streams": ""})
+
+    def _window(self, fault: Fault, start: float, clear: float) -> tuple[Window, float]:
+        if fault.silent:
+            streams = {s: self.log.stream(s) for s in fault.silent}
+            return silent_window(streams, start, clear), 0.0
+        return jump_window(self.log.stream(JOINT_STATES), start, clear)
+
+    def _wait_episode_end(self, index: int) -> None:
+        def ended() -> bool:
+            report = self.bench.report("")
+            return report.get("episode") == index and report.get("status") != "running"
+
+        wait_for(ended, 4 * self.args.timeout_s + 30.0)
+
+    def run(self, fault: Fault, round_index: int) -> dict[str, Any]:
+        args, bench, log, policy = self.args, self.bench, self.log, self.policy
+        task, seed = round_task(round_index, args.seed, "touch")
+        policy.set_task(task.text)
+        counters_before = policy.counters()
+        rec = bench.start_recording("")
+        index = bench.start_episode("", task.text, seed)
+        policy.transition("activate")
+        activated = time.monotonic()
+        try:
+            if not wait_for(lambda: any(t > activated for t in log.trajectory_times()), 60.0):
+                raise RuntimeError("the node sent no trajectory after activation")
+            time.sleep(args.warm_s)
+            start = time.monotonic()
+            self._start(fault)
+            time.sleep(args.fault_s)
+            clear = time.monotonic()
+            self._clear(fault)
+
+            def resumed() -> bool:
+                window, _ = self._window(fault, start, clear)
+                back = window.back
+                return back is not None and any(t > back for t in log.trajectory_times())
+
+            wait_for(resumed, 10.0)
+            self._wait_episode_end(index)
+            node_state = policy.node.state_label
+        finally:
+            if fault.silent:
+                self._clear(fault)  # the next episode starts with every stream
+            if policy.node.state_label == "active":
+                policy.transition("deactivate")
+            rec = bench.stop_recording()
+        ended = time.monotonic()
+        window, jump = self._window(fault, start, clear)
+        return self._measure(fault, task.text, window, jump, activated, ended, rec, node_state) | {
+            "counters": _difference(policy.counters(), counters_before)
+        }
+
+    def _measure(
+        self,
+        fault: Fault,
+        task: str,
+        window: Window,
+        jump: float,
+        activated: float,
+        ended: float,
+        rec: Any,
+        node_state: str,
+    ) -> dict[str, Any]:
+        acts = self.audit.between(activated, ended)
+        stale, untraced = 0, 0
+        stale_streams: dict[str, int] = {}
+        for act in acts:
+            streams, unknown = judge_act(act, self.log, self.max_age_s)
+            stale += bool(streams)
+            untraced += bool(unknown)
+            for stream in streams:
+                stale_streams[stream] = stale_streams.get(stream, 0) + 1
+        current = self.log.current_trajectory_times(self.period_s)
+        if fault.silent:
+            hold, resume = hold_and_resume(current, window, self.max_age_s)
+        else:
+            hold, resume = 0.0, resume_after_jump(current, window)
+        onset = window.onset
+        gap = 0.0 if not fault.silent else _minus(window.back, onset)
+        return {
+            "fault": fault.label,
+            "key": fault.key,
+            "task": task,
+            "gap_s": gap,
+            "stale": stale,
+            "cmds": len(acts),
+            "untraced": untraced,
+            "stale_by_stream": stale_streams,
+            "hold_s": hold,
+            "resume_s": resume,
+            "outcome": _outcome(rec, onset),
+            "node": node_state,
+            "jump_s": jump if not fault.silent else None,
+            "onset_after_start_s": _minus(onset, window.start),
+            "cmds_while_away": sum(
+                1 for a in acts if onset is not None and onset < a.at < (window.back or ended)
+            ),
+        }
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the table prints it: "-" for what does not apply, stale as "n/cmds"."""
+    shown = {key: "-" if value is None else value for key, value in row.items()}
+    if "stale" in row:
+        shown["stale"] = f"{row['stale']}/{row['cmds']}"
+    return shown
+
+
+def _outcome(rec: Any, onset: float | None) -> str:
+    """The sim's verdict on the episode, and whether it came before the fault."""
+    if not rec.reports:
+        return "lost"
+    final = rec.reports[-1][1].get("status", "lost")
+    ended_at = next((t for t, r in rec.reports if r.get("status") not in (None, "running")), None)
+    if final != "running" and onset is not None and ended_at is not None and ended_at < onset:
+        return f"{final} before the fault"
+    return final
+
+
+# -- the bench -------------------------------------------------------------------------------------
+def slot_streams(base: dict[str, Any]) -> dict[str, str]:
+    """The policy's camera slots -> the sim's camera names (from the params file's topics).
+
+    Raises:
+        SystemExit: a camera topic that is not one of the sim's.
+    """
+    streams = {}
+    for topic, slot in zip(base["camera_topics"], base["camera_slots"], strict=True):
+        name = topic.strip("/").split("/")[1] if topic.strip("/").startswith("camera/") else ""
+        if name not in CAMERAS:
+            raise SystemExit(f"oxygen-bench faults: camera topic {topic!r} is not the sim's")
+        streams[slot] = name
+    return streams
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        faults = select_faults(args.faults)
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench faults: {exc}") from exc
+    checkpoint = args.checkpoint.resolve()
+    if not (checkpoint / "config.json").is_file():
+        raise SystemExit(f"oxygen-bench faults: no checkpoint in {checkpoint}")
+    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
+    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
+    work = args.work or Path(tempfile.mkdtemp(prefix="faults_"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = ros_environment()  # before rclpy starts in this process
+    print(f"faults: {len(faults)} faults, one episode each; logs in {work}", flush=True)
+    started = time.monotonic()
+    sim = start_sim(env, work, args.timeout_s)
+    bench = BenchNode(namespaces=("",))
+    policy = None
+    rows: list[dict[str, Any]] = []
+    try:
+        log = InputLog(bench.node, base["joint_names"])
+        policy = InProcessPolicy(params_file, checkpoint)
+        policy.transition("configure")
+        audit = ActAudit(slot_streams(base), policy.ros_now_ns)
+        audit.attach(policy.engine)
+        runner = FaultRunner(bench, log, audit, policy, base, args)
+        for round_index, fault in enumerate(faults):
+            row = runner.run(fault, round_index)
+            rows.append(row)
+            print(
+                f"{fault.label:>20}: stale {row['stale']}/{row['cmds']}, hold {row['hold_s']}, "
+                f"resume {row['resume_s']}, {row['outcome']}, node {row['node']}",
+                flush=True,
+            )
+    finally:
+        if policy is not None:
+            policy.close()
+        bench.close()
+        sim.stop()
+    table = [*rows, SERVER_KILLED]
+    common.print_table([_shown(row) for row in table], COLUMNS)
+    out = {
+        "checkpoint": str(checkpoint),
+        "params_file": str(params_file),
+        "fault_s": args.fault_s,
+        "max_observation_age_s": float(base["max_observation_age_s"]),
+        "rate_hz": float(base["rate_hz"]),
+        "wall_s": time.monotonic() - started,
+        "rows": table,
+    }
+    common.write_json(args.json, out)
+    return out
