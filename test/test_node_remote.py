@@ -35,6 +35,11 @@ from oxygen_ros.serving.client import ASK_MAX_TOKENS_KEY, PUBLISHED_CHUNK_KEY
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
+from oxygen_ros.tools.make_checkpoint import (
+    LEROBOT_CAMERAS,
+    LEROBOT_STATE_DIM,
+    make_lerobot_checkpoint,
+)
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 API_KEY = "remote-test-key"
@@ -249,6 +254,27 @@ def test_one_server_in_server_uri_or_several_in_server_uris():
         _settings(server_uris=["ws://a:8000", "ws://a:8000"])
     with pytest.raises(SettingsError, match="server_uris must not contain empty"):
         _settings(server_uris=["ws://a:8000", " "])
+
+
+def test_a_served_lerobot_folder_is_driven_as_robot_generic(tmp_path):
+    """oxygen-serve names a LeRobot folder's robot ``lerobot`` (the generic adapter with the
+    folder's widths); the node, robot generic as for a local LeRobot folder, drives it."""
+    folder = make_lerobot_checkpoint(tmp_path / "lerobot", "tiny")
+    server = PolicyServer(load_policy(folder), EngineConfig(), ServerSettings(port=0))
+    with serve_in_thread(server) as running:
+        settings = _settings(
+            server_uri=running.uri,
+            joint_names=joint_names(LEROBOT_STATE_DIM),
+            camera_slots=list(LEROBOT_CAMERAS),
+        )
+        engine = connect_remote_engine(settings, _Log(), lambda: 60.0)
+        try:
+            assert engine.policy.robot == "lerobot"
+            images = {LEROBOT_CAMERAS[0]: np.zeros((32, 32, 3), np.uint8)}
+            chunk = engine.act(Observation(images, np.zeros(LEROBOT_STATE_DIM), "pick", 1.0))
+            assert chunk.actions.shape[1] == LEROBOT_STATE_DIM
+        finally:
+            engine.close()
 
 
 def test_a_frame_the_server_refuses_names_the_field_and_the_next_frame_is_served(

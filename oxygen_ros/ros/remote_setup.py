@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..serving.client import PolicyClient
+from ..serving.client_observation import client_robot
 from .params import NodeSettings, SettingsError, check_chunk_fits
 from .remote_engine import RemoteEngine, ServedModel
 
@@ -34,10 +35,11 @@ def read_api_key(path: str) -> str | None:
 
 def check_fits_server(settings: NodeSettings, model: ServedModel) -> None:
     """Raise `SettingsError` when the parameters ask for what the served model cannot give."""
-    if settings.robot != model.robot:
+    if settings.robot != client_robot(model.robot):  # a LeRobot folder: robot generic
         raise SettingsError(
             f"the server serves robot {model.robot!r} but robot is {settings.robot!r}: set robot "
-            f"{model.robot} (its observation keys and action meaning are the server's)"
+            f"{client_robot(model.robot)} (its observation keys and action meaning are the "
+            "server's)"
         )
     check_chunk_fits(settings, model.action_horizon, model.action_dim, "the served model")
     if model.state_dim and len(settings.joint_names) != model.state_dim:

@@ -19,15 +19,25 @@ from .observations import LAYOUTS, NESTED_LAYOUT
 
 # the widths of a layout's state parts but the last, which takes the rest (openpi's examples)
 STATE_PART_WIDTHS = {"observation/joint_position": 7}
+# A LeRobot folder is served as robot "lerobot": the generic adapter (no openpi transforms) with
+# the folder's widths (`Pi05Policy`), so its clients send what a generic robot's clients send.
+LEROBOT_ROBOT = "lerobot"
+
+
+def client_robot(served: str) -> str:
+    """The robot whose openpi client a served robot's clients are (``lerobot``: generic)."""
+    return "generic" if served == LEROBOT_ROBOT else served
 
 
 def client_message(observation: Observation, robot: str) -> dict[str, Any]:
-    """``observation`` as robot ``robot``'s openpi client sends it (``prompt`` included).
+    """``observation`` as robot ``robot``'s openpi client sends it (``prompt`` included; a served
+    ``lerobot`` as generic).
 
     Raises:
         ValueError: an image slot the robot has no camera for, or a state too short for the
             layout's parts.
     """
+    robot = client_robot(robot)
     layout = LAYOUTS.get(robot, NESTED_LAYOUT)
     camera_of = {slot: camera for camera, slot in robot_adapter(robot).cameras.items()}
     images = {}
