@@ -23,6 +23,7 @@ Columns:
   longer than ``max_observation_age_s`` + 0.25 s (the node takes messages between ticks, up to a
   tick after this process does) or its stamp is older than ``max_observation_age_s`` + 20 ms
   (``/clock``'s step) on the node's clock.
+* ``oldest_s``: the oldest input (by its stamp) that any command used.
 * ``gap_s``: how long the input was away (the stopped streams' last message to their first one
   after the fault; for a jump, 0).
 * ``hold_s``: from the fault's onset (the stopped streams' last message) to the last trajectory
@@ -88,7 +89,7 @@ STAMP_GRACE_S = 0.02  # /clock comes every 10 ms: the node's clock may lag a sta
 TAKE_GRACE_S = 0.25  # the node takes messages between ticks: up to a tick (~0.1-0.2 s) after us
 ARRIVAL_SKEW_S = 0.1  # ... or a moment before us (this process's executor thread is another)
 INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-COLUMNS = ["fault", "gap_s", "stale", "hold_s", "resume_s", "outcome", "node"]
+COLUMNS = ["fault", "gap_s", "stale", "oldest_s", "hold_s", "resume_s", "outcome", "node"]
 
 
 @dataclass(frozen=True)
@@ -305,20 +306,30 @@ class ActAudit:
             return [act for act in self.acts if start <= act.at <= end]
 
 
-def judge_act(act: Act, log: InputLog, max_age_s: float) -> tuple[list[str], list[str]]:
-    """(the streams whose input in ``act`` was stale, those not traced to a message)."""
-    stale, untraced = [], []
+@dataclass(frozen=True)
+class InputAge:
+    """How old one input of an act was: since its message reached this process (wall s), and its
+    stamp on the node's clock (sim s)."""
+
+    wall_s: float
+    stamp_s: float
+
+    def stale(self, max_age_s: float) -> bool:
+        return self.wall_s > max_age_s + TAKE_GRACE_S or self.stamp_s > max_age_s + STAMP_GRACE_S
+
+
+def input_ages(act: Act, log: InputLog) -> dict[str, InputAge | None]:
+    """Each input of ``act`` by stream: its age, or None when no message with its content is
+    known."""
+    ages: dict[str, InputAge | None] = {}
     for stream, content in act.inputs.items():
-        # another executor thread may take a message a moment after the node did
         source = log.source(stream, content, act.at + ARRIVAL_SKEW_S)
-        if source is None:
-            untraced.append(stream)
-            continue
-        wall_age = act.at - source.at
-        stamp_age = (act.ros_ns - source.stamp_ns) * 1e-9
-        if wall_age > max_age_s + TAKE_GRACE_S or stamp_age > max_age_s + STAMP_GRACE_S:
-            stale.append(stream)
-    return stale, untraced
+        ages[stream] = (
+            None
+            if source is None
+            else InputAge(act.at - source.at, (act.ros_ns - source.stamp_ns) * 1e-9)
+        )
+    return ages
 
 
 # -- the policy node in this process ---------------------------------------------------------------
@@ -558,14 +569,18 @@ class FaultRunner:
         node_state: str,
     ) -> dict[str, Any]:
         acts = self.audit.between(activated, ended)
-        stale, untraced = 0, 0
+        stale, untraced, oldest = 0, 0, InputAge(-math.inf, -math.inf)
         stale_streams: dict[str, int] = {}
         for act in acts:
-            streams, unknown = judge_act(act, self.log, self.max_age_s)
-            stale += bool(streams)
-            untraced += bool(unknown)
-            for stream in streams:
+            ages = input_ages(act, self.log)
+            untraced += any(age is None for age in ages.values())
+            known = {stream: age for stream, age in ages.items() if age is not None}
+            old = [stream for stream, age in known.items() if age.stale(self.max_age_s)]
+            stale += bool(old)
+            for stream in old:
                 stale_streams[stream] = stale_streams.get(stream, 0) + 1
+            for age in known.values():
+                oldest = InputAge(max(oldest.wall_s, age.wall_s), max(oldest.stamp_s, age.stamp_s))
         current = self.log.current_trajectory_times(self.period_s)
         if fault.silent:
             hold, resume = hold_and_resume(current, window, self.max_age_s)
@@ -582,6 +597,8 @@ class FaultRunner:
             "cmds": len(acts),
             "untraced": untraced,
             "stale_by_stream": stale_streams,
+            "oldest_s": oldest.stamp_s if acts else None,
+            "oldest_wall_s": oldest.wall_s if acts else None,
             "hold_s": hold,
             "resume_s": resume,
             "outcome": _outcome(rec, onset),
