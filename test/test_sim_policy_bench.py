@@ -77,12 +77,13 @@ def test_a_lie_names_another_side_at_the_same_depth():
     assert SIDE_AZIMUTH["left"] == pytest.approx(-SIDE_AZIMUTH["right"])
 
 
-def test_heading_noise_share_is_the_within_layout_share_of_the_variance():
-    # two layouts, two draws each: within-layout variance 0.01, layout means +-0.5
+def test_heading_noise_share_is_the_noises_part_of_the_variance():
+    # two layouts, two draws each: noise variance 0.02, layout means +-0.5
     noise = sim_policy.heading_noise([[0.4, 0.6], [-0.6, -0.4]])
-    assert noise["share"] == pytest.approx(0.01 / (0.01 + 0.25))
-    assert noise["within_layout_sd_rad"] == pytest.approx(0.1)
-    assert noise["layout_means_sd_rad"] == pytest.approx(0.5)
+    assert noise["within_layout_sd_rad"] == pytest.approx(0.02**0.5)
+    assert noise["layout_sd_rad"] == pytest.approx((0.5 - 0.02 / 2) ** 0.5)
+    assert noise["share"] == pytest.approx(0.02 / (0.02 + 0.49))
+    # the same draws on every layout: the scene picks nothing
     assert sim_policy.heading_noise([[0.1, 0.5], [0.1, 0.5]])["share"] == pytest.approx(1.0)
     assert math.isnan(sim_policy.heading_noise([[0.1, 0.5]])["share"])  # one layout: no share
 
@@ -224,3 +225,11 @@ def test_predicted_subtasks_are_the_engines_greedy_decode_of_each_frame(policy, 
     finally:
         source.close()
     assert source.engine is None
+
+
+@pytest.mark.parametrize("mode", ["oracle", "predicted"])
+def test_a_format_without_a_subtask_prompt_is_refused_before_loading(mode, tmp_path):
+    args = bench_args("--subtask", mode, "--prompt-format", "openpi", "--episodes", "1")
+    args.checkpoint = tmp_path / "none"  # never read: the refusal comes first
+    with pytest.raises(SystemExit, match=f"--subtask {mode}: .*openpi"):
+        sim_policy.run(args)

@@ -25,7 +25,8 @@ Measured (summary keys of ``--json``):
   scripted expert's 1 s pan: 0.99; a policy that ignores the scene: about 0);
 * ``heading_noise_share``: on the first ``--noise-layouts`` layouts, ``--noise-draws`` first chunks
   at the start pose, each from another noise draw: the within-layout variance of their heading
-  over the total variance (1: the noise alone picks the heading, 0: the scene and words alone);
+  over the total variance, both estimated as `heading_noise` says (1: the noise alone picks the
+  heading, 0: the scene and the words alone);
 * ``lying`` only, ``heading_follows_lie``: the correlation of the first chunk's heading with the
   nominal azimuth of the side its lying words name (`subtask_modes.SIDE_AZIMUTH`: the middle of
   that third of the place sector, +-0.57 rad; the lie is always left or right);
@@ -139,13 +140,21 @@ def check_arguments(args: argparse.Namespace) -> None:
 def make_source(args: argparse.Namespace) -> ChunkSource:
     """Load the checkpoint as the node does and wrap it in the ``--subtask`` mode's source."""
     from oxygen_ros.engine.runtime import ModelSpec, load_policy
-    from oxygen_ros.policy_io.prompts import resolve_format
+    from oxygen_ros.policy_io.prompts import PromptFormatError, check_conditioning, resolve_format
 
+    prompt_format = resolve_format(args.prompt_format)
+    if args.subtask != "flat":
+        try:
+            check_conditioning(
+                prompt_format, "same_frame" if args.subtask == "predicted" else "prompt"
+            )
+        except PromptFormatError as exc:
+            raise SystemExit(f"oxygen-bench sim-policy: --subtask {args.subtask}: {exc}") from None
     policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
     return chunk_source(
         args.subtask,
         policy,
-        resolve_format(args.prompt_format),
+        prompt_format,
         args.num_steps,
         args.subtask_every,
         args.action_dt,
@@ -269,19 +278,26 @@ def start_pose_headings(sim, source: ChunkSource, task, seed: int, draws: int) -
 
 
 def heading_noise(headings: list[list[float]]) -> dict[str, Any]:
-    """How much of the first chunk's heading variance the noise explains: layouts x draws ->
-    ``share`` (mean within-layout variance / total variance; nan under 2 layouts or no spread),
-    the within-layout and the layout means' standard deviations (rad)."""
+    """How much of the first chunk's heading variance the noise explains, from layouts x draws.
+
+    The heading's variance splits into the noise's (within a layout) and the scene's (between the
+    layouts' true means), each estimated without the bias of a few draws (one-way random effects):
+    the noise's is the mean within-layout variance, the scene's the variance of the layout means
+    less the noise's share of it (noise / draws), at least 0. ``share`` is the noise's over their
+    sum (about 1 for a policy whose noise alone picks the heading, whatever the draws; nan under 2
+    layouts or 2 draws, or without spread); the two spreads are given as standard deviations."""
     pans = np.asarray(headings, dtype=np.float64)
     if pans.ndim != 2 or pans.shape[0] < 2 or pans.shape[1] < 2:
-        return {"share": float("nan"), "within_layout_sd_rad": float("nan"),
-                "layout_means_sd_rad": float("nan"), "headings_rad": headings}  # fmt: skip
-    within = float(pans.var(axis=1).mean())
-    total = float(pans.var())
+        nan = float("nan")
+        return {"share": nan, "within_layout_sd_rad": nan, "layout_sd_rad": nan,
+                "headings_rad": headings}  # fmt: skip
+    noise = float(pans.var(axis=1, ddof=1).mean())
+    scene = max(0.0, float(pans.mean(axis=1).var(ddof=1)) - noise / pans.shape[1])
+    total = noise + scene
     return {
-        "share": within / total if total > 0 else float("nan"),
-        "within_layout_sd_rad": within**0.5,
-        "layout_means_sd_rad": float(pans.mean(axis=1).std()),
+        "share": noise / total if total > 0 else float("nan"),
+        "within_layout_sd_rad": noise**0.5,
+        "layout_sd_rad": scene**0.5,
         "headings_rad": [[round(p, 4) for p in row] for row in headings],
     }
 
