@@ -17,6 +17,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench sim-policy --episodes 100         # a checkpoint drives the sim directly
     oxygen-bench serve --clients 1,2,4,8           # robots on one oxygen-serve vs one server each
     oxygen-bench faults --json faults.json         # stopped inputs, clock jumps: hold, resume
+    oxygen-bench failover --json failover.json     # two oxygen-serve, the serving one dies
 
 Robots: ``--robot droid|libero|aloha|generic`` wraps the random-weight model in that robot's openpi
 transforms (policy_io/robots.py), as the node's ``robot`` parameter does: its state width and state
@@ -40,6 +41,7 @@ from oxygen_ros.tools.benches import (
     closed_loop,
     continuity,
     engines,
+    failover,
     faults,
     hierarchy,
     model,
@@ -66,6 +68,7 @@ BENCHES = {
     "sim-policy": sim_policy,
     "serve": serve,
     "faults": faults,
+    "failover": failover,
 }
 
 

@@ -1,0 +1,574 @@
+"""``oxygen-bench failover``: the simulated arm driven by the policy node with ``engine: remote``
+over two ``oxygen-serve`` processes; mid-episode the serving one dies, and the node moves on to
+the other.
+
+The sim (``oxygen-sim``), two servers of the checkpoint and the policy node (``config/sim_policy
+.yaml`` with ``engine: remote`` and ``server_uris`` naming both, its trajectories remapped onto the
+sim's controllers) run as processes in a private ROS graph, as ``closed-loop`` runs them. Each
+scenario is one episode (the touch task of closed-loop's round r): ``--warm-s`` wall seconds after
+the first trajectory, the server the node uses (as /diagnostics names it) is
+
+* ``kill``: sent SIGKILL (a process or box that dies: the socket closes, no close frame). The node
+  sees the connection drop and moves on at once.
+* ``hang``: sent SIGSTOP (a server that stops answering, its socket still open). The node moves on
+  after ``server_switch_after_misses`` (3) ticks in a row without a reply in time.
+
+Afterwards the killed server is started again on its port (the hung one continued), so each
+scenario starts with two servers. Every server answers a few frames before the node may need it:
+a fresh oxygen-serve's first frames pay torch's first-call costs (0.3-1 s here), long enough for
+a node with a 100 ms deadline to take a cold server for a hung one and move on again.
+
+Columns:
+
+* ``no_chunk_s``: wall seconds from the last chunk before the fault to the first one after it
+  (the time the arm had no fresh chunk), as this process received them;
+* ``switch_s``: from the fault to the node's log line saying it connected to the other server;
+* ``first_chunk_s``: from the fault to the first chunk after it;
+* ``cmds_in_gap``: trajectories (arm and gripper) that reached the controllers stamped after the
+  last chunk before the fault and before the first chunk after it: none may come from the node
+  while it has no server;
+* ``stale_after``: chunks after the fault computed from an observation stamped before the fault
+  (sim time), of the chunks after it;
+* ``horizon_s``: the last trajectory's span before the fault (sim seconds): the arm runs it out,
+  then its controller holds the last point;
+* ``held_s``: sim seconds from that trajectory's end to the first new trajectory's arrival (0:
+  the new one came before the old one ran out);
+* ``moved_rad``: the most any arm joint moved while it held (after the horizon, before the new
+  trajectory): the arm stays where the last good chunk left it;
+* ``outcome``: the episode's end as the sim scores it (``success`` | ``timeout``; "before the
+  fault" when it ended earlier), ``end_s``: wall seconds from the fault to that end, and
+  ``chunks_after``: the chunks the episode got after the fault; ``node``: the policy node's
+  lifecycle state after the episode; ``switches``: server switches on /diagnostics so far.
+
+:func:`fault_row` turns a row into ``oxygen-bench faults``' columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.msg import ActionChunk
+from oxygen_ros.ros.convert import stamp_to_seconds
+from oxygen_ros.serving.client import PolicyClient
+from oxygen_ros.tools.benches import common
+from oxygen_ros.tools.benches.closed_loop import round_task
+from oxygen_ros.tools.benches.closed_loop_ros import (
+    POLICY_NODE,
+    RELIABLE,
+    REMAPS,
+    STATE_ACTIVE,
+    BenchNode,
+    Process,
+    Recording,
+    config_file,
+    ros_environment,
+    start_sim,
+    wait_for,
+)
+from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+
+HELP = "the sim arm through the node over two oxygen-serve processes: one dies mid-episode"
+CONFIGURE, ACTIVATE, DEACTIVATE = 1, 3, 4  # lifecycle_msgs/Transition ids
+LOG_FORMAT = "[{severity}] [{time}] [{name}]: {message}"  # the node's log, for the switch time
+WARM_UP_FRAMES, WARM_UP_SIDE = 3, 128
+COLUMNS = [
+    "fault",
+    "no_chunk_s",
+    "switch_s",
+    "first_chunk_s",
+    "cmds_in_gap",
+    "stale_after",
+    "horizon_s",
+    "held_s",
+    "moved_rad",
+    "outcome",
+    "end_s",
+    "chunks_after",
+    "node",
+    "switches",
+]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str  # its name in --scenarios
+    label: str  # its name in the table
+    signum: int  # what the serving server is sent
+
+
+SCENARIOS = (
+    Scenario("kill", "server killed", signal.SIGKILL),
+    Scenario("hang", "server hung", signal.SIGSTOP),
+)
+
+
+def select_scenarios(text: str) -> list[Scenario]:
+    """``all`` or comma-separated scenario keys, in the order of :data:`SCENARIOS`."""
+    if text == "all":
+        return list(SCENARIOS)
+    keys = {key.strip() for key in text.split(",") if key.strip()}
+    unknown = sorted(keys - {s.key for s in SCENARIOS})
+    if unknown or not keys:
+        raise ValueError(f"unknown scenarios {unknown}; choose from kill, hang or all")
+    return [s for s in SCENARIOS if s.key in keys]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--scenarios", default="all", help="kill, hang or all (default)")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("models/sim_so101"),
+        help="what both servers serve (a LeRobot pi05 folder; default models/sim_so101)",
+    )
+    parser.add_argument(
+        "--params-file",
+        type=Path,
+        default=None,
+        help="the policy node's parameters (default config/sim_policy.yaml; engine remote and "
+        "the two servers are set on top)",
+    )
+    parser.add_argument(
+        "--server-timeout-ms",
+        type=float,
+        default=0.0,
+        help="the node's server_timeout_ms (default 0: one tick period)",
+    )
+    parser.add_argument(
+        "--warm-s",
+        type=float,
+        default=0.5,
+        help="wall seconds of driving before the fault (after the first trajectory)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="episodes per scenario (scenarios take turns)"
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=777, help="task and layout seed, as closed-loop's --seed"
+    )
+    parser.add_argument("--json", type=Path, help="write the table and each episode's details")
+    parser.add_argument("--work", type=Path, help="logs (default: a temp dir)")
+
+
+# -- what reaches this process ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    at: float  # time.monotonic() when it reached this process
+    sim_at: float  # sim time then (the newest joint state's stamp)
+    stamp: float  # its header stamp, sim seconds
+    end: float = math.nan  # a trajectory's last point, sim seconds
+
+
+class Watch:
+    """The policy node's chunks, the trajectories the sim's controllers receive, and the node's
+    server values on /diagnostics, as they reach this process."""
+
+    def __init__(self, node: Any, sim_now: Callable[[], float]) -> None:
+        self._sim_now = sim_now
+        self._lock = threading.Lock()
+        self.chunks: list[Received] = []
+        self.trajectories: list[Received] = []
+        self.server: dict[str, str] = {}
+        self.server_seen = 0
+        node.create_subscription(
+            ActionChunk, f"/{POLICY_NODE}/action_chunk", self._on_chunk, RELIABLE
+        )
+        for controller in ("arm_controller", "gripper_controller"):
+            node.create_subscription(
+                JointTrajectory, f"/{controller}/joint_trajectory", self._on_trajectory, RELIABLE
+            )
+        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, RELIABLE)
+
+    def _on_chunk(self, msg: ActionChunk) -> None:
+        with self._lock:
+            self.chunks.append(self._received(stamp_to_seconds(msg.header.stamp)))
+
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        start = stamp_to_seconds(msg.header.stamp)
+        last = msg.points[-1].time_from_start if msg.points else None
+        span = last.sec + last.nanosec * 1e-9 if last is not None else 0.0
+        with self._lock:
+            self.trajectories.append(self._received(start, start + span))
+
+    def _received(self, stamp: float, end: float = math.nan) -> Received:
+        return Received(time.monotonic(), self._sim_now(), stamp, end)
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        values = {
+            kv.key: kv.value
+            for status in msg.status
+            if status.name == f"{POLICY_NODE}: server"
+            for kv in status.values
+        }
+        if values:
+            with self._lock:
+                self.server = values
+                self.server_seen += 1
+
+    def fresh_server(self, timeout_s: float = 10.0) -> dict[str, str]:
+        """The node's server values from a /diagnostics message sent after this call."""
+        seen = self.server_seen
+        if not wait_for(lambda: self.server_seen > seen, timeout_s):
+            raise TimeoutError("no server status from the policy node on /diagnostics")
+        with self._lock:
+            return dict(self.server)
+
+    def chunks_list(self) -> list[Received]:
+        with self._lock:
+            return list(self.chunks)
+
+    def trajectories_list(self) -> list[Received]:
+        with self._lock:
+            return list(self.trajectories)
+
+
+def switch_time(log_text: str, after_wall: float, uri: str) -> float | None:
+    """The wall time (epoch s) of the node's first log line after ``after_wall`` saying it
+    connected to ``uri`` having moved on from another server."""
+    pattern = re.compile(
+        r"\[(\d+\.\d+)\] \[[^\]]*\]: connected to oxygen-serve at (\S+) \(moved on from"
+    )
+    for match in pattern.finditer(log_text):
+        at = float(match.group(1))
+        if at >= after_wall and match.group(2) == uri:
+            return at
+    return None
+
+
+# -- the measurement -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """When the serving server was hit: this process's monotonic and wall clocks, and sim time."""
+
+    at: float
+    wall: float
+    sim: float
+
+
+def measure(
+    scenario: Scenario,
+    fault: Fault,
+    chunks: Sequence[Received],
+    trajectories: Sequence[Received],
+    rec: Recording,
+    index: int,
+    switched_wall: float | None,
+) -> dict[str, Any]:
+    """One scenario's row (see the module docstring); ``rec`` gives the arm's joint states and the
+    sim's episode reports."""
+    before = [c for c in chunks if c.at < fault.at]
+    after = [c for c in chunks if c.at >= fault.at]
+    last, first = (before[-1] if before else None), (after[0] if after else None)
+    last_stamp = last.stamp if last else -math.inf
+    first_stamp = first.stamp if first else math.inf
+    in_gap = [t for t in trajectories if last_stamp < t.stamp < first_stamp]
+    old = [t for t in trajectories if t.stamp == last_stamp]  # the last good chunk's
+    horizon_end = max((t.end for t in old), default=math.nan)
+    horizon = horizon_end - last_stamp if old else math.nan
+    new_arrival = min((t.sim_at for t in trajectories if t.stamp == first_stamp), default=math.nan)
+    held = max(0.0, new_arrival - horizon_end) if old and first else math.nan
+    return {
+        "fault": scenario.label,
+        "key": scenario.key,
+        "no_chunk_s": first.at - last.at if last and first else None,
+        "switch_s": switched_wall - fault.wall if switched_wall is not None else None,
+        "first_chunk_s": first.at - fault.at if first else None,
+        "cmds_in_gap": len(in_gap),
+        "stale_after": f"{sum(c.stamp < fault.sim for c in after)}/{len(after)}",
+        "horizon_s": horizon,
+        "held_s": held,
+        "moved_rad": _moved(rec, horizon_end, new_arrival) if held and held > 0 else 0.0,
+        "outcome": _outcome(rec, index, fault.at),
+        "end_s": _ended_at(rec, index) - fault.at,
+        "chunks_after": len(after),
+        "chunks_before": len(before),
+    }
+
+
+def _moved(rec: Recording, start: float, end: float) -> float:
+    """The most any arm joint moved between sim times ``start`` and ``end``."""
+    held = [
+        q for t, q in zip(rec.joint_times, rec.joint_positions, strict=True) if start <= t <= end
+    ]
+    if len(held) < 2:
+        return 0.0
+    return max(abs(a - b) for q in held for a, b in zip(q, held[0], strict=True))
+
+
+def _ended_at(rec: Recording, index: int) -> float:
+    """When this process heard the episode end (monotonic s; NaN: never)."""
+    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
+    return next((t for t, r in reports if r.get("status") not in (None, "running")), math.nan)
+
+
+def _outcome(rec: Recording, index: int, fault_at: float) -> str:
+    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
+    if not reports:
+        return "lost"
+    final = reports[-1][1].get("status", "lost")
+    ended = next((t for t, r in reports if r.get("status") not in (None, "running")), None)
+    if ended is not None and ended < fault_at:
+        return f"{final} before the fault"
+    return final
+
+
+def fault_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row in ``oxygen-bench faults``' columns: the gap is the time without a fresh chunk,
+    stale the chunks after the fault from an observation older than it, hold the wait from the
+    fault to the last trajectory before the gap (the arm runs it out), resume the fault to the
+    first chunk from the other server."""
+    return {
+        "fault": row["fault"],
+        "gap_s": row["no_chunk_s"],
+        "stale": row["stale_after"],
+        "hold_s": 0.0,
+        "resume_s": row["first_chunk_s"],
+        "outcome": row["outcome"],
+        "node": row["node"],
+    }
+
+
+# -- the processes ---------------------------------------------------------------------------------
+class Servers:
+    """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run."""
+
+    def __init__(self, checkpoint: Path, work: Path, serve_args: Sequence[str]) -> None:
+        self.checkpoint, self.work, self.serve_args = checkpoint, work, list(serve_args)
+        self.processes = [self._start(free_port(), name) for name in ("a", "b")]
+
+    def _start(self, port: int, name: str) -> ServeProcess:
+        return ServeProcess(self.checkpoint, port, self.work / f"serve_{name}.log", self.serve_args)
+
+    @property
+    def uris(self) -> list[str]:
+        return [process.uri for process in self.processes]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        for process in self.processes:
+            process.wait_healthy(timeout_s)
+            warm_up(process.uri, timeout_s)
+
+    def by_uri(self, uri: str) -> ServeProcess:
+        return next(p for p in self.processes if p.uri == uri)
+
+    def restore(self, hit: ServeProcess, timeout_s: float) -> None:
+        """After a scenario: continue a stopped server, start a killed one again on its port."""
+        if hit.process.poll() is None:
+            hit.process.send_signal(signal.SIGCONT)
+            return
+        index = self.processes.index(hit)
+        self.processes[index] = self._start(hit.port, "ab"[index])
+        self.processes[index].wait_healthy(timeout_s)
+        warm_up(hit.uri, timeout_s)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.process.poll() is None:
+                process.process.send_signal(signal.SIGCONT)  # a stopped one cannot take SIGTERM
+            process.stop()
+
+
+def warm_up(uri: str, timeout_s: float, frames: int = WARM_UP_FRAMES) -> None:
+    """Send a server ``frames`` blank frames of its own model's shape (its first-call costs)."""
+    with PolicyClient(uri) as client:
+        if not client.wait_connected(timeout_s):
+            raise RuntimeError(f"no connection to {uri} to warm it up: {client.last_error}")
+        observation = client.metadata["observation"]
+        message = {
+            "images": {
+                camera: np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)
+                for camera in observation["cameras"]
+            },
+            "state": np.zeros(int(observation["state_dim"]), np.float32),
+            "prompt": "warm up",
+        }
+        for _ in range(frames):
+            client.infer(message, timeout_s=timeout_s)
+
+
+def policy_params(base: dict[str, Any], uris: Sequence[str], timeout_ms: float) -> dict:
+    """The node's parameters: ``base`` with the model in the two servers."""
+    return {
+        "/**": {
+            "ros__parameters": {
+                **base,
+                "engine": "remote",
+                "server_uris": list(uris),
+                "server_timeout_ms": float(timeout_ms),
+                "autostart": False,
+            }
+        }
+    }
+
+
+def serve_args(base: dict[str, Any]) -> list[str]:
+    """What the servers need to serve the node as its local engine would run the model."""
+    return [
+        "--prompt-format",
+        str(base.get("prompt_format", "openpi")),
+        "--action-dt",
+        str(float(base.get("action_dt", 0.02))),
+        "--torch-threads",
+        "1",
+    ]
+
+
+# -- the bench -------------------------------------------------------------------------------------
+class FailoverRunner:
+    def __init__(
+        self,
+        bench: BenchNode,
+        watch: Watch,
+        servers: Servers,
+        policy: Process,
+        args: argparse.Namespace,
+    ) -> None:
+        self.bench, self.watch, self.servers, self.policy, self.args = (
+            bench,
+            watch,
+            servers,
+            policy,
+            args,
+        )
+
+    def run(self, scenario: Scenario, round_index: int) -> dict[str, Any]:
+        bench, watch, args = self.bench, self.watch, self.args
+        task, seed = round_task(round_index, args.seed, "touch")
+        bench.set_policy_parameters({"task": task.text})
+        rec = bench.start_recording("")
+        index = bench.start_episode("", task.text, seed)
+        activated = time.monotonic()
+        hit = None
+        try:
+            if not bench.transition(ACTIVATE):
+                raise RuntimeError(f"activate failed: see {self.policy.log_path}")
+            if not wait_for(
+                lambda: any(t.at > activated for t in watch.trajectories_list()), 120.0
+            ):
+                raise RuntimeError("the node sent no trajectory after activation")
+            time.sleep(args.warm_s)
+            hit = self.servers.by_uri(watch.fresh_server()["server_uri"])
+            fault = Fault(time.monotonic(), time.time(), bench.now(""))
+            hit.process.send_signal(scenario.signum)
+            other = next(uri for uri in self.servers.uris if uri != hit.uri)
+            wait_for(lambda: any(c.at > fault.at for c in watch.chunks_list()), 60.0)
+            self._wait_episode_end(index)
+            node = "active" if bench.policy_state() == STATE_ACTIVE else "not active"
+            server = watch.fresh_server()
+            bench.transition(DEACTIVATE)
+        finally:
+            rec = bench.stop_recording()
+            if hit is not None:
+                self.servers.restore(hit, 120.0)
+        log = self.policy.log_path.read_text(errors="replace")
+        row = measure(
+            scenario,
+            fault,
+            watch.chunks_list(),
+            watch.trajectories_list(),
+            rec,
+            index,
+            switch_time(log, fault.wall, other),
+        )
+        return row | {
+            "node": node,
+            "switches": int(server.get("server_switches", 0)),
+            "task": task.text,
+            "from": hit.uri,
+            "to": server.get("server_uri", ""),
+            "last_switch": server.get("server_last_switch", ""),
+        }
+
+    def _wait_episode_end(self, index: int) -> None:
+        def ended() -> bool:
+            report = self.bench.report("")
+            return report.get("episode") == index and report.get("status") != "running"
+
+        wait_for(ended, 4 * self.args.timeout_s + 30.0)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        scenarios = select_scenarios(args.scenarios)
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench failover: {exc}") from exc
+    checkpoint = args.checkpoint.resolve()
+    if not (checkpoint / "config.json").is_file():
+        raise SystemExit(f"oxygen-bench failover: no checkpoint in {checkpoint}")
+    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
+    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
+    work = args.work or Path(tempfile.mkdtemp(prefix="failover_"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = ros_environment() | {"RCUTILS_CONSOLE_OUTPUT_FORMAT": LOG_FORMAT}
+    print(
+        f"failover: {len(scenarios)} scenarios x {args.repeats} episodes; logs in {work}",
+        flush=True,
+    )
+    started = time.monotonic()
+    servers = Servers(checkpoint, work, serve_args(base))
+    sim = start_sim(env, work, args.timeout_s)
+    bench = BenchNode(namespaces=("",))
+    policy = None
+    rows: list[dict[str, Any]] = []
+    try:
+        watch = Watch(bench.node, lambda: bench.now(""))
+        servers.wait_ready(120.0)
+        node_params = work / "failover_policy.yaml"
+        node_params.write_text(
+            json.dumps(policy_params(base, servers.uris, args.server_timeout_ms), indent=2)
+        )
+        command = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
+        command += ["--params-file", str(node_params), *REMAPS]
+        policy = Process(command, env, work / "policy_node.log")
+        bench.wait_for_policy()
+        if not bench.transition(CONFIGURE):
+            raise SystemExit(f"oxygen-bench failover: configure failed: {policy.log_tail()}")
+        runner = FailoverRunner(bench, watch, servers, policy, args)
+        turns = [s for _ in range(args.repeats) for s in scenarios]
+        for round_index, scenario in enumerate(turns):
+            row = runner.run(scenario, round_index)
+            rows.append(row)
+            print(
+                f"{scenario.label:>14}: no chunk for {row['no_chunk_s']} s, gap commands "
+                f"{row['cmds_in_gap']}, {row['outcome']}, node {row['node']}",
+                flush=True,
+            )
+    finally:
+        if policy is not None:
+            policy.stop()
+        bench.close()
+        sim.stop()
+        servers.stop()
+    common.print_table(rows, COLUMNS)
+    out = {
+        "checkpoint": str(checkpoint),
+        "params_file": str(params_file),
+        "server_timeout_ms": args.server_timeout_ms,
+        "rate_hz": float(base["rate_hz"]),
+        "wall_s": time.monotonic() - started,
+        "rows": rows,
+    }
+    common.write_json(args.json, out)
+    return out
