@@ -10,6 +10,7 @@ the old session) and the deadline rule are tested in test_serving_client.py and
 test_node_remote.py, against servers in the test's own process.
 
 Cost: two server processes and one node (about 40 s on a busy 2-core machine, most of it start-up).
+The failover bench's measurement (``oxygen-bench failover``) is checked on made-up arrivals.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ import signal
 import pytest
 from node_harness import STATE_ACTIVE, AskClient, NodeProcess, Probe, stamp_ns, wait_for
 
+from oxygen_ros.tools.benches.closed_loop_ros import Recording
+from oxygen_ros.tools.benches.failover import (
+    SCENARIOS,
+    Fault,
+    Received,
+    fault_row,
+    measure,
+    switch_time,
+)
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
 from oxygen_ros.tools.make_bag import camera_topic, joint_names, write_synthetic_bag
 
@@ -103,3 +113,48 @@ def test_the_node_moves_on_to_the_next_server_when_its_server_is_killed(tiny_che
 
 def _diagnostics(probe: Probe) -> dict[str, str]:
     return probe.fresh_diagnostics(30.0)
+
+
+def test_the_failover_bench_measures_the_gap_from_what_reached_it():
+    """Chunks at 10.0 and 10.1 s, the server killed at 10.2, the next chunk at 10.9 (wall, this
+    process); each chunk's trajectory spans 1 sim s; a trajectory stamped in between would have
+    come from the node without a server."""
+    chunks = [Received(10.0, 5.0, 4.9), Received(10.1, 5.1, 5.0), Received(10.9, 6.3, 6.2)]
+    trajectories = [
+        Received(10.0, 5.0, 4.9, 5.9),
+        Received(10.1, 5.1, 5.0, 6.0),
+        Received(10.9, 6.3, 6.2, 7.2),
+    ]
+    rec = Recording("")
+    rec.reports = [
+        (9.0, {"episode": 3, "status": "running"}),
+        (13.0, {"episode": 3, "status": "success"}),
+    ]
+    rec.joint_times = [5.9, 6.0, 6.1, 6.2, 6.3]
+    rec.joint_positions = [[0.0, 1.0], [0.1, 1.0], [0.1, 1.0], [0.12, 1.0], [0.3, 1.0]]
+    fault = Fault(at=10.2, wall=1000.2, sim=5.2)
+    row = measure(SCENARIOS[0], fault, chunks, trajectories, rec, 3, 1000.25)
+    assert row["no_chunk_s"] == pytest.approx(0.8) and row["first_chunk_s"] == pytest.approx(0.7)
+    assert row["switch_s"] == pytest.approx(0.05) and row["cmds_in_gap"] == 0
+    assert row["stale_after"] == "0/1" and row["horizon_s"] == pytest.approx(1.0)
+    # the last good trajectory ended at sim 6.0, the new one arrived at 6.3: held 0.3 s, within
+    # 0.02 rad of where it stopped
+    assert row["held_s"] == pytest.approx(0.3) and row["moved_rad"] == pytest.approx(0.02)
+    assert row["outcome"] == "success" and row["end_s"] == pytest.approx(2.8)
+    assert fault_row(row | {"node": "active"})["gap_s"] == row["no_chunk_s"]
+
+    gap = Received(10.5, 5.7, 5.6, 6.6)  # published while the node had no server
+    stale = Received(10.95, 6.35, 5.1)  # a chunk after the fault from an older observation
+    row = measure(SCENARIOS[1], fault, [*chunks, stale], [*trajectories, gap], rec, 3, None)
+    assert row["cmds_in_gap"] == 1 and row["stale_after"] == "1/2" and row["switch_s"] is None
+
+
+def test_the_switch_time_is_read_from_the_nodes_log():
+    log = (
+        "[INFO] [100.5] [oxygen_node]: connected to oxygen-serve at ws://a:1\n"
+        "[INFO] [101.25] [oxygen_node]: connected to oxygen-serve at ws://b:1 (moved on from "
+        "ws://a:1)\n"
+    )
+    assert switch_time(log, 101.0, "ws://b:1") == 101.25
+    assert switch_time(log, 101.0, "ws://a:1") is None
+    assert switch_time(log, 102.0, "ws://b:1") is None

@@ -308,9 +308,9 @@ def measure(
 
 
 def _moved(rec: Recording, start: float, end: float) -> float:
-    """The most any arm joint moved between sim times ``start`` and ``end``."""
+    """The most any arm joint moved from sim time ``start`` until (not at) ``end``."""
     held = [
-        q for t, q in zip(rec.joint_times, rec.joint_positions, strict=True) if start <= t <= end
+        q for t, q in zip(rec.joint_times, rec.joint_positions, strict=True) if start <= t < end
     ]
     if len(held) < 2:
         return 0.0
