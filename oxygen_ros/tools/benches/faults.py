@@ -9,8 +9,11 @@ runs, :data:`oxygen_ros.sim.node.FAULT_PARAMETERS`):
 * the clock jumps: sim time (the stamps, ``/clock``, the controllers' "now") jumps forward 2 s, back
   2 s, or back 0.3 s (less than ``max_observation_age_s``: the node drops messages stamped that
   little earlier as out of order rather than take them for a restarted clock);
-* a server killed: ``oxygen-bench failover`` measures it (two ``oxygen-serve`` processes behind
-  ``engine: remote``); this table names it.
+* a server killed (``server_killed``): ``oxygen-bench failover``'s kill scenario, run after the
+  sim's faults with its own processes (a sim, two ``oxygen-serve`` and the node with ``engine:
+  remote``) and shown in these columns by :func:`.failover.fault_row` (its ``stale``: chunks after
+  the kill computed from an observation stamped before it; its full row under ``failover`` in the
+  JSON).
 
 Columns:
 
@@ -94,12 +97,14 @@ COLUMNS = ["fault", "gap_s", "stale", "oldest_s", "hold_s", "resume_s", "outcome
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault: the sim streams it silences for ``--fault-s``, or the clock jump it makes."""
+    """One fault: the sim streams it silences for ``--fault-s``, the clock jump it makes, or
+    ``oxygen-bench failover``'s server kill."""
 
     key: str  # its name in --faults
     label: str  # its name in the table
     silent: tuple[str, ...] = ()
     jump_s: float = 0.0
+    failover: bool = False
 
 
 FAULTS = (
@@ -109,8 +114,8 @@ FAULTS = (
     Fault("clock_forward", "clock jumps +2 s", jump_s=2.0),
     Fault("clock_back", "clock jumps -2 s", jump_s=-2.0),
     Fault("clock_back_small", "clock jumps -0.3 s", jump_s=-0.3),
+    Fault("server_killed", "server killed", failover=True),
 )
-SERVER_KILLED = {"fault": "server killed", "outcome": "see oxygen-bench failover"}
 
 
 def select_faults(text: str) -> list[Fault]:
@@ -602,12 +607,16 @@ class FaultRunner:
             "hold_s": hold,
             "resume_s": resume,
             "outcome": _outcome(rec, onset),
+            "rejected": rec.reports[-1][1].get("rejected", {}) if rec.reports else {},
             "node": node_state,
             "jump_s": jump if not fault.silent else None,
             "onset_after_start_s": _minus(onset, window.start),
             "cmds_while_away": sum(
                 1 for a in acts if onset is not None and onset < a.at < (window.back or ended)
             ),
+            # trajectories the controller got that start later than they arrive or have ended
+            "not_current": sum(activated <= t <= ended for t in self.log.trajectory_times())
+            - sum(activated <= t <= ended for t in current),
         }
 
 
@@ -622,7 +631,7 @@ def _difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
     """A row as the table prints it: "-" for what does not apply, stale as "n/cmds"."""
     shown = {key: "-" if value is None else value for key, value in row.items()}
-    if "stale" in row:
+    if "cmds" in row:
         shown["stale"] = f"{row['stale']}/{row['cmds']}"
     return shown
 
@@ -666,9 +675,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
     work = args.work or Path(tempfile.mkdtemp(prefix="faults_"))
     work.mkdir(parents=True, exist_ok=True)
-    env = ros_environment()  # before rclpy starts in this process
     print(f"faults: {len(faults)} faults, one episode each; logs in {work}", flush=True)
     started = time.monotonic()
+    in_sim = [fault for fault in faults if not fault.failover]
+    rows = run_in_sim(in_sim, args, base, params_file, checkpoint, work) if in_sim else []
+    if len(in_sim) < len(faults):
+        rows.append(server_killed(args, checkpoint, work / "failover"))
+    common.print_table([_shown(row) for row in rows], COLUMNS)
+    out = {
+        "checkpoint": str(checkpoint),
+        "params_file": str(params_file),
+        "fault_s": args.fault_s,
+        "max_observation_age_s": float(base["max_observation_age_s"]),
+        "rate_hz": float(base["rate_hz"]),
+        "wall_s": time.monotonic() - started,
+        "rows": rows,
+    }
+    common.write_json(args.json, out)
+    return out
+
+
+def run_in_sim(
+    faults: list[Fault],
+    args: argparse.Namespace,
+    base: dict[str, Any],
+    params_file: Path,
+    checkpoint: Path,
+    work: Path,
+) -> list[dict[str, Any]]:
+    """The sim's faults, one episode each: the sim a process, the policy node in this one."""
+    env = ros_environment()  # before rclpy starts in this process
     sim = start_sim(env, work, args.timeout_s)
     bench = BenchNode(namespaces=("",))
     policy = None
@@ -693,16 +729,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             policy.close()
         bench.close()
         sim.stop()
-    table = [*rows, SERVER_KILLED]
-    common.print_table([_shown(row) for row in table], COLUMNS)
-    out = {
-        "checkpoint": str(checkpoint),
-        "params_file": str(params_file),
-        "fault_s": args.fault_s,
-        "max_observation_age_s": float(base["max_observation_age_s"]),
-        "rate_hz": float(base["rate_hz"]),
-        "wall_s": time.monotonic() - started,
-        "rows": table,
-    }
-    common.write_json(args.json, out)
-    return out
+    return rows
+
+
+def server_killed(args: argparse.Namespace, checkpoint: Path, work: Path) -> dict[str, Any]:
+    """``oxygen-bench failover``'s kill scenario (its own sim, two ``oxygen-serve`` processes and
+    the node with ``engine: remote``, as processes) in this table's columns; its own row is kept
+    under ``failover``."""
+    from oxygen_ros.tools.benches import failover
+
+    parser = argparse.ArgumentParser()
+    failover.add_arguments(parser)
+    options = ["--scenarios", "kill", "--checkpoint", str(checkpoint), "--work", str(work)]
+    options += ["--warm-s", str(args.warm_s), "--timeout-s", str(args.timeout_s)]
+    options += ["--seed", str(args.seed)]
+    if args.params_file is not None:
+        options += ["--params-file", str(args.params_file)]
+    (row,) = failover.run(parser.parse_args(options))["rows"]
+    return {**failover.fault_row(row), "key": "server_killed", "failover": row}
