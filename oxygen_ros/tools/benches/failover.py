@@ -8,6 +8,8 @@ sim's controllers) run as processes in a private ROS graph, as ``closed-loop`` r
 scenario is one episode (the touch task of closed-loop's round r): ``--warm-s`` wall seconds after
 the first trajectory, the server the node uses (as /diagnostics names it) is
 
+The server hit is the one the node's log last says it connected to.
+
 * ``kill``: sent SIGKILL (a process or box that dies: the socket closes, no close frame). The node
   sees the connection drop and moves on at once.
 * ``hang``: sent SIGSTOP (a server that stops answering, its socket still open). The node moves on
@@ -20,6 +22,7 @@ a node with a 100 ms deadline to take a cold server for a hung one and move on a
 
 Columns:
 
+* ``period_s``: the median wall seconds between chunks before the fault (the loop's pace then);
 * ``no_chunk_s``: wall seconds from the last chunk before the fault to the first one after it
   (the time the arm had no fresh chunk), as this process received them;
 * ``switch_s``: from the fault to the node's log line saying it connected to the other server;
@@ -38,7 +41,8 @@ Columns:
 * ``outcome``: the episode's end as the sim scores it (``success`` | ``timeout``; "before the
   fault" when it ended earlier), ``end_s``: wall seconds from the fault to that end, and
   ``chunks_after``: the chunks the episode got after the fault; ``node``: the policy node's
-  lifecycle state after the episode; ``switches``: server switches on /diagnostics so far.
+  lifecycle state after the episode; ``switches``: the node's switches during the episode (its
+  log): 1 is the fault's, more are a loaded machine's deadline misses moving it on again.
 
 :func:`fault_row` turns a row into ``oxygen-bench faults``' columns.
 """
@@ -50,6 +54,7 @@ import json
 import math
 import re
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -90,6 +95,7 @@ LOG_FORMAT = "[{severity}] [{time}] [{name}]: {message}"  # the node's log, for 
 WARM_UP_FRAMES, WARM_UP_SIDE = 3, 128
 COLUMNS = [
     "fault",
+    "period_s",
     "no_chunk_s",
     "switch_s",
     "first_chunk_s",
@@ -244,17 +250,39 @@ class Watch:
             return list(self.trajectories)
 
 
+@dataclass(frozen=True)
+class Connection:
+    """A connection the node's log reports: when (wall, epoch s), to which server, and whether it
+    moved on from another one."""
+
+    wall: float
+    uri: str
+    moved: bool
+
+
+CONNECTED = re.compile(
+    r"\[(\d+\.\d+)\] \[[^\]]*\]: connected to oxygen-serve at (\S+)( \(moved on from)?"
+)
+
+
+def connections(log_text: str) -> list[Connection]:
+    """Every connection the node's log reports, in order."""
+    return [
+        Connection(float(m.group(1)), m.group(2), m.group(3) is not None)
+        for m in CONNECTED.finditer(log_text)
+    ]
+
+
 def switch_time(log_text: str, after_wall: float, uri: str) -> float | None:
-    """The wall time (epoch s) of the node's first log line after ``after_wall`` saying it
-    connected to ``uri`` having moved on from another server."""
-    pattern = re.compile(
-        r"\[(\d+\.\d+)\] \[[^\]]*\]: connected to oxygen-serve at (\S+) \(moved on from"
+    """The wall time of the node's first switch to ``uri`` after ``after_wall`` (None: none)."""
+    return next(
+        (
+            c.wall
+            for c in connections(log_text)
+            if c.moved and c.uri == uri and c.wall >= after_wall
+        ),
+        None,
     )
-    for match in pattern.finditer(log_text):
-        at = float(match.group(1))
-        if at >= after_wall and match.group(2) == uri:
-            return at
-    return None
 
 
 # -- the measurement -------------------------------------------------------------------------------
@@ -280,6 +308,7 @@ def measure(
     sim's episode reports."""
     before = [c for c in chunks if c.at < fault.at]
     after = [c for c in chunks if c.at >= fault.at]
+    gaps = [b.at - a.at for a, b in zip(before, before[1:], strict=False)]
     last, first = (before[-1] if before else None), (after[0] if after else None)
     last_stamp = last.stamp if last else -math.inf
     first_stamp = first.stamp if first else math.inf
@@ -293,6 +322,7 @@ def measure(
         "fault": scenario.label,
         "key": scenario.key,
         "no_chunk_s": first.at - last.at if last and first else None,
+        "period_s": statistics.median(gaps) if gaps else None,
         "switch_s": switched_wall - fault.wall if switched_wall is not None else None,
         "first_chunk_s": first.at - fault.at if first else None,
         "cmds_in_gap": len(in_gap),
@@ -459,7 +489,7 @@ class FailoverRunner:
         bench.set_policy_parameters({"task": task.text})
         rec = bench.start_recording("")
         index = bench.start_episode("", task.text, seed)
-        activated = time.monotonic()
+        activated, activated_wall = time.monotonic(), time.time()
         hit = None
         try:
             if not bench.transition(ACTIVATE):
@@ -469,13 +499,15 @@ class FailoverRunner:
             ):
                 raise RuntimeError("the node sent no trajectory after activation")
             time.sleep(args.warm_s)
-            hit = self.servers.by_uri(watch.fresh_server()["server_uri"])
+            serving = connections(self.policy.log_path.read_text(errors="replace"))[-1].uri
+            hit = self.servers.by_uri(serving)
             fault = Fault(time.monotonic(), time.time(), bench.now(""))
             hit.process.send_signal(scenario.signum)
             other = next(uri for uri in self.servers.uris if uri != hit.uri)
             wait_for(lambda: any(c.at > fault.at for c in watch.chunks_list()), 60.0)
             self._wait_episode_end(index)
             node = "active" if bench.policy_state() == STATE_ACTIVE else "not active"
+            ended_wall = time.time()
             server = watch.fresh_server()
             bench.transition(DEACTIVATE)
         finally:
@@ -486,15 +518,16 @@ class FailoverRunner:
         row = measure(
             scenario,
             fault,
-            watch.chunks_list(),
-            watch.trajectories_list(),
+            [c for c in watch.chunks_list() if c.at >= activated],
+            [t for t in watch.trajectories_list() if t.at >= activated],
             rec,
             index,
             switch_time(log, fault.wall, other),
         )
+        moved = [c for c in connections(log) if c.moved and activated_wall <= c.wall <= ended_wall]
         return row | {
             "node": node,
-            "switches": int(server.get("server_switches", 0)),
+            "switches": len(moved),
             "task": task.text,
             "from": hit.uri,
             "to": server.get("server_uri", ""),
