@@ -30,12 +30,12 @@ Columns:
 * ``gap_s``: how long the input was away (the stopped streams' last message to their first one
   after the fault; for a jump, 0).
 * ``hold_s``: from the fault's onset (the stopped streams' last message) to the last trajectory
-  the arm controller received before going longer than ``max_observation_age_s`` without one; the
-  controller runs out that trajectory (one chunk: 1 s here) and holds its last point. ``-``:
-  trajectories never stopped (the node masked the stopped camera and went on with the other).
-  A clock jump holds the arm at once (0): the running trajectory no longer applies (after a jump
-  forward all its points are past and the controller holds the last; after a jump back it is not
-  yet due and the controller holds where it is).
+  the arm controller received before the input came back; the controller runs out that trajectory
+  (one chunk: 1 s here) and holds its last point. ``-``: trajectories kept coming after the input
+  was stale (the node masked the stopped camera and went on with the other one). A clock jump
+  holds the arm at once (0): the running trajectory no longer applies (after a jump forward all
+  its points are past and the controller holds the last; after a jump back it is not yet due and
+  the controller holds where it is).
 * ``resume_s``: from the input's return (its first message after the fault; for a jump, the first
   joint state stamped in the new time) to the first trajectory after that which is current: it
   starts within one loop period of its arrival and has not ended (a trajectory stamped before a
@@ -440,23 +440,21 @@ def jump_window(joints: list[Arrival], start: float, clear: float) -> tuple[Wind
 
 
 def hold_and_resume(
-    trajectories: list[float], window: Window, pause_s: float
+    trajectories: list[float], window: Window, stale_after_s: float
 ) -> tuple[float | None, float | None]:
-    """(hold s, resume s) of a silenced input from the current trajectories' arrivals: the first
-    pause longer than ``pause_s`` ending after the onset; (None, None) when none began before the
-    input came back (the arm kept moving)."""
+    """(hold s, resume s) of a silenced input from the current trajectories' arrivals: the last
+    one before the input came back, from the onset, and the first one after, from the return.
+    (None, None) when trajectories kept coming after the input had been away ``stale_after_s``
+    (the node went on without it)."""
     onset, back = window.onset, window.back
     if onset is None:
         return None, None
-    for before, after in zip(trajectories, trajectories[1:], strict=False):
-        if after > onset and after - before > pause_s:
-            if before > (back if back is not None else window.clear):
-                break  # a pause after the input was back
-            return max(0.0, before - onset), (after - back if back is not None else None)
-    last = trajectories[-1] if trajectories else None
-    if last is not None and onset < last < (back if back is not None else math.inf):
-        return max(0.0, last - onset), None  # none since: held, never resumed
-    return None, None
+    end = back if back is not None else math.inf
+    if any(onset + stale_after_s < t < end for t in trajectories):
+        return None, None
+    before = max((t for t in trajectories if t < end), default=onset)
+    after = min((t for t in trajectories if t >= end), default=None)
+    return max(0.0, before - onset), (None if after is None else after - end)
 
 
 def resume_after_jump(trajectories: list[float], window: Window) -> float | None:
@@ -588,7 +586,7 @@ class FaultRunner:
                 oldest = InputAge(max(oldest.wall_s, age.wall_s), max(oldest.stamp_s, age.stamp_s))
         current = self.log.current_trajectory_times(self.period_s)
         if fault.silent:
-            hold, resume = hold_and_resume(current, window, self.max_age_s)
+            hold, resume = hold_and_resume(current, window, self.max_age_s + TAKE_GRACE_S)
         else:
             hold, resume = 0.0, resume_after_jump(current, window)
         onset = window.onset
