@@ -622,7 +622,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "engine remote: several oxygen-serve addresses serving the same model, used one at a "
         "time in this order; the node moves on to the next (cycling) when its server cannot be "
         "reached, drops the connection or misses server_switch_after_misses replies in a row "
-        "(instead of server_uri)",
+        '(instead of server_uri; quote each address in YAML: ["ws://a:8000", "ws://b:8000"])',
         CONFIGURE,
     ),
     ParamSpec(
