@@ -309,6 +309,8 @@ class PolicyClient:
             conn = self._conn
             if conn is None:
                 raise NotConnected(f"not connected to {self.uri}: {self.last_error}")
+            if self._drop_reason:  # being left for the next server
+                raise NotConnected(f"leaving {self.uri}: {self._drop_reason}")
             if connection is not None and connection != self.stats.connects:
                 raise NotConnected(
                     f"the request was built for connection {connection}; connection "
@@ -323,7 +325,7 @@ class PolicyClient:
             self._pending.append(waiter)
             try:  # under the lock: the order sent is the order the replies are matched in
                 conn.send(data)
-            except websockets.exceptions.ConnectionClosed as error:
+            except (websockets.exceptions.ConnectionClosed, OSError) as error:
                 self._pending.remove(waiter)
                 raise NotConnected(
                     f"the connection to {self.uri} dropped: {describe(error)}"
