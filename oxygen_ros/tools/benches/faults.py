@@ -57,7 +57,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,7 +218,7 @@ class InputLog:
             self.arrivals[stream].append(arrival)
             self._by_content[stream].setdefault(content, []).append(arrival)
 
-    def _on_image(self, camera: str):
+    def _on_image(self, camera: str) -> Callable[[Image], None]:
         return lambda msg: self._store(camera, digest(bytes(msg.data)), msg.header.stamp)
 
     def _on_joints(self, msg: JointState) -> None:
@@ -282,7 +282,7 @@ class Act:
 class ActAudit:
     """Records every observation the policy node's engine acts on (wraps its ``act``)."""
 
-    def __init__(self, slot_streams: dict[str, str], ros_now_ns) -> None:
+    def __init__(self, slot_streams: dict[str, str], ros_now_ns: Callable[[], int]) -> None:
         self._slot_streams = slot_streams
         self._ros_now_ns = ros_now_ns
         self._lock = threading.Lock()
