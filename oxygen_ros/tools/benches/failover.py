@@ -44,8 +44,8 @@ Columns:
   lifecycle state after the episode; ``switches``: the node's switches during the episode (its
   log): 1 is the fault's, more are a loaded machine's deadline misses moving it on again.
 
-:func:`fault_row` turns a row into ``oxygen-bench faults``' columns; :func:`server_kill_row`
-runs the ``kill`` scenario once and returns that row, for that bench's table.
+:func:`fault_row` turns a row into ``oxygen-bench faults``' columns (that bench runs the ``kill``
+scenario through :func:`run` for its table).
 """
 
 from __future__ import annotations
@@ -606,23 +606,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     common.write_json(args.json, out)
     return out
-
-
-def server_kill_row(
-    checkpoint: Path, params_file: Path, work: Path, timeout_s: float = 20.0, seed: int = 777
-) -> dict[str, Any]:
-    """The ``kill`` scenario once (its own sim, servers and node: call it while no other sim runs
-    in this ROS graph), as a row of ``oxygen-bench faults``' table (:func:`fault_row`)."""
-    args = argparse.Namespace(
-        scenarios="kill",
-        checkpoint=checkpoint,
-        params_file=params_file,
-        server_timeout_ms=0.0,
-        warm_s=0.5,
-        repeats=1,
-        timeout_s=timeout_s,
-        seed=seed,
-        json=None,
-        work=work,
-    )
-    return fault_row(run(args)["rows"][0])
