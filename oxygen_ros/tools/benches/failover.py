@@ -6,9 +6,7 @@ The sim (``oxygen-sim``), two servers of the checkpoint and the policy node (``c
 .yaml`` with ``engine: remote`` and ``server_uris`` naming both, its trajectories remapped onto the
 sim's controllers) run as processes in a private ROS graph, as ``closed-loop`` runs them. Each
 scenario is one episode (the touch task of closed-loop's round r): ``--warm-s`` wall seconds after
-the first trajectory, the server the node uses (as /diagnostics names it) is
-
-The server hit is the one the node's log last says it connected to.
+the first trajectory, the server the node uses (the one its log last says it connected to) is
 
 * ``kill``: sent SIGKILL (a process or box that dies: the socket closes, no close frame). The node
   sees the connection drop and moves on at once.
