@@ -34,6 +34,7 @@ from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.policy_io.policy import Pi05Policy
 from oxygen_ros.policy_io.prompts import FramePrompt, PromptFormat, SubtaskText
+from oxygen_ros.policy_io.robots import DELTA_POSITION
 from oxygen_ros.sim.language import SIDE_ANGLE, without_place
 from oxygen_ros.sim.tasks import PLACE_ANGLE
 
@@ -50,6 +51,16 @@ SIDE_AZIMUTH = {
     "centre": 0.0,
     "right": (PLACE_ANGLE[0] - SIDE_ANGLE) / 2,
 }
+
+
+def joint_targets(policy: Pi05Policy, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """A robot-unit chunk as the joint positions the node commands: a relative-actions
+    checkpoint's ``delta_position`` dims get the observation's state added (`ros.commands`)."""
+    if policy.robot.action_space != DELTA_POSITION:
+        return actions
+    relative = np.ones(actions.shape[1], dtype=bool)
+    relative[list(policy.robot.gripper_dims)] = False
+    return np.where(relative, actions + state[: actions.shape[1]], actions).astype(np.float32)
 
 
 def place_of(subtask: str) -> str | None:
@@ -149,7 +160,8 @@ class PromptedChunks:
                 inputs.token_causal,
             )  # fmt: skip
             actions = model.sample_actions(prefix, noise, self.num_steps)
-        return ConditionedChunk(policy.robot_actions(actions[0], observation.state), subtask or "")
+        robot = policy.robot_actions(actions[0], observation.state)
+        return ConditionedChunk(joint_targets(policy, robot, observation.state), subtask or "")
 
     def close(self) -> None:
         pass
@@ -221,7 +233,8 @@ class EngineChunks:
             raise RuntimeError(f"a subtask was still decoding after {self.MAX_DECODE_CALLS} calls")
         current = loop.current
         decoded = current.text.text if current and current.frame_id == chunk.frame_id else None
-        return ConditionedChunk(chunk.actions, chunk.subtask, decoded)
+        targets = joint_targets(self.policy, chunk.actions, observation.state)
+        return ConditionedChunk(targets, chunk.subtask, decoded)
 
     def close(self) -> None:
         if self.engine is not None:
