@@ -84,3 +84,18 @@ def test_sim_demo_drives_the_arm_with_the_trained_policy(tmp_path):
     assert said and all("red cube" in text for text in said), output
     assert re.search(r"-> (success|timeout) after", output), output
     assert "sim demo summary:" in output
+
+
+def test_sim_demo_counts_the_subtasks_that_match_the_sims_words():
+    from oxygen_ros.tools.sim_demo import subtasks_matching
+
+    sim = [(0.0, "touch the red cube, far left"), (2.0, "touch the red cube")]
+    decoded = [
+        (-1.0, "touch the red cube, far left"),  # before the sim said anything
+        (0.5, "touch the red cube,  far left"),  # spacing aside, the sim's words
+        (1.0, "touch the red cube, near left"),
+        (1.5, "   "),  # empty: not counted
+        (2.5, "touch the red cube"),
+    ]
+    assert subtasks_matching(decoded, sim) == (2, 4)
+    assert subtasks_matching([], sim) == (0, 0)

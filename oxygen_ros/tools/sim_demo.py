@@ -102,4 +102,23 @@ def _episode(bench: BenchNode, task: str, seed: int, timeout_s: float) -> str:
     report = bench.report("")
     status = report.get("status", "lost") if report.get("episode") == index else "lost"
     print(f"  -> {status} after {report.get('elapsed_s', float('nan')):.1f} sim s", flush=True)
+    with bench.lock:
+        same, decoded = subtasks_matching(rec.policy_subtasks, rec.sim_subtasks)
+    if decoded:
+        print(f"  subtasks decoded: {decoded}, the sim's own words: {same}", flush=True)
     return status
+
+
+def subtasks_matching(
+    decoded: list[tuple[float, str]], sim: list[tuple[float, str]]
+) -> tuple[int, int]:
+    """(how many of the node's subtasks equal the sim's subtask in force when they arrived, how
+    many non-empty ones there were); both lists are (arrival time, text) in arrival order."""
+    same = total = 0
+    for at, text in decoded:
+        if not text.strip():
+            continue
+        total += 1
+        in_force = [words for t, words in sim if t <= at]
+        same += bool(in_force) and " ".join(text.split()) == in_force[-1]
+    return same, total
