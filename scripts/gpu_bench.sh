@@ -166,7 +166,8 @@ measure hierarchy 180 "${BENCH[@]}" hierarchy "${COMMON[@]}" "${FAST[@]}" --thre
     --warmup "$WARMUP" --json "$OUT/hierarchy.json"
 # robots on one oxygen-serve vs one server each (every server a process loading the checkpoint)
 measure serve 900 "${BENCH[@]}" serve --preset "$SERVE_PRESET" --device "$DEVICE" --dtype "$DTYPE" \
-    --clients "$SERVE_CLIENTS" --frames "$FRAMES" --warmup "$WARMUP" --json "$OUT/serve.json"
+    --clients "$SERVE_CLIENTS" --views equal-cpu --frames "$FRAMES" --warmup "$WARMUP" \
+    --json "$OUT/serve.json"
 # the summary is cheap and says what the others left missing: it never takes STEP_TIMEOUT
 run_step summary 300 "${BENCH[@]}" summary --dir "$OUT"
 
