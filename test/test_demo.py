@@ -80,7 +80,7 @@ def test_sim_demo_drives_the_arm_with_the_trained_policy(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "episode 0: 'touch the red cube'" in output, output
-    said = re.findall(r"node says: '\[narration\] ([^']*)'", output)
+    said = re.findall(r"node (?:says|said last): '\[narration\] ([^']*)'", output)
     assert said and all("red cube" in text for text in said), output
     assert re.search(r"-> (success|timeout) after", output), output
     assert "sim demo summary:" in output

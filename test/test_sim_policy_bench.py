@@ -18,6 +18,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -38,9 +39,10 @@ CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "sim_so101"
 HELDOUT_SEED = 4242  # closed-loop round seed whose layouts no shipped demonstration used
 FORMAT = resolve_format("openpi_subtask")
 NUM_STEPS = 10
-# The shipped checkpoint barely reads its words (the first chunk moves ~0.02 rad between true and
-# lying place words); one trained on them moves ~1 rad. Raise this when such a checkpoint ships.
-MIN_HEADING_SHIFT_RAD = 1e-4
+# The shipped checkpoint follows its place words: a lie turns the first chunk's heading towards
+# the side it names (measured: ~1 rad between the two sides; 0.012 rad before it was trained on
+# them).
+MIN_HEADING_SHIFT_RAD = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,8 @@ def test_each_mode_drives_the_sim_and_reports_its_keys(mode, tmp_path):
     runs = result["runs"]
     assert [run["status"] for run in runs] == ["timeout"] * 3
     assert all(run["rejected"] == {} for run in runs)
-    assert result["closest_tip_to_cube_m"] <= min(run["start_tip_to_cube_m"] for run in runs)
+    assert all(run["closest_tip_to_cube_m"] <= run["final_tip_to_cube_m"] for run in runs)
+    assert result["closest_tip_to_cube_m"] == sorted(r["closest_tip_to_cube_m"] for r in runs)[1]
     # draw 0 of the heading-noise measurement is the episode's own first chunk
     firsts = [run["first_chunk_pan_rad"] for run in runs[:2]]
     assert [row[0] for row in result["heading_noise"]["headings_rad"]] == firsts
@@ -171,9 +174,11 @@ def test_oracle_and_lying_words_reach_the_model_on_the_same_noise(policy, sim):
         # the prompts differ in the subtask's place words only: the shared part is the same
         assert oracle_prompt.ids != lying_prompt.ids
         assert oracle_prompt.ids[: oracle_prompt.shared] == lying_prompt.ids[: lying_prompt.shared]
-        # and the model reads them: the same noise, another heading
-        shift = abs(float(oracle.actions[-1, 0]) - float(lying.actions[-1, 0]))
-        assert shift > MIN_HEADING_SHIFT_RAD, (oracle.subtask, lying.subtask, shift)
+        # and the model follows them: the same noise, the heading turned towards the lie's side
+        shift = float(lying.actions[-1, 0]) - float(oracle.actions[-1, 0])
+        towards = named_azimuth(lying.subtask) - named_azimuth(oracle.subtask)
+        assert abs(shift) > MIN_HEADING_SHIFT_RAD, (oracle.subtask, lying.subtask, shift)
+        assert np.sign(shift) == np.sign(towards), (oracle.subtask, lying.subtask, shift)
 
 
 # -- predicted: the engine's subtasks ------------------------------------------------------------

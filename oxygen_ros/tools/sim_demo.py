@@ -104,6 +104,9 @@ def _episode(bench: BenchNode, task: str, seed: int, timeout_s: float) -> str:
     print(f"  -> {status} after {report.get('elapsed_s', float('nan')):.1f} sim s", flush=True)
     with bench.lock:
         same, decoded = subtasks_matching(rec.policy_subtasks, rec.sim_subtasks)
+        said = rec.narrations[-1][1] if rec.narrations else ""
+    if said:
+        print(f"  node said last: {said!r}", flush=True)
     if decoded:
         print(f"  subtasks decoded: {decoded}, the sim's own words: {same}", flush=True)
     return status
