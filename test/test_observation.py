@@ -7,8 +7,8 @@ import pytest
 from builtin_interfaces.msg import Time
 from sensor_msgs.msg import Image, JointState
 
+from oxygen_ros.engine.counters import Counters
 from oxygen_ros.ros.convert import rgb_to_image
-from oxygen_ros.ros.diagnostics import Counters
 from oxygen_ros.ros.observation import JOINT_STATES_TOPIC, ObservationAssembler
 from oxygen_ros.ros.params import CameraInput
 

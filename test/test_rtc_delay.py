@@ -13,9 +13,9 @@ import pytest
 
 from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.continuity import ChunkContinuity, resample_previous
+from oxygen_ros.engine.counters import Counters
 from oxygen_ros.engine.faults import NO_FAULTS
 from oxygen_ros.engine.types import ActionChunk
-from oxygen_ros.ros.diagnostics import Counters
 from oxygen_ros.ros.observation import NS_PER_S
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings
 from oxygen_ros.ros.tick import TickLoop

@@ -18,9 +18,6 @@ from typing import Any
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
-# the node's counters are the engine's class, shared with the server's /stats
-from ..engine.counters import Counters as Counters
-
 # Counters (see /diagnostics "counters") that mean something went wrong; the rest count normal
 # events.
 FAULT_COUNTER_PREFIXES = (

@@ -93,11 +93,12 @@ from std_msgs.msg import String
 
 from oxygen_ros.action import Ask
 
+from ..engine.counters import Counters
 from ..engine.faults import NO_FAULTS, FaultInjector
 from ..engine.runtime import warm_up
 from ..engine.scheduler import OxygenEngine
 from .ask_action import AskGoal, Question, goal_problem
-from .diagnostics import Counters, DiagnosticsReport, KeyedThrottle
+from .diagnostics import DiagnosticsReport, KeyedThrottle
 from .engine_setup import check_fits_model, load_engine, warm_up_observation
 from .observation import JOINT_STATES_TOPIC, ObservationAssembler
 from .outputs import RECORD_QOS, Outputs

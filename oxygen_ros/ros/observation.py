@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.counters import Counters
 from ..engine.types import Observation
 from .convert import InputError, compressed_to_rgb, image_to_rgb, joint_state_to_positions
-from .diagnostics import Counters
 from .params import CameraInput
 
 Warn = Callable[[str, str], None]

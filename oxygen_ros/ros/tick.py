@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from builtin_interfaces.msg import Time
 
+from ..engine.counters import Counters
 from ..engine.faults import FaultInjector
 from ..engine.kv_cache import KVMemoryError
 from ..engine.requests import SamplingParams
@@ -29,7 +30,7 @@ from ..engine.scheduler import OxygenEngine
 from ..engine.types import ActionChunk, Observation, TextDelta, WarmUpReport
 from .ask_action import AskGoal, Question
 from .commands import build_command, safety_filter
-from .diagnostics import Counters, RateMeter, RollingWindow
+from .diagnostics import RateMeter, RollingWindow
 from .observation import NS_PER_S, ObservationAssembler
 from .outputs import Outputs, publish_cost
 from .params import NodeSettings
