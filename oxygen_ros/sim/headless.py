@@ -70,11 +70,13 @@ def drive_expert(
     perturbation = ArmPerturbation(perturbation_rad)
     perturbation.reset(sim.episode)
     between = steps_per_plan(sim, expert_rate_hz)
-    settle_steps = round(settle_s / sim.control_dt)
-    step, settled = 0, 0
-    while sim.status == RUNNING or (sim.status == SUCCESS and settled < settle_steps):
-        if sim.status != RUNNING:
-            settled += 1
+
+    def settling() -> bool:  # succeeded less than settle_s ago (half a step of float slack)
+        since_s = sim.now_s - sim.episode_end_s
+        return sim.status == SUCCESS and since_s < settle_s - sim.control_dt / 2
+
+    step = 0
+    while sim.status == RUNNING or settling():
         planned = None
         if step % between == 0:
             # the scene is scored already; the expert plans on as if the episode still ran
