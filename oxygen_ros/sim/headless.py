@@ -56,6 +56,7 @@ def drive_expert(
     expert_rate_hz: float = 10.0,
     perturbation_rad: float = 0.0,
     settle_s: float = 0.0,
+    expert_task: Task | None = None,
 ) -> Iterator[tuple[int, tuple | None]]:
     """Run the episode ``sim`` was just reset to under a fresh expert until it ends, then, if it
     succeeded, ``settle_s`` more sim seconds with the expert still heading for its last target.
@@ -63,7 +64,9 @@ def drive_expert(
     Yields ``(step, plan)`` before each control step: ``step`` control steps have run, and
     ``plan`` is the expert's clean (arm, gripper) plan sent at this step (the arm's with the DART
     drift of ``perturbation_rad`` applied), or None between plans. Stop iterating to leave the
-    episode where it is."""
+    episode where it is. ``expert_task``: the task the expert carries out instead of the
+    episode's (an off-course reach, as a policy heading for the wrong cube makes); the episode
+    is still scored on its own task."""
     if not (math.isfinite(settle_s) and settle_s >= 0):
         raise ValueError(f"settle_s must be >= 0 s, got {settle_s}")
     expert = ScriptedExpert()
@@ -80,7 +83,10 @@ def drive_expert(
         planned = None
         if step % between == 0:
             # the scene is scored already; the expert plans on as if the episode still ran
-            planned = expert.plan(dataclasses.replace(sim.privileged_state(), status=RUNNING))
+            state = dataclasses.replace(sim.privileged_state(), status=RUNNING)
+            if expert_task is not None:
+                state = dataclasses.replace(state, task=expert_task)
+            planned = expert.plan(state)
             if planned is not None:
                 perturbation.advance(between * sim.control_dt)
                 sim.receive(ARM_CONTROLLER, perturbation.apply(planned[0]))

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .language import place_words
+from .language import SceneFacts, current_phase, place_words
 from .scene import CUBE_COLORS, PAD_COLORS, PAD_HALF
-from .tasks import parse_task
+from .tasks import PLACE, TOUCH, Task, parse_task
 
 PLACES = tuple(f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right"))
 NO_CUBE = -1
@@ -32,23 +32,27 @@ HELD = "held"  # which cube does the gripper hold? -> the cube, or none
 NEAREST = "nearest"  # which cube is nearest the gripper? -> the cube
 ON_PAD = "on_pad"  # is the <colour> cube on a pad? -> yes, the <pad> pad / no
 TARGET = "target"  # which cube are you going for? -> the task's cube
-QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET)
+SUBTASK = "subtask"  # the node's subtask request on the frame -> the sim's subtask there
+QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET, SUBTASK)
 TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench's Ask asks
 # how a question is laid out for the model (`oxygen_ros.training.grounding`): VQA as pi0.5's
 # vision-language data (the question in the bidirectional prefix with the images: the image
 # tokens can read the colour asked about), ASK as the node's Ask request (after the frame's
-# prompt, which the question cannot change: for questions about the task itself)
-VQA, ASK = "vqa", "ask"
+# prompt, which the question cannot change: for questions about the task itself), SUBTASK_PROMPT
+# as the node asks for its subtask (the frame's action prompt, its subtask generated inside it)
+VQA, ASK, SUBTASK_PROMPT = "vqa", "ask", "subtask_prompt"
+START = "start"  # the view of a scene at its layout's start pose (`.grounding` names the others)
 # how often each kind is asked in training: binding a colour word to its cube (where, all_cubes)
 # is what a policy needs and what is slow to learn, so it gets most of the questions
 KIND_WEIGHTS = {
-    WHERE: 0.45,
-    ALL_CUBES: 0.3,
-    WHICH_AT: 0.08,
-    TARGET: 0.05,
-    NEAREST: 0.05,
-    HELD: 0.035,
-    ON_PAD: 0.035,
+    WHERE: 0.4,
+    ALL_CUBES: 0.25,
+    SUBTASK: 0.15,
+    WHICH_AT: 0.06,
+    TARGET: 0.04,
+    NEAREST: 0.04,
+    HELD: 0.03,
+    ON_PAD: 0.03,
 }
 
 
@@ -59,7 +63,10 @@ class GroundingScenes:
     scene, wrist: uint8 [N, px, px, 3]; state: float32 [N, 6] (arm joints, gripper opening);
     cubes: float32 [N, 3, 3] centres in :data:`CUBE_COLORS` order; pads: float32 [N, 2, 2];
     tip: float32 [N, 3]; grasped: int64 [N], the held cube's index or :data:`NO_CUBE`;
-    seeds: int64 [N] the layout's seed; tasks: the task whose episode the pose comes from.
+    seeds: int64 [N] the layout's seed; tasks: the task whose episode the pose comes from;
+    subtasks: the sim's subtask of that task there ("" unknown); views: how the arm got there
+    (:data:`START`, or a view of `.grounding`; "" unknown). Files written before the last two
+    existed load with them "".
     """
 
     scene: np.ndarray
@@ -71,20 +78,32 @@ class GroundingScenes:
     grasped: np.ndarray
     seeds: np.ndarray
     tasks: list[str]
+    subtasks: list[str]
+    views: list[str]
 
     def __len__(self) -> int:
         return len(self.seeds)
 
+    def starts(self) -> np.ndarray:
+        """bool [N]: the rows seen at their layout's start pose."""
+        return np.array([v == START for v in self.views], dtype=bool)
+
     def save(self, path: Path | str) -> None:
         arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        arrays["tasks"] = np.array(self.tasks)
+        for name in _TEXT_FIELDS:
+            arrays[name] = np.array(arrays[name])
         np.savez(path, **arrays)
 
     @classmethod
     def load(cls, path: Path | str) -> GroundingScenes:
         with np.load(path) as data:
-            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
-        fields["tasks"] = [str(t) for t in fields["tasks"]]
+            fields = {
+                f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data.files
+            }
+        for name in _TEXT_FIELDS:
+            fields[name] = (
+                [str(t) for t in fields[name]] if name in fields else [""] * len(fields["seeds"])
+            )
         return cls(**fields)
 
     @classmethod
@@ -92,9 +111,13 @@ class GroundingScenes:
         fields = {
             f.name: np.concatenate([getattr(p, f.name) for p in parts])
             for f in dataclasses.fields(cls)
-            if f.name != "tasks"
+            if f.name not in _TEXT_FIELDS
         }
-        return cls(**fields, tasks=[t for p in parts for t in p.tasks])
+        texts = {name: [t for p in parts for t in getattr(p, name)] for name in _TEXT_FIELDS}
+        return cls(**fields, **texts)
+
+
+_TEXT_FIELDS = ("tasks", "subtasks", "views")  # one string per row
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,6 +182,9 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
     if scene_task is not None:
         cube = scene_task.cube
         questions.append(Question(TARGET, TARGET_QUESTION, f"the {cube} cube", cube, layout=ASK))
+    if scene_task is not None and scenes.subtasks[row]:
+        subtask = scenes.subtasks[row]
+        questions.append(Question(SUBTASK, "", subtask, scene_task.cube, layout=SUBTASK_PROMPT))
     return questions
 
 
@@ -193,4 +219,24 @@ def question_sentences() -> list[str]:
     sentences += [f"is the {c} cube on a pad?" for c in CUBE_COLORS]
     sentences += [f"yes, the {p} pad" for p in PAD_COLORS]
     sentences += [", ".join(f"{c} {p}" for c in CUBE_COLORS) for p in PLACES]
-    return sentences
+    return sentences + task_sentences()
+
+
+def task_sentences() -> list[str]:
+    """Every task and every subtask the sim says for it (`current_phase` over each phase's
+    facts), so that the subtask question's answers tokenise whatever the demonstrations hold."""
+    tasks = [Task(TOUCH, c) for c in CUBE_COLORS]
+    tasks += [Task(PLACE, c, p) for c in CUBE_COLORS for p in PAD_COLORS]
+    sentences = {task.text for task in tasks}
+    for task in tasks:
+        for place in ("", *PLACES):
+            for success, grasped, near, over, on in (
+                (False, None, 1.0, False, False),  # reach
+                (False, None, 0.0, False, False),  # grasp
+                (False, task.cube, 0.0, False, False),  # carry
+                (False, task.cube, 0.0, True, False),  # release
+                (True, None, 0.0, True, True),  # done
+            ):
+                facts = SceneFacts(success, grasped, near, over, on, place)
+                sentences.add(current_phase(task, facts).subtask)
+    return sorted(sentences)

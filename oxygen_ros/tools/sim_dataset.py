@@ -2,7 +2,8 @@
 
     oxygen-sim-dataset demos --out data/sim_demos --touch 1200 --place 800 \\
         [--perturbed-share 0.3 --perturbation-rad 0.02] [--touch-seed 1000000 --place-seed 2000000]
-    oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000]
+    oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000] \\
+        [--poses 5 --views along dart off_course --workers 2]
 
 ``demos``: expert demonstrations straight into a LeRobotDataset, the same features as
 ``oxygen-collect`` + ``oxygen-bag-to-lerobot`` with ``config/sim_dataset.yaml``
@@ -66,6 +67,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     scenes.add_argument("--layouts", type=positive_int, required=True)
     scenes.add_argument("--seed", type=int, default=DEFAULT_GROUNDING_SEED, help="first seed")
     scenes.add_argument("--poses", type=positive_int, default=3, help="views per layout")
+    scenes.add_argument(
+        "--views",
+        nargs="+",
+        default=["along"],
+        metavar="VIEW",
+        help="how the arm moves past the start pose, one drawn per layout: along (the expert), "
+        "dart (the expert drifting), off_course (the expert heading for another cube)",
+    )
+    scenes.add_argument(
+        "--workers", type=positive_int, default=1, help="rendering processes (one core each)"
+    )
     args = parser.parse_args(argv)
     if args.command == "demos" and (
         args.touch < 0 or args.place < 0 or args.touch + args.place == 0
@@ -110,9 +122,12 @@ def write_demos(args: argparse.Namespace) -> dict:
 def write_grounding(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.grounding import render_scenes
 
-    scenes = render_scenes(args.seed, args.layouts, args.poses)
+    scenes = render_scenes(
+        args.seed, args.layouts, args.poses, tuple(args.views), workers=args.workers
+    )
     scenes.save(args.out)
-    return {"layouts": args.layouts, "scenes": len(scenes)}
+    views = {view: scenes.views.count(view) for view in sorted(set(scenes.views))}
+    return {"layouts": args.layouts, "scenes": len(scenes), "views": views}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
