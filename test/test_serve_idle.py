@@ -1,7 +1,9 @@
 """Idle sessions do not hold places: authorised clients that connect and send nothing fill every
 place, are closed after ``idle_timeout_s`` with a close code and reason the client can read,
-counted in ``/stats``, and a new robot is served at once; a robot sending observations is never
-idle, a client sending only refused messages is; the node's client reconnects by itself."""
+counted in ``/stats``, and a new robot is served at once; under pressure (every place taken, a
+robot connecting) the session idle longest yields at once it has been idle ``idle_grace_s``,
+those that never sent an observation first; a robot sending observations is never idle, a client
+sending only refused messages is; the node's client reconnects by itself."""
 
 from __future__ import annotations
 
@@ -54,9 +56,6 @@ def test_idle_sessions_give_their_places_back_with_a_readable_reason(droid):
     server = make_server(droid, max_sessions=3)
     with serve_in_thread(server) as running:
         idle = [OpenpiClient(running.uri, api_key=KEY) for _ in range(3)]
-        with pytest.raises(websockets.InvalidStatus) as refused:  # every place is held
-            OpenpiClient(running.uri, api_key=KEY)
-        assert refused.value.response.status_code == 503
         for client in idle:
             close = closed_by_server(client).rcvd
             assert close.code == 1001
@@ -68,6 +67,41 @@ def test_idle_sessions_give_their_places_back_with_a_readable_reason(droid):
             counted = stats(running.uri)
         assert counted["sessions_closed_idle"] == 3
         assert counted["sessions_closed"] == 3 and counted["sessions_open"] == 1
+
+
+def test_a_working_robot_is_served_while_idle_sessions_hold_every_place(droid, capsys):
+    """Default flags (8 places, 600 s idle timeout, the default grace): eight authorised clients
+    connect; the first sends one observation (a robot paused between episodes), the others
+    nothing. A robot connecting with openpi's client is served: the longest-idle session that
+    never sent an observation yields, reads why, and the rest keep their places."""
+    settings = ServerSettings(port=0, api_key=KEY)
+    assert settings.idle_timeout_s == 600.0 and settings.max_sessions == 8
+    server = PolicyServer(droid, EngineConfig(max_active_requests=2), settings)
+    with serve_in_thread(server) as running:
+        paused = OpenpiClient(running.uri, api_key=KEY)
+        assert paused.infer(droid_observation(0))["actions"].shape == (10, 8)
+        idle = [OpenpiClient(running.uri, api_key=KEY) for _ in range(7)]
+        assert stats(running.uri)["sessions_open"] == 8
+        started = time.monotonic()
+        with OpenpiClient(running.uri, api_key=KEY) as robot:  # openpi's: no retry on refusal
+            assert robot.infer(droid_observation(1))["actions"].shape == (10, 8)
+            served_s = time.monotonic() - started
+            close = closed_by_server(idle[0]).rcvd
+            assert close.code == 1013
+            assert close.reason.startswith(
+                f"idle under pressure: no observation for {settings.idle_grace_s:g} s or more, "
+                "all 8 places taken; place given to a new robot"
+            )
+            assert robot.infer(droid_observation(2))["actions"].shape == (10, 8)
+            counted = stats(running.uri)
+        assert counted["sessions_evicted_idle"] == 1 and counted["sessions_open"] == 8
+        assert "sessions_closed_idle" not in counted  # no idle timeout without pressure
+        # the paused robot and the six others kept their places
+        assert paused.infer(droid_observation(3))["actions"].shape == (10, 8)
+        for client in [paused, *idle]:
+            client.close()
+    with capsys.disabled():
+        print(f"\nidle pressure: the working robot was served {served_s:.2f} s after connecting")
 
 
 def test_observations_keep_a_session_refused_messages_do_not(droid):
@@ -120,14 +154,18 @@ def served(client: PolicyClient, attempts: int = 5) -> bool:
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
-def test_a_bad_idle_timeout_is_refused_before_loading(value, capsys):
+@pytest.mark.parametrize(
+    ("flag", "zero"), [("--idle-timeout-s", "never close"), ("--idle-grace-s", "yield at once")]
+)
+def test_bad_idle_seconds_are_refused_before_loading(flag, zero, value, capsys):
     with pytest.raises(SystemExit) as exited:
-        serve_main(["--checkpoint", "/nonexistent", "--idle-timeout-s", value])
+        serve_main(["--checkpoint", "/nonexistent", flag, value])
     assert exited.value.code == 2
-    assert "--idle-timeout-s: expected seconds >= 0 (0: never close)" in capsys.readouterr().err
+    assert f"{flag}: expected seconds >= 0 (0: {zero}), got {value!r}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
-def test_server_settings_refuse_a_bad_idle_timeout(seconds):
-    with pytest.raises(ValueError, match="idle_timeout_s must be finite seconds >= 0"):
-        ServerSettings(idle_timeout_s=seconds)
+@pytest.mark.parametrize("field", ["idle_timeout_s", "idle_grace_s"])
+def test_server_settings_refuse_bad_idle_seconds(field, seconds):
+    with pytest.raises(ValueError, match=f"{field} must be finite seconds >= 0"):
+        ServerSettings(**{field: seconds})

@@ -114,6 +114,13 @@ class ObservationReader:
             "state_dim": self.state_dim or 0,
         }
 
+    def synthetic(self, size: int = 224) -> Observation:
+        """A grey frame with every camera this robot feeds and a zero state (warm-up)."""
+        slots = sorted(set(self.cameras.values())) or list(self.policy.image_slots)
+        image = np.full((size, size, 3), 128, dtype=np.uint8)
+        state = np.zeros(self.state_dim, dtype=np.float64)
+        return Observation(dict.fromkeys(slots, image), state, "warm up", 0.0)
+
     def read(self, message: Any, stamp: float) -> ClientFrame:
         """A decoded client message -> its checked frame. Raises `ObservationError`."""
         if not isinstance(message, dict):

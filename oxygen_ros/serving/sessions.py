@@ -135,10 +135,10 @@ class SessionTable:
         return len(self._open) < self.max_sessions
 
     def open(self) -> Session | None:
-        """A new session (its engine seeded by its id), or None when the table is full."""
+        """A new session (its engine seeded by its id), or None when the table is full (the
+        caller counts the refusal, once it gives up)."""
         with self._lock:
             if len(self._open) >= self.max_sessions:
-                self.counters.add("refused_sessions_full")
                 return None
             session_id = next(self._ids)
             session = Session(session_id, self._make_engine(session_id), self.language)

@@ -30,6 +30,7 @@ from oxygen_ros.engine.runtime import ModelSpec, load_policy
 from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.policy_io.robots import ROBOTS
 from oxygen_ros.serving.batching import BatchSettings
+from oxygen_ros.serving.idle import DEFAULT_IDLE_GRACE_S
 from oxygen_ros.serving.server import DEFAULT_IDLE_TIMEOUT_S, PolicyServer, ServerSettings
 from oxygen_ros.serving.sessions import LanguageSettings
 
@@ -71,6 +72,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="close a session that sends no observation for this long, freeing its place "
         f"(default {DEFAULT_IDLE_TIMEOUT_S:g} s; 0: never)",
     )
+    net.add_argument(
+        "--idle-grace-s",
+        type=_idle_grace,
+        default=DEFAULT_IDLE_GRACE_S,
+        help="when every place is taken, a session idle this long yields its place to a robot "
+        f"that connects (default {DEFAULT_IDLE_GRACE_S:g} s; 0: at once)",
+    )
     batch = parser.add_argument_group("batching and language")
     batch.add_argument("--batch-window-ms", type=float, default=5.0)
     batch.add_argument("--max-batch", type=int, default=8)
@@ -83,15 +91,25 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _idle_timeout(text: str) -> float:
-    """``--idle-timeout-s``: finite seconds >= 0."""
+def _seconds(text: str, zero_means: str) -> float:
+    """Finite seconds >= 0 from ``text``, or an argparse error saying what 0 means."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
     if not 0 <= seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: never close), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: {zero_means}), got {text!r}")
     return seconds
+
+
+def _idle_timeout(text: str) -> float:
+    """``--idle-timeout-s``."""
+    return _seconds(text, "never close")
+
+
+def _idle_grace(text: str) -> float:
+    """``--idle-grace-s``."""
+    return _seconds(text, "yield at once")
 
 
 def read_api_key(path: Path | None) -> str:
@@ -135,6 +153,7 @@ def build_server(args: argparse.Namespace) -> PolicyServer:
         max_sessions=args.max_sessions,
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
+        idle_grace_s=args.idle_grace_s,
         batch=BatchSettings(
             window_s=args.batch_window_ms / 1e3,
             max_batch=args.max_batch,
