@@ -3,8 +3,15 @@
 :class:`Simulation` owns the simulation clock (seconds since ``epoch_s``, advanced one control
 step at a time, never reset between episodes), executes the two controllers' trajectories
 (``arm_controller`` for the five arm joints, ``gripper_controller`` for ``gripper``), checks
-success every control step and ends an episode with ``success`` or ``timeout``. The ROS node
-(:mod:`.node`) and the headless loop (:mod:`.headless`) both drive it; neither adds behaviour.
+success every control step and ends an episode with ``success``, ``timeout`` or, for a touch
+task whose gripper touched another cube first, ``wrong_cube``. The ROS node (:mod:`.node`) and
+the headless loop (:mod:`.headless`) both drive it; neither adds behaviour.
+
+Touch is judged by contact (:func:`.tasks.touch_verdict`): the episode's first contact between
+the gripper (a finger or the hand) and any cube decides it. The old rule (the tip within
+:data:`.tasks.TOUCH_DISTANCE` of the cube's centre) is still tracked, past the episode's end
+while the sim is stepped and the timeout has not passed, so benches can report it beside the
+contact rule (:meth:`Simulation.tip_rule_pending`).
 """
 
 from __future__ import annotations
@@ -16,10 +23,20 @@ import numpy as np
 from .controller import TrajectoryController
 from .language import Phase, SceneFacts, current_phase, place_words
 from .scene import ARM_JOINTS, CUBE_COLORS, GRIPPER_JOINT, HOME, PAD_COLORS, PAD_HALF
-from .tasks import PLACE, Task, cube_on_pad, random_layout, random_task, tip_touches
+from .tasks import (
+    PLACE,
+    TOUCH,
+    Task,
+    cube_on_pad,
+    random_layout,
+    random_task,
+    tip_touches,
+    touch_verdict,
+)
 from .world import World
 
 RUNNING, SUCCESS, TIMEOUT = "running", "success", "timeout"
+WRONG_CUBE = "wrong_cube"  # a touch task's gripper touched another cube first
 ARM_CONTROLLER, GRIPPER_CONTROLLER = "arm_controller", "gripper_controller"
 RELEASED_GRIPPER = 0.45  # a gripper opened past this has let go of a cube (~0.5 holding one)
 
@@ -74,6 +91,8 @@ class Simulation:
         self.episode_start_s = self.now_s
         self.episode_end_s: float | None = None
         self.phase: Phase | None = None
+        self.touched_first: frozenset[str] = frozenset()  # touch: the cubes of the first contact
+        self.tip_touch_s: float | None = None  # touch: when the old tip rule first held
         self._rejected_at_start = self._rejected_totals()
 
     # -- episodes ---------------------------------------------------------------------------------
@@ -90,6 +109,7 @@ class Simulation:
         self.status = RUNNING
         self.episode_start_s = self.now_s
         self.episode_end_s = None
+        self.touched_first, self.tip_touch_s = frozenset(), None
         self._rejected_at_start = self._rejected_totals()
         self.phase = current_phase(self.task, self.facts())
         return self.task
@@ -120,23 +140,42 @@ class Simulation:
     # -- stepping ---------------------------------------------------------------------------------
     def control_step(self) -> None:
         """One control step: sample both controllers, run physics, then score the episode."""
+        judge_tip = self.tip_rule_pending()  # the old rule judged this step, as it used to be
         arm_q, arm_v = self.controllers[ARM_CONTROLLER].sample(self.now_s)
         grip_q, grip_v = self.controllers[GRIPPER_CONTROLLER].sample(self.now_s)
         self.world.set_reference(arm_q, arm_v, float(grip_q[0]), float(grip_v[0]))
         self.world.step(self.substeps)
         self.now_s += self.control_dt
-        if self.status != RUNNING or self.task is None:
+        if self.task is None:
+            return
+        if judge_tip:
+            tip, cube = self.world.tip_position(), self.world.cube_position(self.task.cube)
+            if tip_touches(tip, cube):
+                self.tip_touch_s = self.now_s - self.episode_start_s
+        if self.status != RUNNING:
             return
         facts = self.facts()
-        if facts.success:
+        if self.task.kind == TOUCH:  # the first contact with any cube decides
+            self.touched_first = self.touched_first or self.world.cubes_touched()
+            verdict = touch_verdict(self.task.cube, self.touched_first)
+            if verdict is not None:
+                self.status = SUCCESS if verdict else WRONG_CUBE
+        elif facts.success:
             self.status = SUCCESS
-        elif self.elapsed_s >= self.episode_timeout_s:
+        if self.status == RUNNING and self.elapsed_s >= self.episode_timeout_s:
             self.status = TIMEOUT
         if self.status != RUNNING:
             self.episode_end_s = self.now_s
         self.phase = current_phase(self.task, facts)
 
     # -- scoring ----------------------------------------------------------------------------------
+    def tip_rule_pending(self) -> bool:
+        """Touch: the old tip rule has neither held nor timed out yet, so the next control step
+        still judges it (the old rule's episode ran on while under its timeout)."""
+        if self.task is None or self.task.kind != TOUCH or self.tip_touch_s is not None:
+            return False
+        return self.now_s - self.episode_start_s < self.episode_timeout_s
+
     def facts(self) -> SceneFacts:
         """The scene as the task's success and language labels see it."""
         task, world = self.task, self.world
@@ -151,8 +190,8 @@ class Simulation:
             on_pad = cube_on_pad(cube, world.cube_speed(task.cube), pad)
             released = world.grasped is None and world.gripper_opening() < RELEASED_GRIPPER
             success = on_pad and released
-        else:
-            success = tip_touches(tip, cube)
+        else:  # touching the named cube now; which cube came first is the episode's to judge
+            success = task.cube in world.cubes_touched()
         return SceneFacts(
             success=success,
             grasped=world.grasped,
@@ -187,6 +226,7 @@ class Simulation:
             "seed": self.seed,
             "status": self.status,
             "elapsed_s": round(self.elapsed_s, 4),
+            **(self._touch_report() if self.task and self.task.kind == TOUCH else {}),
             "rejected": {
                 key: totals[key] - self._rejected_at_start.get(key, 0)
                 for key in totals
@@ -194,6 +234,16 @@ class Simulation:
             },
             "rejected_total": {key: n for key, n in totals.items() if n},
         }
+
+    def _touch_report(self) -> dict:
+        """Touch: the cubes the gripper touched first, why the episode failed (if it did), and
+        the old tip rule's verdict so far (sim seconds to the tip within reach, or None)."""
+        first = sorted(self.touched_first)
+        reason = ""
+        if self.status == WRONG_CUBE:
+            reason = f"touched the {' and '.join(first)} cube before the {self.task.cube} cube"
+        tip_s = None if self.tip_touch_s is None else round(self.tip_touch_s, 4)
+        return {"touched_first": first, "reason": reason, "tip_rule_s": tip_s}
 
     def _rejected_totals(self) -> dict[str, int]:
         return {

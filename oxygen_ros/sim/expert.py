@@ -2,6 +2,10 @@
 
 :class:`ScriptedExpert` is a small state machine over the task's steps (approach above the cube,
 descend, close, lift, carry above the pad, lower, open, retreat; for touch: approach, descend).
+To touch, it lays a finger on the cube's top: the open fingers would straddle a cube they are
+centred over and touch nothing, so the tip goes down :data:`TOUCH_ASIDE` from the cube's centre
+along the fingers' closing axis, on the side that keeps the other finger farthest from the other
+cubes, to where the finger's end rests on the top (:func:`touch_point`).
 Every planning tick it moves the tip along a straight line towards the step's target at
 :data:`TIP_SPEED`, with the gripper pointing down and aligned with the cube, as a trajectory of a
 few points :data:`POINT_DT` apart from "now" (analytic IK per point, velocities by finite
@@ -36,7 +40,14 @@ from oxygen_ros.ros.convert import seconds_to_duration, seconds_to_stamp
 
 from .episode import RUNNING, PrivilegedState
 from .kinematics import Unreachable, tip_down_ik
-from .scene import ARM_JOINTS, CUBE_SIZE, GRIPPER_JOINT, PAD_THICKNESS
+from .scene import (
+    ARM_JOINTS,
+    CUBE_SIZE,
+    FINGER_BEYOND_TIP,
+    FINGER_OFFSET,
+    GRIPPER_JOINT,
+    PAD_THICKNESS,
+)
 from .tasks import PLACE, Task
 
 TIP_SPEED = 0.12  # m/s along the straight line to the target
@@ -47,6 +58,11 @@ HOVER_Z = 0.09  # tip height when moving above the table
 REACHED = 0.008  # a tip this close to its target has reached it
 CLOSE_TIMEOUT_S = 1.0  # a close that holds nothing after this is retried
 OPENED = 0.15  # a gripper reading below this is open
+# touch: the tip this far from the cube's centre puts a finger's centre a quarter edge inside the
+# cube's top (contact for tip errors from -11 to +27 mm along the closing axis)
+TOUCH_ASIDE = FINGER_OFFSET - CUBE_SIZE / 4
+TOUCH_PRESS = 0.002  # the touch point's finger end this far below the cube's top
+TOUCH_CLEARANCE = 0.05  # the outer finger's centre this far from another cube's centre is clear
 
 APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, OPEN, RETREAT = (
     "approach",
@@ -102,6 +118,36 @@ class ArmPerturbation:
         return out
 
 
+def closing_axis(state: PrivilegedState, cube: str) -> np.ndarray:
+    """The fingers' closing axis (a horizontal unit vector), snapped to the nearest of the
+    cube's face normals (the axis the IK turns the hand to, see :func:`.kinematics.tip_down_ik`:
+    with the hand down it is ``pan + pi/2 - roll``)."""
+    axis = float(state.arm[0]) + math.pi / 2 - float(state.arm[4])
+    yaw = state.cube_yaws[cube]
+    axis = yaw + round((axis - yaw) / (math.pi / 2)) * (math.pi / 2)
+    return np.array([math.cos(axis), math.sin(axis)])
+
+
+def touch_point(state: PrivilegedState, cube: str) -> np.ndarray:
+    """Where the tip goes to touch ``cube``: :data:`TOUCH_ASIDE` from its centre along the
+    closing axis, so the finger on the other side rests on the cube's top (pressing it by
+    :data:`TOUCH_PRESS`); the tip on the base's side of the cube unless the outer finger would
+    come within :data:`TOUCH_CLEARANCE` of another cube there and less so on the other side."""
+    centre = state.cubes[cube]
+    axis = closing_axis(state, cube)
+    others = [c[:2] for name, c in state.cubes.items() if name != cube]
+
+    def clearance(side: float) -> float:  # the outer finger's distance to the nearest other cube
+        outer = centre[:2] - side * (TOUCH_ASIDE + FINGER_OFFSET) * axis
+        return min((float(np.linalg.norm(outer - o)) for o in others), default=math.inf)
+
+    near = 1.0 if float(np.dot(axis, centre[:2])) >= 0 else -1.0  # the tip on the base's side
+    side = near if clearance(near) >= TOUCH_CLEARANCE else max((near, -near), key=clearance)
+    xy = centre[:2] - side * TOUCH_ASIDE * axis
+    z = centre[2] + CUBE_SIZE / 2 + FINGER_BEYOND_TIP - TOUCH_PRESS
+    return np.array([xy[0], xy[1], z])
+
+
 class ScriptedExpert:
     """Plans each tick's trajectories from the privileged state; one episode at a time."""
 
@@ -129,10 +175,11 @@ class ScriptedExpert:
         cube = state.cubes[task.cube]
         above_cube = np.array([cube[0], cube[1], HOVER_Z])
         if task.kind != PLACE:
-            touch = np.array([cube[0], cube[1], cube[2] + CUBE_SIZE / 2 + 0.002])
-            if self.step == APPROACH and self._reached(state, above_cube):
+            touch = touch_point(state, task.cube)
+            above_touch = np.array([touch[0], touch[1], HOVER_Z])
+            if self.step == APPROACH and self._reached(state, above_touch):
                 self._go(DESCEND, state)
-            return (touch if self.step == DESCEND else above_cube), 0.0
+            return (touch if self.step == DESCEND else above_touch), 0.0
 
         held = state.grasped == task.cube
         if self.step in HOLDING_STEPS and not held:

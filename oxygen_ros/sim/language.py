@@ -3,7 +3,8 @@
 The phase of a task is read from what the scene shows, not from what anybody intends: a cube that
 slips out of the gripper puts a place task back to "reach", whoever drives the arm. Phases:
 
-* touch: ``reach`` (subtask "touch the red cube") until the tip touches the cube, then ``done``;
+* touch: ``reach`` (subtask "touch the red cube") until a finger or the hand touches the cube
+  (the task's contact rule), then ``done``;
 * place: ``reach`` the cube, ``grasp`` it once the tip is at it, ``carry`` it while it is held
   away from the pad, ``release`` it once it is held over the pad (or lies on it, not yet let go),
   ``done`` when the task succeeded.

@@ -10,7 +10,9 @@ stiff hobby servo holds its pose. Three 3 cm cubes (red, green, blue) have free 
 pads (green, blue) are static geoms moved per episode. A fixed ``scene`` camera looks at the
 workspace, a ``wrist`` camera rides on the hand.
 
-Only the arm's links do not collide (with anything); the fingers, cubes, pads and table do.
+Only the arm's links do not collide (with anything); the fingers, cubes, pads and table do. The
+hand's box collides with the cubes alone (explicit contact pairs), so a hand laid on a cube rests
+on it and a touch by the hand is a contact like a finger's.
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ PAD_THICKNESS = 0.004
 FINGER_TRAVEL = 0.022  # each finger slides this far from open to closed
 FINGER_OFFSET = 0.03  # finger centre from the hand's axis when open
 FINGER_HALF_THICKNESS = 0.004
+FINGER_LENGTH = 0.05  # each finger's box, from its base on the hand's face to its end
+FINGER_BASE = 0.02  # the fingers' bodies, this far along the hand's axis from the hand body
 OPEN_GAP = 2 * (FINGER_OFFSET - FINGER_HALF_THICKNESS)  # 0.052 m between the fingers
+HAND_TO_TIP = WRIST_TO_TIP - 0.03  # the tip site on the hand's axis (the hand body 3 cm past wrist)
+FINGER_BEYOND_TIP = FINGER_BASE + FINGER_LENGTH - HAND_TO_TIP  # 0.01 m: fingers end past the tip
+GRIPPER_BODIES = ("hand", *FINGER_JOINTS)  # the bodies whose contacts are the gripper's touches
 
 JOINT_RANGES = {
     "shoulder_pan": (-1.9, 1.9),
@@ -118,7 +125,7 @@ def scene_mjcf(physics_rate_hz: float = 500.0) -> str:
         raise ValueError(f"physics_rate_hz must be positive, got {physics_rate_hz}")
     scene_xyaxes = _look_at_xyaxes(np.array(SCENE_CAMERA_POS), np.array(SCENE_CAMERA_TARGET))
     wrist_xyaxes = "0 1 0 1 0 0"  # looks along the hand's +z (towards the fingers)
-    half_finger = FINGER_HALF_THICKNESS
+    half_finger, half_length = FINGER_HALF_THICKNESS, FINGER_LENGTH / 2
     cubes = "".join(_cube(color, i) for i, color in enumerate(CUBE_COLORS))
     pads = "\n    ".join(_pad(color, i) for i, color in enumerate(PAD_COLORS))
     pos = " ".join(str(v) for v in SCENE_CAMERA_POS)
@@ -158,21 +165,21 @@ def scene_mjcf(physics_rate_hz: float = 500.0) -> str:
             <geom class="link" type="capsule" fromto="0 0 0 0 0 0.03" size="0.014"/>
             <body name="hand" pos="0 0 0.03" gravcomp="1">
               {_joint("wrist_roll", "0 0 1")}
-              <geom class="link" type="box" size="0.02 0.036 0.01" pos="0 0 0.01"
+              <geom name="hand" class="link" type="box" size="0.02 0.036 0.01" pos="0 0 0.01"
                     rgba="0.2 0.2 0.22 1"/>
               <camera name="wrist" pos="0.045 0 0.0" xyaxes="{wrist_xyaxes}" fovy="75"/>
-              <site name="tip" pos="0 0 {WRIST_TO_TIP - 0.03}" size="0.004" rgba="1 1 0 0"/>
-              <body name="finger_left" pos="0 {FINGER_OFFSET} 0.02" gravcomp="1">
+              <site name="tip" pos="0 0 {HAND_TO_TIP}" size="0.004" rgba="1 1 0 0"/>
+              <body name="finger_left" pos="0 {FINGER_OFFSET} {FINGER_BASE}" gravcomp="1">
                 <joint name="finger_left" type="slide" axis="0 -1 0"
                        range="0 {FINGER_TRAVEL}" armature="0.01"/>
-                <geom name="finger_left" type="box" size="0.012 {half_finger} 0.025"
-                      pos="0 0 0.025" rgba="0.3 0.3 0.32 1" friction="1.5 0.01 0.001"/>
+                <geom name="finger_left" type="box" size="0.012 {half_finger} {half_length}"
+                      pos="0 0 {half_length}" rgba="0.3 0.3 0.32 1" friction="1.5 0.01 0.001"/>
               </body>
-              <body name="finger_right" pos="0 -{FINGER_OFFSET} 0.02" gravcomp="1">
+              <body name="finger_right" pos="0 -{FINGER_OFFSET} {FINGER_BASE}" gravcomp="1">
                 <joint name="finger_right" type="slide" axis="0 1 0"
                        range="0 {FINGER_TRAVEL}" armature="0.01"/>
-                <geom name="finger_right" type="box" size="0.012 {half_finger} 0.025"
-                      pos="0 0 0.025" rgba="0.3 0.3 0.32 1" friction="1.5 0.01 0.001"/>
+                <geom name="finger_right" type="box" size="0.012 {half_finger} {half_length}"
+                      pos="0 0 {half_length}" rgba="0.3 0.3 0.32 1" friction="1.5 0.01 0.001"/>
               </body>
             </body>
           </body>
@@ -188,6 +195,9 @@ def scene_mjcf(physics_rate_hz: float = 500.0) -> str:
         )
     }
   </equality>
+  <contact>
+    {"".join(f'<pair geom1="hand" geom2="cube_{c}"/>' for c in CUBE_COLORS)}
+  </contact>
   <actuator>
     {_actuators()}
   </actuator>

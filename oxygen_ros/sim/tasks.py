@@ -2,8 +2,12 @@
 
 Two kinds, each decided by its text alone:
 
-* ``touch the {color} cube``: the gripper's tip (the site between the fingers) comes within
-  :data:`TOUCH_DISTANCE` of the named cube's centre, the other two cubes present;
+* ``touch the {color} cube``: a finger or the hand is in contact with the named cube (MuJoCo's
+  contacts), the other two cubes present; the episode's first contact with any cube decides, so
+  touching another cube first fails (:func:`touch_verdict`). The old rule, the gripper's tip (the
+  site between the fingers) within :data:`TOUCH_DISTANCE` of the cube's centre
+  (:func:`tip_touches`), is kept for comparison with earlier tables: it misses a hand resting on
+  the cube's top (tip ~3.1-3.3 cm away) and passes a tip beside the cube that touches nothing;
 * ``put the {color} cube on the {color} pad``: the cube rests on the pad (its centre above the
   pad within the pad's edges, its bottom on the pad's top, not moving) and the gripper has let go.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +27,7 @@ TOUCH = "touch"
 PLACE = "place"
 TASK_KINDS = (TOUCH, PLACE)
 
-TOUCH_DISTANCE = 0.03  # tip to the cube's centre (the cube's half edge is 0.015)
+TOUCH_DISTANCE = 0.03  # old rule: tip to the cube's centre (the cube's half edge is 0.015)
 RESTING_SPEED = 0.02  # m/s: a cube slower than this rests
 ON_PAD_HEIGHT_TOLERANCE = 0.004
 
@@ -143,6 +148,17 @@ def cube_on_pad(cube_pos: np.ndarray, cube_speed: float, pad_xy: tuple[float, fl
     return inside and on_top and cube_speed < RESTING_SPEED
 
 
+def touch_verdict(cube: str, touched_first: Iterable[str]) -> bool | None:
+    """The contact rule, given the cubes the gripper touched at its first contact with any:
+    True when ``cube`` is among them (touching it together with another counts), False when
+    only others are, None when it has touched none yet."""
+    first = set(touched_first)
+    if not first:
+        return None
+    return cube in first
+
+
 def tip_touches(tip: np.ndarray, cube_pos: np.ndarray) -> bool:
-    """Whether the gripper's tip is within :data:`TOUCH_DISTANCE` of the cube's centre."""
+    """The old touch rule, kept for comparison: whether the gripper's tip is within
+    :data:`TOUCH_DISTANCE` of the cube's centre."""
     return float(np.linalg.norm(np.asarray(tip) - np.asarray(cube_pos))) <= TOUCH_DISTANCE

@@ -36,6 +36,7 @@ from .scene import (  # noqa: E402
     FINGER_KP,
     FINGER_KV,
     FINGER_TRAVEL,
+    GRIPPER_BODIES,
     HOME,
     PAD_COLORS,
     PAD_THICKNESS,
@@ -64,6 +65,8 @@ class World:
         self._cube_geom = {c: self.model.geom(f"cube_{c}").id for c in CUBE_COLORS}
         self._pad_geom = {c: self.model.geom(f"pad_{c}").id for c in PAD_COLORS}
         self._finger_geoms = [self.model.geom(n).id for n in FINGER_JOINTS]
+        gripper_bodies = [self.model.body(n).id for n in GRIPPER_BODIES]
+        self._gripper_geoms = np.flatnonzero(np.isin(self.model.geom_bodyid, gripper_bodies))
         self._weld = {c: self.model.equality(f"grasp_{c}").id for c in CUBE_COLORS}
         self._hand = self.model.body("hand").id
         self._tip = self.model.site("tip").id
@@ -147,12 +150,20 @@ class World:
         x, y, _ = self.model.geom_pos[self._pad_geom[color]]
         return (float(x), float(y))
 
-    def fingers_touching(self, color: str) -> int:
-        """How many fingers (0, 1 or 2) touch the cube of ``color``."""
+    def _touching(self, color: str) -> set[int]:
+        """The geoms in contact with the cube of ``color`` now (MuJoCo's contact list)."""
         cube = self._cube_geom[color]
         pairs = self.data.contact.geom  # (contacts, 2) geom ids
-        others = pairs[(pairs == cube).any(axis=1)].sum(axis=1) - cube
-        return len(set(others.tolist()) & set(self._finger_geoms))
+        return set((pairs[(pairs == cube).any(axis=1)].sum(axis=1) - cube).tolist())
+
+    def fingers_touching(self, color: str) -> int:
+        """How many fingers (0, 1 or 2) touch the cube of ``color``."""
+        return len(self._touching(color) & set(self._finger_geoms))
+
+    def cubes_touched(self) -> frozenset[str]:
+        """The colours of the cubes a finger or the hand is in contact with now."""
+        gripper = set(self._gripper_geoms.tolist())
+        return frozenset(c for c in CUBE_COLORS if self._touching(c) & gripper)
 
     # -- grasp assist -----------------------------------------------------------------------------
     def _update_grasp(self) -> None:

@@ -17,7 +17,15 @@ engine with ``same_frame`` conditioning; ``--subtask-every N``: from every Nth f
 
 Measured (summary keys of ``--json``):
 
-* ``success_rate`` (``successes`` of ``episodes``, Wilson ``ci95``) and ``time_to_success_s``;
+* ``success_rate`` (``successes`` of ``episodes``, Wilson ``ci95``) and ``time_to_success_s``: the
+  sim's verdict. A touch succeeds when a finger or the hand is in contact with the named cube,
+  and fails (status ``wrong_cube``, counted in ``wrong_cube``) when another cube was touched first;
+* touch only, ``touch_contact`` (= ``success_rate``) and ``touch_tip``: the share under the old
+  rule (the tip within 3 cm of the cube's centre before the timeout, whatever it touched), for
+  tables made before the contact rule. An episode the contact rule ended runs on under the policy
+  until the old rule holds or the timeout passes, as it ran then (its oracle words are the ended
+  episode's; ``predicted`` tallies only the frames before the end); per episode ``touch_tip`` and
+  ``tip_rule_s``;
 * ``closest_tip_to_cube_m``: the median over episodes of the closest the tip came to the cube;
 * ``heading_correlation``: the arm starts every episode at the same pose, so the first chunk can
   only head for the named cube if the policy found it. The correlation, over episodes, of the
@@ -218,7 +226,9 @@ class SubtaskTally:
 def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> dict[str, Any]:
     """One episode: its status, the tip's start / closest / final distance to the task's cube,
     the first chunk's heading and the words that conditioned it, the trajectories the controllers
-    refused (per controller/reason), and for ``predicted`` how its subtasks compare."""
+    refused (per controller/reason), and for ``predicted`` how its subtasks compare. Touch: also
+    the old tip rule's verdict; the policy drives on past the episode's end until it is decided
+    (the closest and final distances are over that whole run)."""
     from oxygen_ros.sim.episode import RUNNING
 
     sim.reset(task, seed)
@@ -230,11 +240,11 @@ def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> 
     first = None
     tally = SubtaskTally()
     try:
-        while sim.status == RUNNING:
+        while sim.status == RUNNING or sim.tip_rule_pending():
             if step % steps_per_frame == 0:
                 truth = sim.phase.subtask
                 chunk = source.chunk(sim, observe(sim))
-                if chunk.decoded is not None:
+                if chunk.decoded is not None and sim.status == RUNNING:
                     tally.add(chunk.decoded, truth)
                 if first is None:
                     first = chunk
@@ -260,6 +270,15 @@ def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> 
         "words_azimuth_rad": None if words_azimuth is None else round(words_azimuth, 4),
         "wall_s": round(time.perf_counter() - started, 3),
     }
+    if task.kind == "touch":
+        report = sim.episode_report()
+        record.update(
+            touch_contact=sim.status == "success",
+            touch_tip=report["tip_rule_s"] is not None,
+            tip_rule_s=report["tip_rule_s"],
+            touched_first=report["touched_first"],
+            reason=report["reason"],
+        )
     if source.mode == "predicted":
         record.update(tally.record())
     return record
@@ -356,6 +375,15 @@ def summarise(
         "heading_correlation": heading_correlation(episodes),
         "heading_noise_share": noise["share"] if noise else float("nan"),
     }
+    summary["wrong_cube"] = sum(e["status"] == "wrong_cube" for e in episodes)
+    touches = [e for e in episodes if "touch_tip" in e]
+    if touches:  # both touch rules side by side
+        tip = sum(e["touch_tip"] for e in touches)
+        summary.update(
+            touch_contact=sum(e["touch_contact"] for e in touches) / len(touches),
+            touch_tip=tip / len(touches),
+            touch_tip_successes=tip,
+        )
     if noise:
         summary["heading_noise"] = noise
     if mode == "lying":
@@ -418,7 +446,13 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         "tasks": args.tasks,
         "subtask": args.subtask,
         "success": f"{summary['successes']}/{summary['episodes']} ({low:.2f}-{high:.2f})",
+        "wrong cube": str(summary["wrong_cube"]),
         "time to success s": f"{summary['time_to_success_s']:.2f}",
+        **(
+            {"tip rule": f"{summary['touch_tip_successes']}/{summary['episodes']}"}
+            if "touch_tip" in summary
+            else {}
+        ),
         "median closest m": f"{summary['closest_tip_to_cube_m']:.3f}",
         "heading corr": f"{summary['heading_correlation']:.2f}",
         "noise share": f"{summary['heading_noise_share']:.2f}",
