@@ -37,20 +37,49 @@ def served(client: OpenpiClient, frames: int = 2) -> bool:
     return True
 
 
-def test_sessions_beyond_the_limit_are_refused_at_the_handshake(droid):
-    server = make_server(droid, max_sessions=2)
+def test_sessions_beyond_the_limit_are_refused_when_none_is_idle(droid):
+    """Two robots sending observations back to back hold both places: a third is refused (503 at
+    the handshake, or 1013 "server full" once the grace passed with no session idle that long),
+    and the working robots are never evicted for it."""
+    server = make_server(droid, max_sessions=2, idle_grace_s=1.0)
     with serve_in_thread(server) as running:
-        with OpenpiClient(running.uri) as first, OpenpiClient(running.uri):
-            with pytest.raises(websockets.InvalidStatus) as refused:
-                OpenpiClient(running.uri)
-            assert refused.value.response.status_code == 503
-            assert b"2 sessions" in refused.value.response.body
-            assert served(first)
+        robots = [OpenpiClient(running.uri), OpenpiClient(running.uri)]
+        stop = threading.Event()
+        frames = [0, 0]
+
+        def work(i: int) -> None:
+            while not stop.is_set():
+                assert served(robots[i], 1)
+                frames[i] += 1
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            assert wait_for(lambda: min(frames) >= 1)
+            try:
+                OpenpiClient(running.uri).close()
+                refusal = "admitted"
+            except websockets.InvalidStatus as error:
+                assert b"2 sessions" in error.response.body
+                refusal = error.response.status_code
+            except websockets.ConnectionClosed as error:
+                refusal = error.rcvd.reason if error.rcvd else "no close frame"
+            assert refusal in (503, "server full: 2 sessions open"), refusal
+            seen = list(frames)
+            assert wait_for(lambda: all(f > s for f, s in zip(frames, seen, strict=True)))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(120)
+        for robot in robots:
+            robot.close()
         # a closed session frees its place
         assert wait_for(lambda: len(server.sessions) == 0)
         with OpenpiClient(running.uri) as again:
             assert served(again)
     assert server.counters.get("refused_sessions_full") == 1
+    assert server.counters.get("sessions_evicted_idle") == 0
 
 
 def test_a_hundred_connections_at_once(droid):
@@ -137,9 +166,9 @@ def test_a_fault_outside_the_engine_answers_the_batch_and_serving_goes_on(droid,
             raise RuntimeError("injected fault after the actions")
         return real_acted(self, chunk, *language)
 
-    monkeypatch.setattr(Session, "acted", acted_failing_once)
     server = make_server(droid)
     with serve_in_thread(server) as running, OpenpiClient(running.uri) as client:
+        monkeypatch.setattr(Session, "acted", acted_failing_once)  # after the warm-up frame
         with pytest.raises(RuntimeError, match="inference failed: RuntimeError: injected fault"):
             client.infer(droid_observation(1))
         assert served(client, 2)
