@@ -20,6 +20,7 @@ from oxygen_ros.sim.recording import (
     write_demonstrations,
 )
 from oxygen_ros.sim.scene import HOME
+from oxygen_ros.sim.tasks import parse_task, random_layout
 from oxygen_ros.tools.sim_dataset import main as sim_dataset_main
 from oxygen_ros.training.dataset import load_training_frames
 
@@ -59,8 +60,8 @@ def test_a_touch_episode_records_every_frame_of_the_expert(sim):
 
 
 def test_settling_records_the_whole_reach_and_a_moment_at_the_goal(sim):
-    """Past the touch (3 cm) the expert finishes its reach to 1.7 cm above the cube's centre and
-    holds there; the settling frames keep the reach's labels."""
+    """Past the touch (the first contact) the expert keeps its finger on the cube's top and holds
+    there, without pushing the cube; the settling frames keep the reach's labels."""
     plain = record_episode(sim, EpisodeSpec("touch", SEED))
     settled = record_episode(sim, EpisodeSpec("touch", SEED, settle_s=1.0))
     assert settled.status == SUCCESS
@@ -72,8 +73,10 @@ def test_settling_records_the_whole_reach_and_a_moment_at_the_goal(sim):
         np.stack(settled.frames["action"][: len(plain)]), np.stack(plain.frames["action"])
     )
     assert set(settled.frames["subtask"][len(plain) :]) == {plain.frames["subtask"][-1]}
-    tip_to_cube = sim.facts().tip_to_cube  # the scene as the last settling frame left it
-    assert tip_to_cube < 0.022  # well inside the 3 cm where the plain recording stops
+    cube = parse_task(settled.task).cube  # the scene as the last settling frame left it
+    assert cube in sim.world.cubes_touched()  # still resting on the cube
+    start = random_layout(np.random.default_rng(SEED)).cubes[cube][:2]
+    assert np.linalg.norm(sim.world.cube_position(cube)[:2] - start) < 0.003  # not pushed away
     states = np.stack(settled.frames["observation.state"])
     assert np.abs(states[-1] - states[-3]).max() < 0.02  # holding, not moving on
     with pytest.raises(ValueError, match="settle_s"):

@@ -223,9 +223,10 @@ def _tip_settled_over_cube(sim: Simulation, seed: int, sideways_m: float) -> flo
 
 
 def test_touching_needs_the_tip_within_a_centimetre_and_a_half_sideways():
-    """Why a policy that heads for the right cube still misses it: 1 cm to the side the tip gets
-    down to 2 cm from the cube's centre, 2 cm to the side the hand rests on the cube's top and
-    the tip stays beyond the 3 cm a touch needs (measured: 3.1-3.3 cm)."""
+    """Why the old tip rule (kept as sim-policy's ``touch_tip``) missed touches: 1 cm to the side
+    the tip gets down to 2 cm from the cube's centre, 2 cm to the side the hand rests on the
+    cube's top and the tip stays beyond the rule's 3 cm (measured: 3.1-3.3 cm). The contact rule
+    counts that hand as touching (test_sim_touch)."""
     sim = Simulation(episode_timeout_s=0.5)  # the episode times out early; physics goes on
     try:
         for seed in (7000, 7001, 7002):
