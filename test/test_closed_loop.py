@@ -18,7 +18,9 @@ from safetensors.torch import load_file, save_file
 from oxygen_ros.sim.tasks import Task, parse_task
 from oxygen_ros.tools.benches import closed_loop
 from oxygen_ros.tools.benches import closed_loop_metrics as m
+from oxygen_ros.tools.benches.closed_loop_ros import Recording
 from oxygen_ros.tools.benches.closed_loop_settings import (
+    Setting,
     all_settings,
     guided_variant,
     parse_delays,
@@ -86,6 +88,54 @@ def test_language_judging_against_the_sims_own_texts():
         "reaching for the red cube",
     )
     assert m.names_colour("the red one", "red") and not m.names_colour("red or blue", "red")
+
+
+def test_place_words_are_judged_against_the_sims_own_at_that_moment():
+    touch = Task("touch", "red")
+    timeline = [(0.0, "touch the red cube, far left"), (5.0, "touch the red cube, near centre")]
+    assert m.said_place("Touch the red cube,  far left") == "far left"
+    assert m.said_place("reaching for the red cube") == ""
+    places = m.sim_places(timeline, 1.0, 2.0)
+    assert places == {"far left"}
+    wrong = "touch the red cube, near right"
+    assert m.judge_text(touch, wrong, {"reach"})  # the right cube and phase ...
+    assert m.judge_place(wrong, places) is False  # ... in the wrong place
+    assert m.judge_place("reaching for the red cube, far left", places) is True
+    assert m.judge_place("reaching for the red cube", places) is False  # the sim said where
+    assert m.judge_place("touch the red cube, far left", set()) is False  # the sim said nowhere
+    assert m.judge_place("touch the red cube", set()) is None  # neither: nothing to judge
+    # a window over the sim's change of place: either place was the sim's then
+    assert m.sim_places(timeline, 4.5, 5.5) == {"far left", "near centre"}
+    assert m.judge_place(wrong, m.sim_places(timeline, 4.5, 5.5)) is False
+
+
+def test_an_episode_naming_the_right_cube_in_the_wrong_place_is_cube_right_place_wrong():
+    task = Task("touch", "red")
+    rec = Recording("")
+    rec.reports = [
+        (0.0, {"episode": 1, "status": "running"}),
+        (9.0, {"episode": 1, "status": "timeout", "elapsed_s": 8.0}),
+    ]
+    rec.sim_subtasks = [(0.5, "touch the red cube, far left")]
+    rec.narrations = [
+        (2.0, "[narration] reaching for the red cube, near right"),
+        (3.0, "[narration] reaching for the red cube, far left"),
+    ]
+    rec.policy_subtasks = [(2.5, "touch the red cube, near right")]
+    episode = closed_loop.measure(rec, task, 1, answer=(4.0, "the red cube, near right"))
+    assert episode["narrations_right"] == 2 and episode["narrations_placed"] == 2
+    assert episode["narrations_place_right"] == 1
+    assert episode["subtasks_right"] == 1 and episode["subtasks_place_right"] == 0
+    assert episode["answer_names_target"] and episode["answer_place_right"] is False
+    episode |= {"setting": "ask", "wall_s": 1.0}
+    (row,) = closed_loop.summarise([Setting("ask")], [episode])
+    assert (row["narr_ok"], row["narr_place_ok"]) == (1.0, 0.5)
+    assert (row["subtask_ok"], row["subtask_place_ok"]) == (1.0, 0.0)
+    assert (row["ask_ok"], row["ask_place_ok"]) == (1.0, 0.0)
+    assert set(closed_loop.COLUMNS) <= set(row)
+    # the trained answer says no place: its cube is judged, its place is not
+    plain = closed_loop.measure(rec, task, 1, answer=(4.0, "the red cube"))
+    assert plain["answer_names_target"] and "answer_place_right" not in plain
 
 
 def test_settings_delays_and_selection():
@@ -237,6 +287,6 @@ def test_the_shipped_policy_drives_the_arm_and_names_its_target(tmp_path):
     for episode in out["episodes"]:
         assert episode["status"] in ("success", "timeout"), episode
         colour = parse_task(episode["task"]).cube
-        narrations = [text for text, _ in episode["texts"]["narration"]]
+        narrations = [text for text, *_ in episode["texts"]["narration"]]
         assert narrations, f"no narration in {episode['task']!r}"
         assert all(colour in text for text in narrations), (episode["task"], narrations)

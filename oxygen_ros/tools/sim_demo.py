@@ -5,7 +5,7 @@ The sim (``oxygen-sim``) and the policy node (``config/sim_policy.yaml`` with th
 processes in a private ROS graph; this process resets an episode per task, activates the node and
 prints a line per second — sim time, the sim's own phase, the node's latest narration and
 subtask, chunks — then the sim's verdict. The processes and the ROS plumbing are the closed-loop
-bench's (:mod:`oxygen_ros.tools.benches.closed_loop_ros`); its numbers are the bench's to measure.
+benches' (:mod:`oxygen_ros.tools.benches.harness`); its numbers are the benches' to measure.
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ import time
 from pathlib import Path
 
 from oxygen_ros.tools.benches.closed_loop_ros import (
+    ACTIVATE,
+    CONFIGURE,
+    DEACTIVATE,
     BenchNode,
-    Process,
-    config_file,
-    ros_environment,
-    start_policy,
-    start_sim,
+    episode_wall_limit,
     wait_for,
 )
+from oxygen_ros.tools.benches.harness import Rig, config_file
 
-CONFIGURE, ACTIVATE, DEACTIVATE = 1, 3, 4  # lifecycle_msgs/Transition ids
 TASKS = ("touch the red cube", "touch the blue cube", "touch the green cube")
 SHIPPED_CHECKPOINT = "models/sim_so101"
 
@@ -43,30 +42,21 @@ def shipped_checkpoint() -> Path:
 def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> int:
     """Run ``episodes`` episodes (the touch tasks in turn, seed = episode number); 0 when every
     episode ended with the sim's verdict (success or timeout)."""
-    env = ros_environment()
     work = work or Path(tempfile.mkdtemp(prefix="oxygen_sim_demo_"))
     work.mkdir(parents=True, exist_ok=True)
     checkpoint = shipped_checkpoint()
     print(f"sim demo: {checkpoint} driving the simulated arm; logs in {work}", flush=True)
-    processes: list[Process] = [
-        start_sim(env, work, timeout_s),
-        start_policy(env, work, config_file("sim_policy.yaml"), checkpoint),
-    ]
-    bench = BenchNode(namespaces=("",))
     ended = successes = 0
-    try:
-        bench.wait_for_policy()
-        if not bench.transition(CONFIGURE):
+    with Rig(work) as rig:
+        rig.start_sim(timeout_s)
+        rig.start_policy(config_file("sim_policy.yaml"), checkpoint)
+        if not rig.bench.transition(CONFIGURE):
             raise RuntimeError(f"the policy node did not configure: see {work}/policy_node.log")
         for index in range(episodes):
             task = TASKS[index % len(TASKS)]
-            status = _episode(bench, task, seed=index, timeout_s=timeout_s)
+            status = _episode(rig.bench, task, seed=index, timeout_s=timeout_s)
             ended += status in ("success", "timeout")
             successes += status == "success"
-    finally:
-        bench.close()
-        for process in reversed(processes):
-            process.stop()
     print(f"sim demo summary: {successes} of {episodes} episodes succeeded", flush=True)
     return 0 if ended == episodes else 1
 
@@ -81,12 +71,8 @@ def _episode(bench: BenchNode, task: str, seed: int, timeout_s: float) -> str:
     if not bench.transition(ACTIVATE):
         raise RuntimeError("the policy node did not activate")
 
-    def over() -> bool:
-        report = bench.report("")
-        return report.get("episode") == index and report.get("status") != "running"
-
-    deadline = time.monotonic() + 4 * timeout_s + 30.0  # a slow machine slows sim time
-    while not wait_for(over, 1.0) and time.monotonic() < deadline:
+    deadline = time.monotonic() + episode_wall_limit(timeout_s)
+    while not wait_for(lambda: bench.episode_ended("", index), 1.0) and time.monotonic() < deadline:
         with bench.lock:
             phase = rec.sim_subtasks[-1][1] if rec.sim_subtasks else ""
             said = rec.narrations[-1][1] if rec.narrations else ""

@@ -30,28 +30,23 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
+from oxygen_ros.sim.tasks import Task
 from oxygen_ros.tools.benches import closed_loop_metrics as m
-from oxygen_ros.tools.benches import common
+from oxygen_ros.tools.benches import harness
 from oxygen_ros.tools.benches.closed_loop_ros import (
+    ACTIVATE,
+    CLEANUP,
+    CONFIGURE,
+    DEACTIVATE,
     EXPERT_NAMESPACE,
     STATE_ACTIVE,
     STATE_INACTIVE,
-    BenchNode,
-    Process,
     Recording,
-    config_file,
-    ros_environment,
-    start_busy,
-    start_policy,
-    start_sim,
+    episode_wall_limit,
     wait_for,
 )
 from oxygen_ros.tools.benches.closed_loop_settings import (
@@ -70,11 +65,9 @@ from oxygen_ros.tools.benches.closed_loop_settings import (
     random_variant,
     select,
 )
+from oxygen_ros.tools.benches.harness import Rig, Setup, round_task
 
 HELP = "episodes on the simulated arm through the real node over DDS, per setting"
-CONFIGURE, CLEANUP, ACTIVATE, DEACTIVATE = 1, 2, 3, 4  # lifecycle_msgs/Transition ids
-CUBES = ("red", "green", "blue")
-PADS = ("green", "blue")
 COLUMNS = [
     "setting",
     "n",
@@ -91,27 +84,17 @@ COLUMNS = [
     "narr_ok",
     "subtask_ok",
     "ask_ok",
+    "narr_place_ok",
+    "subtask_place_ok",
+    "ask_place_ok",
     "wall_s",
 ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = f"{__doc__}\n{m.__doc__}"
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    harness.add_arguments(parser, timeout_s=20.0)
     parser.add_argument("--episodes", type=int, default=50, help="episodes per setting")
-    parser.add_argument("--json", type=Path, help="write every episode and the table as JSON")
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=Path("models/sim_so101"),
-        help="the trained checkpoint (a LeRobot pi05 folder; default models/sim_so101)",
-    )
-    parser.add_argument(
-        "--params-file",
-        type=Path,
-        default=None,
-        help="the policy node's parameters (default config/sim_policy.yaml)",
-    )
     parser.add_argument(
         "--settings",
         default="all",
@@ -131,31 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "30 %% and half of the 10-step chunk)",
     )
     parser.add_argument(
-        "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=777,
-        help="seed of the rounds' tasks; round r's layout seed is SEED*1000+r (default 777: "
-        "layouts 777000.., apart from the shipped policy's training episodes)",
-    )
-    parser.add_argument(
         "--ask-after-s", type=float, default=2.0, help="ask setting: seconds into the episode"
     )
-    parser.add_argument(
-        "--work", type=Path, help="logs and checkpoint variants (default: a temp dir)"
-    )
-
-
-def round_task(round_index: int, seed: int, kind: str) -> tuple[Task, int]:
-    """Round ``round_index``'s task of ``kind`` and its layout seed (the same for every setting)."""
-    import random
-
-    rng = random.Random(seed * 100_003 + round_index)
-    cube, pad = rng.choice(CUBES), rng.choice(PADS)
-    task = Task(TOUCH, cube) if kind == TOUCH_TASK else Task(PLACE, cube, pad)
-    return task, seed * 1000 + round_index
 
 
 def setting_task_kind(setting: Setting, tasks: str, round_index: int) -> str:
@@ -170,15 +130,9 @@ class EpisodeRunner:
     """Runs one episode of a setting and measures it."""
 
     def __init__(
-        self,
-        bench: BenchNode,
-        env: dict[str, str],
-        work: Path,
-        base: dict[str, Any],
-        checkpoints: dict[str, Path],
-        args: argparse.Namespace,
+        self, rig: Rig, setup: Setup, checkpoints: dict[str, Path], args: argparse.Namespace
     ) -> None:
-        self.bench, self.env, self.work, self.base = bench, env, work, base
+        self.rig, self.bench, self.work, self.base = rig, rig.bench, setup.work, setup.base
         self.checkpoints, self.args = checkpoints, args
         self.signature: tuple | None = None
         self.reconfigures = 0
@@ -221,7 +175,7 @@ class EpisodeRunner:
         rec = bench.start_recording("")
         index = bench.start_episode("", task.text, seed)
         rec.start_sim = bench.now("")
-        busy = start_busy(self.env, self.work) if setting.contention else None
+        busy = self.rig.start_busy() if setting.contention else None
         extra: dict[str, Any] = {}
         try:
             if not bench.transition(ACTIVATE):
@@ -230,7 +184,6 @@ class EpisodeRunner:
             rec.end_sim = bench.now("")
             if answer is not None:
                 extra["answer"] = answer
-                extra["answer_names_target"] = m.names_colour(answer, task.cube)
             bench.transition(DEACTIVATE)
         finally:
             if busy is not None:
@@ -238,31 +191,30 @@ class EpisodeRunner:
         rec = bench.stop_recording()
         return rec, {**extra, "episode": index}
 
-    def _wait_episode(self, ns: str, index: int, ask: bool) -> str | None:
-        """Wait for the episode's end (asking the question on the way when ``ask``); the answer."""
+    def _wait_episode(self, ns: str, index: int, ask: bool) -> tuple[float, str] | None:
+        """Wait for the episode's end (asking the question on the way when ``ask``); the answer
+        and when it came (monotonic s; NaN and "" when none came)."""
         bench, started = self.bench, time.monotonic()
-        limit = 4 * self.args.timeout_s + 30.0  # wall seconds: a slow machine slows sim time
-        pending = None
-
-        def ended() -> bool:
-            report = bench.report(ns)
-            return report.get("episode") == index and report.get("status") != "running"
-
-        while not ended() and time.monotonic() - started < limit:
+        limit = episode_wall_limit(self.args.timeout_s)
+        pending, answered = None, math.nan
+        while not bench.episode_ended(ns, index) and time.monotonic() - started < limit:
             if ask and pending is None and time.monotonic() - started >= self.args.ask_after_s:
                 pending = bench.ask(ASK_QUESTION) or False
+            if pending and math.isnan(answered) and pending.done():
+                answered = time.monotonic()
             time.sleep(0.05)
         if not pending:
-            return "" if ask else None
+            return (math.nan, "") if ask else None
         if not wait_for(pending.done, 20.0):
-            return ""
-        return pending.result().result.text
+            return (math.nan, "")
+        answered = time.monotonic() if math.isnan(answered) else answered
+        return answered, pending.result().result.text
 
     # -- the expert -------------------------------------------------------------------------------
     def _run_expert(self, task: Task, seed: int) -> tuple[Recording, dict]:
         bench = self.bench
         bench.forget_reports(EXPERT_NAMESPACE)
-        sim = start_sim(self.env, self.work, self.args.timeout_s, EXPERT_NAMESPACE, expert=True)
+        sim = self.rig.sim(self.args.timeout_s, EXPERT_NAMESPACE, expert=True)
         try:
             rec = bench.start_recording(EXPERT_NAMESPACE)
             index = bench.start_episode(EXPERT_NAMESPACE, task.text, seed)
@@ -274,9 +226,9 @@ class EpisodeRunner:
             sim.stop()
         return rec, {"episode": index}
 
-    def lost(self, bench: BenchNode) -> None:
+    def lost(self) -> None:
         """After a failed episode: stop recording, reconfigure the node before the next one."""
-        bench.stop_recording()
+        self.bench.stop_recording()
         self.signature = None
 
     def run(self, setting: Setting, task: Task, seed: int, round_index: int) -> dict[str, Any]:
@@ -285,15 +237,17 @@ class EpisodeRunner:
             rec, extra = self._run_expert(task, seed)
         else:
             rec, extra = self._run_policy(setting, task, seed)
-        result = measure(rec, task, extra["episode"])
-        result.update(extra, setting=setting.name, round=round_index, task=task.text, seed=seed)
+        result = measure(rec, task, extra["episode"], extra.get("answer"))
+        result.update(setting=setting.name, round=round_index, task=task.text, seed=seed)
         result["wall_s"] = time.monotonic() - started
         return result
 
 
-def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
-    """One episode's numbers from its recording."""
-    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
+def measure(
+    rec: Recording, task: Task, index: int, answer: tuple[float, str] | None = None
+) -> dict[str, Any]:
+    """One episode's numbers from its recording (and the Ask answer with its arrival time)."""
+    reports = rec.reports_of(index)
     final = reports[-1][1] if reports else {}
     success_at = next((t for t, r in reports if r.get("status") == "success"), None)
     start, end = rec.start_sim, rec.end_sim
@@ -307,14 +261,17 @@ def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
     chunk_stamps = [s for _, _, s in rec.chunks]
     span = (max(chunk_stamps) - min(chunk_stamps)) if len(chunk_stamps) > 1 else 0.0
 
-    def judged(t: float, text: str) -> bool:
-        window = m.sim_phases(task, rec.sim_subtasks, success_at, t - m.JUDGE_TOLERANCE_S, t)
-        return m.judge_text(task, text, window)
+    def judged(t: float, text: str) -> tuple[str, bool, bool | None]:
+        """The text, whether its cube and phase are right, whether its place is (None: unsaid)."""
+        start = t - m.JUDGE_TOLERANCE_S
+        phases = m.sim_phases(task, rec.sim_subtasks, success_at, start, t)
+        places = m.sim_places(rec.sim_subtasks, start, t)
+        return text, m.judge_text(task, text, phases), m.judge_place(text, places)
 
     narrations = [m.strip_kind(raw) + (t,) for t, raw in rec.narrations]
-    narr = [(text, judged(t, text)) for kind, text, t in narrations if kind in ("narration", "")]
-    subs = [(text, judged(t, text)) for t, text in rec.policy_subtasks if text]
-    return {
+    narr = [judged(t, text) for kind, text, t in narrations if kind in ("narration", "")]
+    subs = [judged(t, text) for t, text in rec.policy_subtasks if text]
+    out = {
         "status": final.get("status", "lost"),
         "success": final.get("status") == "success",
         "elapsed_s": final.get("elapsed_s", math.nan),
@@ -329,11 +286,23 @@ def measure(rec: Recording, task: Task, index: int) -> dict[str, Any]:
         "chunks_late": sum(not on_time for _, on_time, _ in rec.chunks),
         "chunk_rate_hz": (len(chunk_stamps) - 1) / span if span > 0 else math.nan,
         "narrations": len(narr),
-        "narrations_right": sum(right for _, right in narr),
+        "narrations_right": sum(right for _, right, _ in narr),
+        "narrations_placed": sum(place is not None for *_, place in narr),
+        "narrations_place_right": sum(place is True for *_, place in narr),
         "subtasks": len(subs),
-        "subtasks_right": sum(right for _, right in subs),
-        "texts": {"narration": narr, "subtask": subs},  # (text, judged right)
+        "subtasks_right": sum(right for _, right, _ in subs),
+        "subtasks_placed": sum(place is not None for *_, place in subs),
+        "subtasks_place_right": sum(place is True for *_, place in subs),
+        "texts": {"narration": narr, "subtask": subs},  # (text, cube and phase right, place right)
     }
+    if answer is not None:
+        at, text = answer
+        out["answer"] = text
+        out["answer_names_target"] = m.names_colour(text, task.cube)
+        if m.said_place(text):  # the trained answer says none: judged only when it does
+            places = m.sim_places(rec.sim_subtasks, at - m.JUDGE_TOLERANCE_S, at)
+            out["answer_place_right"] = bool(m.judge_place(text, places))
+    return out
 
 
 def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, Any]]:
@@ -346,6 +315,7 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
         n, wins = len(mine), sum(e["success"] for e in mine)
         low, high = m.wilson_interval(wins, n)
         asked = [e for e in mine if "answer_names_target" in e]
+        placed = [e for e in mine if "answer_place_right" in e]
         rows.append(
             {
                 "setting": setting.name,
@@ -370,6 +340,17 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
                 ),
                 "ask_ok": m.fraction_or_nan(
                     sum(e["answer_names_target"] for e in asked), len(asked)
+                ),
+                "narr_place_ok": m.fraction_or_nan(
+                    sum(e["narrations_place_right"] for e in mine),
+                    sum(e["narrations_placed"] for e in mine),
+                ),
+                "subtask_place_ok": m.fraction_or_nan(
+                    sum(e["subtasks_place_right"] for e in mine),
+                    sum(e["subtasks_placed"] for e in mine),
+                ),
+                "ask_place_ok": m.fraction_or_nan(
+                    sum(e["answer_place_right"] for e in placed), len(placed)
                 ),
                 "wall_s": m.mean_or_nan([e["wall_s"] for e in mine]),
                 "errors": len(ran) - len(mine),
@@ -397,34 +378,23 @@ def _checkpoints(checkpoint: Path, settings: list[Setting], work: Path) -> dict[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    checkpoint = args.checkpoint.resolve()
-    if (
-        not (checkpoint / "config.json").is_file()
-        and not (checkpoint / "model.safetensors").is_file()
-    ):
-        raise SystemExit(f"oxygen-bench closed-loop: no checkpoint in {checkpoint}")
-    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
-    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
-    delays = parse_delays(args.delays, float(base.get("action_dt", 0.1)))
+    setup = harness.prepare(args, "closed-loop")
+    delays = parse_delays(args.delays, float(setup.base.get("action_dt", 0.1)))
     try:
-        settings = select(all_settings(delays, declares_trained_rtc(checkpoint)), args.settings)
+        settings = select(
+            all_settings(delays, declares_trained_rtc(setup.checkpoint)), args.settings
+        )
     except ValueError as exc:
-        raise SystemExit(f"oxygen-bench closed-loop: {exc}") from exc
-    work = args.work or Path(tempfile.mkdtemp(prefix="closed_loop_"))
-    work.mkdir(parents=True, exist_ok=True)
-    checkpoints = _checkpoints(checkpoint, settings, work)
-    env = ros_environment()
-    print(f"closed-loop: {len(settings)} settings x {args.episodes} episodes; logs in {work}")
-    processes: list[Process] = []
-    bench = BenchNode()
+        raise setup.fail(str(exc)) from exc
+    checkpoints = _checkpoints(setup.checkpoint, settings, setup.work)
+    print(f"closed-loop: {len(settings)} settings x {args.episodes} episodes; logs in {setup.work}")
     episodes: list[dict] = []
     started = time.monotonic()
-    try:
+    with Rig(setup.work, namespaces=("", EXPERT_NAMESPACE)) as rig:
         if any(s.driver != EXPERT for s in settings):
-            processes.append(start_sim(env, work, args.timeout_s))
-            processes.append(start_policy(env, work, params_file, checkpoints[TRAINED]))
-            bench.wait_for_policy()
-        runner = EpisodeRunner(bench, env, work, base, checkpoints, args)
+            rig.start_sim(args.timeout_s)
+            rig.start_policy(setup.params_file, checkpoints[TRAINED])
+        runner = EpisodeRunner(rig, setup, checkpoints, args)
         for round_index in range(args.episodes):
             for setting in _ordered(settings, round_index):
                 kind = setting_task_kind(setting, args.tasks, round_index)
@@ -432,7 +402,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     result = runner.run(setting, task, seed, round_index)
                 except (RuntimeError, TimeoutError) as exc:  # one lost episode, not the whole run
-                    runner.lost(bench)
+                    runner.lost()
                     result = {"setting": setting.name, "round": round_index, "task": task.text}
                     result.update(status="error", error=str(exc), elapsed_s=math.nan, wall_s=0.0)
                 episodes.append(result)
@@ -443,22 +413,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{task.text!r}",
                     flush=True,
                 )
-    finally:
-        bench.close()
-        for process in reversed(processes):
-            process.stop()
-    rows = summarise(settings, episodes)
-    common.print_table(rows, COLUMNS)
-    out = {
-        "checkpoint": str(checkpoint),
-        "params_file": str(params_file),
-        "episodes_per_setting": args.episodes,
-        "timeout_s": args.timeout_s,
-        "delays": [{"steps": s, "ms": ms} for s, ms in delays],
-        "wall_s": time.monotonic() - started,
-        "reconfigures": runner.reconfigures if episodes else 0,
-        "rows": rows,
-        "episodes": episodes,
-    }
-    common.write_json(args.json, out)
-    return out
+    return harness.report(
+        setup,
+        args,
+        summarise(settings, episodes),
+        COLUMNS,
+        started,
+        episodes_per_setting=args.episodes,
+        timeout_s=args.timeout_s,
+        delays=[{"steps": s, "ms": ms} for s, ms in delays],
+        reconfigures=runner.reconfigures,
+        episodes=episodes,
+    )

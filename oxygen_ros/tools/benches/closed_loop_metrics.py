@@ -23,6 +23,13 @@ Definitions (also in ``oxygen-bench closed-loop --help``):
   before, for decoding latency). The text's phase is the sim phase whose own subtask or narration
   text shares the most words with it (:func:`text_phases`, :func:`judge_text`; the texts come
   from the sim's language module).
+* **place**: apart from that (a separate share, so that tables before it stay comparable), the
+  place words a text ends with (", far left": where the task's cube is, as the sim's texts say
+  while reaching; :func:`said_place`) are judged against those of the sim's own subtask in force
+  when it arrived (within :data:`JUDGE_TOLERANCE_S` before): right when the sim said that place;
+  wrong when the sim said another, or none, or said one and the text none; not judged when neither
+  says a place (:func:`judge_place`). An Ask answer is judged on its place only when it says one
+  (the trained answer, "the red cube", does not).
 """
 
 from __future__ import annotations
@@ -185,14 +192,41 @@ def sim_phases(
     """The phases the sim was in at some time in [start, end]: ``subtasks`` is its timeline of
     (time, sim/subtask), ``success_at`` when it reported success (None: never); "done" only once
     it succeeded (touch publishes one subtask for reach and done)."""
-    current = [text for t, text in subtasks if t <= start][-1:]
-    texts = current + [text for t, text in subtasks if start < t <= end]
+    texts = subtasks_in_force(subtasks, start, end)
     phases = set().union(*(phases_of_subtask(task, text) for text in texts)) if texts else set()
     if success_at is None or success_at > end:
         phases.discard("done")
     elif success_at <= start:
         phases = {"done"}
     return phases
+
+
+def subtasks_in_force(subtasks: Sequence[tuple[float, str]], start: float, end: float) -> list[str]:
+    """The sim's subtasks in force at some time in [start, end] of its timeline ``subtasks``
+    ((time, text) in order): the one at ``start`` and every later one up to ``end``."""
+    current = [text for t, text in subtasks if t <= start][-1:]
+    return current + [text for t, text in subtasks if start < t <= end]
+
+
+def said_place(text: str) -> str:
+    """The place words ``text`` ends with, as the sim's texts carry them ("touch the red cube, far
+    left" -> "far left"); "" for none. Read with the sim's own rule (``without_place``)."""
+    text = " ".join(text.lower().split())
+    return text[len(without_place(text)) :].lstrip(", ")
+
+
+def sim_places(subtasks: Sequence[tuple[float, str]], start: float, end: float) -> set[str]:
+    """The places the sim's subtasks in force at some time in [start, end] said."""
+    return {said_place(text) for text in subtasks_in_force(subtasks, start, end)} - {""}
+
+
+def judge_place(text: str, places: set[str]) -> bool | None:
+    """Whether ``text`` says the place the sim said (``places``: its places at that moment, from
+    :func:`sim_places`); None when neither says one (nothing to judge)."""
+    said = said_place(text)
+    if not said and not places:
+        return None
+    return said in places
 
 
 def strip_kind(text: str) -> tuple[str, str]:

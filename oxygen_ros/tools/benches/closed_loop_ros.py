@@ -1,13 +1,8 @@
-"""The closed-loop bench's processes and its own ROS node.
-
-* :func:`start_sim`, :func:`start_policy`, :func:`start_busy`: the sim node (``oxygen-sim``,
-  with ``--expert`` in its own namespace for the expert setting), the policy node
-  (``python -m oxygen_ros.ros.node`` with ``config/sim_policy.yaml`` and the two remaps onto the
-  sim's controllers) and a competing busy process, as subprocesses in one ROS graph;
-* :class:`BenchNode`: records what an episode needs (joint states, the trajectories the sim's
-  controllers receive, the sim's subtasks and episode reports, the policy's chunks, subtasks and
-  narrations), drives the policy node's lifecycle and parameters, the sim's reset and the Ask
-  action.
+"""The closed-loop benches' own ROS node (:class:`BenchNode`): it records what an episode needs
+(joint states, the trajectories the sim's controllers receive, the sim's subtasks and episode
+reports, the policy's chunks, subtasks and narrations) into a :class:`Recording`, and drives the
+policy node's lifecycle and parameters, the sim's reset and the Ask action. The processes it
+watches are started by :mod:`.harness`.
 
 A fresh DDS client can lose the reply to its first request: requests that change nothing are
 resent, lifecycle transitions go out on a client primed with a harmless request (as
@@ -18,16 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,94 +42,12 @@ from oxygen_ros.tools.benches.closed_loop_metrics import Plan
 POLICY_NODE = "oxygen_node"
 EXPERT_NAMESPACE = "expert"
 STATE_UNCONFIGURED, STATE_INACTIVE, STATE_ACTIVE = 1, 2, 3
+CONFIGURE, CLEANUP, ACTIVATE, DEACTIVATE = 1, 2, 3, 4  # lifecycle_msgs/Transition ids
 NO_TRANSITION = "oxygen_bench_no_such_transition"  # answered False, changes nothing
-REMAPS = (
-    "-r",
-    "~/joint_trajectory:=arm_controller/joint_trajectory",
-    "-r",
-    "~/gripper_trajectory:=gripper_controller/joint_trajectory",
-)
 LATCHED = QoSProfile(
     depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
 )
 RELIABLE = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-
-
-def ros_environment() -> dict[str, str]:
-    """This process's environment for a private ROS graph: localhost discovery and a random
-    ROS_DOMAIN_ID (as test/conftest.py), unless already set. Call before rclpy starts."""
-    env = os.environ
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    if env.get("ROS_DISTRO") == "humble":
-        env.setdefault("ROS_LOCALHOST_ONLY", "1")
-    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(101, 200)))
-    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
-    if not env.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
-        env["AMENT_PREFIX_PATH"] = sys.prefix
-    return dict(env, PYTHONUNBUFFERED="1")
-
-
-def config_file(name: str) -> Path:
-    """A shipped config: the repository's config/ (a source checkout) or share/oxygen_ros/."""
-    repo = Path(__file__).resolve().parents[3] / "config" / name
-    if repo.is_file():
-        return repo
-    from ament_index_python.packages import get_package_share_directory
-
-    return Path(get_package_share_directory("oxygen_ros")) / "config" / name
-
-
-class Process:
-    """A subprocess with its log file; :meth:`stop` sends SIGINT, then kills after ``timeout``."""
-
-    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as log:
-            self.popen = subprocess.Popen(list(args), env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def stop(self, timeout: float = 20.0) -> int:
-        if self.alive():
-            self.popen.send_signal(signal.SIGINT)
-            try:
-                return self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                return self.popen.wait()
-        return self.popen.returncode
-
-
-def start_sim(
-    env: dict[str, str], work: Path, timeout_s: float, namespace: str = "", expert: bool = False
-) -> Process:
-    """``oxygen-sim`` (no episode until a reset), its /clock under its namespace when it has one
-    (so the policy node's sim time follows the main sim only)."""
-    args = [sys.executable, "-m", "oxygen_ros.tools.sim", *(["--expert"] if expert else [])]
-    args += ["--ros-args", "--params-file", str(config_file("sim_so101.yaml"))]
-    args += ["-p", "autostart:=false", "-p", f"episode_timeout_s:={float(timeout_s)}"]
-    if namespace:
-        args += ["-r", f"__ns:=/{namespace}", "-r", f"/clock:=/{namespace}/clock"]
-    return Process(args, env, work / f"sim{'_' + namespace if namespace else ''}.log")
-
-
-def start_policy(env: dict[str, str], work: Path, params_file: Path, checkpoint: Path) -> Process:
-    """The policy node with ``params_file``, unconfigured (the bench configures it)."""
-    args = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
-    args += ["--params-file", str(params_file)]
-    args += ["-p", f"checkpoint_dir:={checkpoint}", "-p", "autostart:=false", *REMAPS]
-    return Process(args, env, work / "policy_node.log")
-
-
-def start_busy(env: dict[str, str], work: Path) -> Process:
-    """A competing process that keeps one core busy until stopped."""
-    code = "import signal,sys\nsignal.signal(signal.SIGINT, lambda *a: sys.exit(0))\nwhile 1: pass"
-    return Process([sys.executable, "-c", code], env, work / "busy.log")
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -169,6 +76,32 @@ class Recording:
     chunks: list[tuple[float, bool, float]] = field(default_factory=list)  # (m_, on time, stamp)
     policy_subtasks: list[tuple[float, str]] = field(default_factory=list)  # (m_, text)
     narrations: list[tuple[float, str]] = field(default_factory=list)  # (m_, "[kind] text")
+
+    def reports_of(self, index: int) -> list[tuple[float, dict]]:
+        """The sim's reports of episode ``index``."""
+        return [(t, r) for t, r in self.reports if r.get("episode") == index]
+
+    def ended_at(self, index: int) -> float:
+        """When this process heard episode ``index`` end (monotonic s; NaN: never)."""
+        ends = (t for t, r in self.reports_of(index) if r.get("status") not in (None, "running"))
+        return next(ends, math.nan)
+
+    def outcome(self, index: int, fault_at: float | None = None) -> str:
+        """The sim's verdict on episode ``index`` ("lost": no report), "... before the fault"
+        when it ended before ``fault_at`` (monotonic s)."""
+        reports = self.reports_of(index)
+        if not reports:
+            return "lost"
+        final = reports[-1][1].get("status", "lost")
+        if fault_at is not None and self.ended_at(index) < fault_at:
+            return f"{final} before the fault"
+        return final
+
+
+def episode_wall_limit(timeout_s: float) -> float:
+    """Wall seconds to wait for an episode of ``timeout_s`` sim seconds: a slow machine slows sim
+    time."""
+    return 4 * timeout_s + 30.0
 
 
 class BenchNode:
@@ -312,6 +245,15 @@ class BenchNode:
     def report(self, ns: str) -> dict:
         with self.lock:
             return dict(self.reports.get(ns, {}))
+
+    def episode_ended(self, ns: str, index: int) -> bool:
+        """Whether the sim in ``ns`` has reported episode ``index`` over."""
+        report = self.report(ns)
+        return report.get("episode") == index and report.get("status") != "running"
+
+    def wait_episode_end(self, ns: str, index: int, timeout_s: float) -> bool:
+        """Wait for episode ``index`` (of ``timeout_s`` sim seconds) to end; False: it did not."""
+        return wait_for(lambda: self.episode_ended(ns, index), episode_wall_limit(timeout_s))
 
     # -- services ---------------------------------------------------------------------------------
     def _send(self, client: Any, request: Any, timeout: float, tries: int = 1) -> Any:

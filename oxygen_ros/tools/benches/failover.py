@@ -49,49 +49,37 @@ scenario through :func:`run` for its table).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import signal
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.ros.convert import stamp_to_seconds
-from oxygen_ros.serving.client import PolicyClient
-from oxygen_ros.tools.benches import common
-from oxygen_ros.tools.benches.closed_loop import round_task
+from oxygen_ros.tools.benches import harness
 from oxygen_ros.tools.benches.closed_loop_ros import (
+    ACTIVATE,
+    CONFIGURE,
+    DEACTIVATE,
     POLICY_NODE,
     RELIABLE,
-    REMAPS,
     STATE_ACTIVE,
     BenchNode,
-    Process,
     Recording,
-    config_file,
-    ros_environment,
-    start_sim,
     wait_for,
 )
-from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+from oxygen_ros.tools.benches.harness import Process, Rig, Servers, round_task
 
 HELP = "the sim arm through the node over two oxygen-serve processes: one dies mid-episode"
-CONFIGURE, ACTIVATE, DEACTIVATE = 1, 3, 4  # lifecycle_msgs/Transition ids
 LOG_FORMAT = "[{severity}] [{time}] [{name}]: {message}"  # the node's log, for the switch time
-WARM_UP_FRAMES, WARM_UP_SIDE = 3, 128
 COLUMNS = [
     "fault",
     "period_s",
@@ -124,34 +112,15 @@ SCENARIOS = (
 )
 
 
-def select_scenarios(text: str) -> list[Scenario]:
-    """``all`` or comma-separated scenario keys, in the order of :data:`SCENARIOS`."""
-    if text == "all":
-        return list(SCENARIOS)
-    keys = {key.strip() for key in text.split(",") if key.strip()}
-    unknown = sorted(keys - {s.key for s in SCENARIOS})
-    if unknown or not keys:
-        raise ValueError(f"unknown scenarios {unknown}; choose from kill, hang or all")
-    return [s for s in SCENARIOS if s.key in keys]
+def select_scenarios(text: str) -> list:
+    """``all`` or comma-separated keys of :data:`SCENARIOS`, in its order (ValueError: unknown)."""
+    return harness.choose(text, SCENARIOS, "scenarios")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    harness.add_arguments(parser, timeout_s=20.0, warm_s=0.5)
     parser.add_argument("--scenarios", default="all", help="kill, hang or all (default)")
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=Path("models/sim_so101"),
-        help="what both servers serve (a LeRobot pi05 folder; default models/sim_so101)",
-    )
-    parser.add_argument(
-        "--params-file",
-        type=Path,
-        default=None,
-        help="the policy node's parameters (default config/sim_policy.yaml; engine remote and "
-        "the two servers are set on top)",
-    )
     parser.add_argument(
         "--server-timeout-ms",
         type=float,
@@ -159,22 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the node's server_timeout_ms (default 0: one tick period)",
     )
     parser.add_argument(
-        "--warm-s",
-        type=float,
-        default=0.5,
-        help="wall seconds of driving before the fault (after the first trajectory)",
-    )
-    parser.add_argument(
         "--repeats", type=int, default=1, help="episodes per scenario (scenarios take turns)"
     )
-    parser.add_argument(
-        "--timeout-s", type=float, default=20.0, help="episode timeout in sim seconds"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=777, help="task and layout seed, as closed-loop's --seed"
-    )
-    parser.add_argument("--json", type=Path, help="write the table and each episode's details")
-    parser.add_argument("--work", type=Path, help="logs (default: a temp dir)")
 
 
 # -- what reaches this process ---------------------------------------------------------------------
@@ -247,6 +202,9 @@ class Watch:
     def trajectories_list(self) -> list[Received]:
         with self._lock:
             return list(self.trajectories)
+
+    def trajectory_times(self) -> list[float]:
+        return [t.at for t in self.trajectories_list()]
 
 
 @dataclass(frozen=True)
@@ -329,8 +287,8 @@ def measure(
         "horizon_s": horizon,
         "held_s": held,
         "moved_rad": _moved(rec, horizon_end, new_arrival) if held and held > 0 else 0.0,
-        "outcome": _outcome(rec, index, fault.at),
-        "end_s": _ended_at(rec, index) - fault.at,
+        "outcome": rec.outcome(index, fault.at),
+        "end_s": rec.ended_at(index) - fault.at,
         "chunks_after": len(after),
         "chunks_before": len(before),
     }
@@ -344,23 +302,6 @@ def _moved(rec: Recording, start: float, end: float) -> float:
     if len(held) < 2:
         return 0.0
     return max(abs(a - b) for q in held for a, b in zip(q, held[0], strict=True))
-
-
-def _ended_at(rec: Recording, index: int) -> float:
-    """When this process heard the episode end (monotonic s; NaN: never)."""
-    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
-    return next((t for t, r in reports if r.get("status") not in (None, "running")), math.nan)
-
-
-def _outcome(rec: Recording, index: int, fault_at: float) -> str:
-    reports = [(t, r) for t, r in rec.reports if r.get("episode") == index]
-    if not reports:
-        return "lost"
-    final = reports[-1][1].get("status", "lost")
-    ended = next((t for t, r in reports if r.get("status") not in (None, "running")), None)
-    if ended is not None and ended < fault_at:
-        return f"{final} before the fault"
-    return final
 
 
 def fault_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -379,91 +320,6 @@ def fault_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# -- the processes ---------------------------------------------------------------------------------
-class Servers:
-    """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run."""
-
-    def __init__(self, checkpoint: Path, work: Path, serve_args: Sequence[str]) -> None:
-        self.checkpoint, self.work, self.serve_args = checkpoint, work, list(serve_args)
-        self.processes = [self._start(free_port(), name) for name in ("a", "b")]
-
-    def _start(self, port: int, name: str) -> ServeProcess:
-        return ServeProcess(self.checkpoint, port, self.work / f"serve_{name}.log", self.serve_args)
-
-    @property
-    def uris(self) -> list[str]:
-        return [process.uri for process in self.processes]
-
-    def wait_ready(self, timeout_s: float) -> None:
-        for process in self.processes:
-            process.wait_healthy(timeout_s)
-            warm_up(process.uri, timeout_s)
-
-    def by_uri(self, uri: str) -> ServeProcess:
-        return next(p for p in self.processes if p.uri == uri)
-
-    def restore(self, hit: ServeProcess, timeout_s: float) -> None:
-        """After a scenario: continue a stopped server, start a killed one again on its port."""
-        if hit.process.poll() is None:
-            hit.process.send_signal(signal.SIGCONT)
-            return
-        index = self.processes.index(hit)
-        self.processes[index] = self._start(hit.port, "ab"[index])
-        self.processes[index].wait_healthy(timeout_s)
-        warm_up(hit.uri, timeout_s)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.process.poll() is None:
-                process.process.send_signal(signal.SIGCONT)  # a stopped one cannot take SIGTERM
-            process.stop()
-
-
-def warm_up(uri: str, timeout_s: float, frames: int = WARM_UP_FRAMES) -> None:
-    """Send a server ``frames`` blank frames of its own model's shape (its first-call costs)."""
-    with PolicyClient(uri) as client:
-        if not client.wait_connected(timeout_s):
-            raise RuntimeError(f"no connection to {uri} to warm it up: {client.last_error}")
-        observation = client.metadata["observation"]
-        message = {
-            "images": {
-                camera: np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)
-                for camera in observation["cameras"]
-            },
-            "state": np.zeros(int(observation["state_dim"]), np.float32),
-            "prompt": "warm up",
-        }
-        for _ in range(frames):
-            client.infer(message, timeout_s=timeout_s)
-
-
-def policy_params(base: dict[str, Any], uris: Sequence[str], timeout_ms: float) -> dict:
-    """The node's parameters: ``base`` with the model in the two servers."""
-    return {
-        "/**": {
-            "ros__parameters": {
-                **base,
-                "engine": "remote",
-                "server_uris": list(uris),
-                "server_timeout_ms": float(timeout_ms),
-                "autostart": False,
-            }
-        }
-    }
-
-
-def serve_args(base: dict[str, Any]) -> list[str]:
-    """What the servers need to serve the node as its local engine would run the model."""
-    return [
-        "--prompt-format",
-        str(base.get("prompt_format", "openpi")),
-        "--action-dt",
-        str(float(base.get("action_dt", 0.02))),
-        "--torch-threads",
-        "1",
-    ]
-
-
 # -- the bench -------------------------------------------------------------------------------------
 class FailoverRunner:
     def __init__(
@@ -474,13 +330,8 @@ class FailoverRunner:
         policy: Process,
         args: argparse.Namespace,
     ) -> None:
-        self.bench, self.watch, self.servers, self.policy, self.args = (
-            bench,
-            watch,
-            servers,
-            policy,
-            args,
-        )
+        self.bench, self.watch, self.servers, self.policy = bench, watch, servers, policy
+        self.args = args
 
     def run(self, scenario: Scenario, round_index: int) -> dict[str, Any]:
         bench, watch, args = self.bench, self.watch, self.args
@@ -493,18 +344,14 @@ class FailoverRunner:
         try:
             if not bench.transition(ACTIVATE):
                 raise RuntimeError(f"activate failed: see {self.policy.log_path}")
-            if not wait_for(
-                lambda: any(t.at > activated for t in watch.trajectories_list()), 120.0
-            ):
-                raise RuntimeError("the node sent no trajectory after activation")
-            time.sleep(args.warm_s)
-            serving = connections(self.policy.log_path.read_text(errors="replace"))[-1].uri
+            harness.drive(watch.trajectory_times, activated, args.warm_s)
+            serving = connections(self.policy.log_text())[-1].uri
             hit = self.servers.by_uri(serving)
             fault = Fault(time.monotonic(), time.time(), bench.now(""))
             hit.process.send_signal(scenario.signum)
             other = next(uri for uri in self.servers.uris if uri != hit.uri)
             wait_for(lambda: any(c.at > fault.at for c in watch.chunks_list()), 60.0)
-            self._wait_episode_end(index)
+            bench.wait_episode_end("", index, args.timeout_s)
             node = "active" if bench.policy_state() == STATE_ACTIVE else "not active"
             ended_wall = time.time()
             server = watch.fresh_server()
@@ -513,7 +360,7 @@ class FailoverRunner:
             rec = bench.stop_recording()
             if hit is not None:
                 self.servers.restore(hit, 120.0)
-        log = self.policy.log_path.read_text(errors="replace")
+        log = self.policy.log_text()
         row = measure(
             scenario,
             fault,
@@ -533,51 +380,29 @@ class FailoverRunner:
             "last_switch": server.get("server_last_switch", ""),
         }
 
-    def _wait_episode_end(self, index: int) -> None:
-        def ended() -> bool:
-            report = self.bench.report("")
-            return report.get("episode") == index and report.get("status") != "running"
-
-        wait_for(ended, 4 * self.args.timeout_s + 30.0)
-
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         scenarios = select_scenarios(args.scenarios)
     except ValueError as exc:
         raise SystemExit(f"oxygen-bench failover: {exc}") from exc
-    checkpoint = args.checkpoint.resolve()
-    if not (checkpoint / "config.json").is_file():
-        raise SystemExit(f"oxygen-bench failover: no checkpoint in {checkpoint}")
-    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
-    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
-    work = args.work or Path(tempfile.mkdtemp(prefix="failover_"))
-    work.mkdir(parents=True, exist_ok=True)
-    env = ros_environment() | {"RCUTILS_CONSOLE_OUTPUT_FORMAT": LOG_FORMAT}
+    setup = harness.prepare(args, "failover")
     print(
-        f"failover: {len(scenarios)} scenarios x {args.repeats} episodes; logs in {work}",
+        f"failover: {len(scenarios)} scenarios x {args.repeats} episodes; logs in {setup.work}",
         flush=True,
     )
     started = time.monotonic()
-    servers = Servers(checkpoint, work, serve_args(base))
-    sim = start_sim(env, work, args.timeout_s)
-    bench = BenchNode(namespaces=("",))
-    policy = None
     rows: list[dict[str, Any]] = []
-    try:
-        watch = Watch(bench.node, lambda: bench.now(""))
+    with Rig(setup.work, env={"RCUTILS_CONSOLE_OUTPUT_FORMAT": LOG_FORMAT}) as rig:
+        servers = rig.start_servers(setup.checkpoint, harness.serve_args(setup.base))
+        rig.start_sim(args.timeout_s)
+        watch = Watch(rig.bench.node, lambda: rig.bench.now(""))
         servers.wait_ready(120.0)
-        node_params = work / "failover_policy.yaml"
-        node_params.write_text(
-            json.dumps(policy_params(base, servers.uris, args.server_timeout_ms), indent=2)
-        )
-        command = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
-        command += ["--params-file", str(node_params), *REMAPS]
-        policy = Process(command, env, work / "policy_node.log")
-        bench.wait_for_policy()
-        if not bench.transition(CONFIGURE):
-            raise SystemExit(f"oxygen-bench failover: configure failed: {policy.log_tail()}")
-        runner = FailoverRunner(bench, watch, servers, policy, args)
+        parameters = harness.remote_parameters(setup.base, servers.uris, args.server_timeout_ms)
+        policy = rig.start_policy(rig.write_parameters("failover_policy.yaml", parameters))
+        if not rig.bench.transition(CONFIGURE):
+            raise setup.fail(f"configure failed: {policy.log_text()[-3000:]}")
+        runner = FailoverRunner(rig.bench, watch, servers, policy, args)
         turns = [s for _ in range(args.repeats) for s in scenarios]
         for round_index, scenario in enumerate(turns):
             row = runner.run(scenario, round_index)
@@ -587,20 +412,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{row['cmds_in_gap']}, {row['outcome']}, node {row['node']}",
                 flush=True,
             )
-    finally:
-        if policy is not None:
-            policy.stop()
-        bench.close()
-        sim.stop()
-        servers.stop()
-    common.print_table(rows, COLUMNS)
-    out = {
-        "checkpoint": str(checkpoint),
-        "params_file": str(params_file),
-        "server_timeout_ms": args.server_timeout_ms,
-        "rate_hz": float(base["rate_hz"]),
-        "wall_s": time.monotonic() - started,
-        "rows": rows,
-    }
-    common.write_json(args.json, out)
-    return out
+    return harness.report(
+        setup,
+        args,
+        rows,
+        COLUMNS,
+        started,
+        server_timeout_ms=args.server_timeout_ms,
+        rate_hz=float(setup.base["rate_hz"]),
+    )

@@ -54,7 +54,6 @@ import argparse
 import bisect
 import hashlib
 import math
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,10 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rclpy
-import yaml
 from rcl_interfaces.srv import SetParameters
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
@@ -74,17 +70,9 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.sim.node import CAMERAS
-from oxygen_ros.tools.benches import common
-from oxygen_ros.tools.benches.closed_loop import round_task
-from oxygen_ros.tools.benches.closed_loop_ros import (
-    POLICY_NODE,
-    REMAPS,
-    BenchNode,
-    config_file,
-    ros_environment,
-    start_sim,
-    wait_for,
-)
+from oxygen_ros.tools.benches import harness
+from oxygen_ros.tools.benches.closed_loop_ros import BenchNode, Recording, wait_for
+from oxygen_ros.tools.benches.harness import InProcessPolicy, Rig, Setup, round_task
 
 HELP = "faults in the loop on the simulated arm through the node: stale commands, hold, resume"
 JOINT_STATES = "joint_states"
@@ -118,56 +106,22 @@ FAULTS = (
 )
 
 
-def select_faults(text: str) -> list[Fault]:
-    """``all`` or comma-separated fault keys, in the order of :data:`FAULTS`."""
-    if text == "all":
-        return list(FAULTS)
-    keys = {key.strip() for key in text.split(",") if key.strip()}
-    unknown = sorted(keys - {fault.key for fault in FAULTS})
-    if unknown or not keys:
-        raise ValueError(
-            f"unknown faults {unknown}; choose from {[fault.key for fault in FAULTS]} or all"
-        )
-    return [fault for fault in FAULTS if fault.key in keys]
+def select_faults(text: str) -> list:
+    """``all`` or comma-separated keys of :data:`FAULTS`, in its order (ValueError: unknown)."""
+    return harness.choose(text, FAULTS, "faults")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    harness.add_arguments(parser, timeout_s=10.0, warm_s=1.0)
     parser.add_argument(
         "--faults",
         default="all",
         help=f"comma-separated faults ({','.join(f.key for f in FAULTS)}) or all (default)",
     )
     parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=Path("models/sim_so101"),
-        help="the policy (a LeRobot pi05 folder; default models/sim_so101)",
-    )
-    parser.add_argument(
-        "--params-file",
-        type=Path,
-        default=None,
-        help="the policy node's parameters (default config/sim_policy.yaml)",
-    )
-    parser.add_argument(
         "--fault-s", type=float, default=2.0, help="how long a stream stays silent (wall seconds)"
     )
-    parser.add_argument(
-        "--warm-s",
-        type=float,
-        default=1.0,
-        help="wall seconds of normal driving before the fault (after the first trajectory)",
-    )
-    parser.add_argument(
-        "--timeout-s", type=float, default=10.0, help="episode timeout in sim seconds"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=777, help="task and layout seed, as closed-loop's --seed"
-    )
-    parser.add_argument("--json", type=Path, help="write the table and each fault's details")
-    parser.add_argument("--work", type=Path, help="logs (default: a temp dir)")
 
 
 # -- what reaches this process ---------------------------------------------------------------------
@@ -337,70 +291,6 @@ def input_ages(act: Act, log: InputLog) -> dict[str, InputAge | None]:
     return ages
 
 
-# -- the policy node in this process ---------------------------------------------------------------
-class InProcessPolicy:
-    """The policy node (``OxygenNode`` with the params file and the remaps ``closed-loop`` gives
-    its process), spun by a single-threaded executor with ``spin_forever`` as ``oxygen_node``
-    does, in a thread of this process. It reads the node's engine and counters directly."""
-
-    def __init__(self, params_file: Path, checkpoint: Path) -> None:
-        from oxygen_ros.ros.node import OxygenNode, spin_forever
-
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context)
-        self.node = OxygenNode(
-            POLICY_NODE,
-            context=self.context,
-            cli_args=["--ros-args", "--params-file", str(params_file), *REMAPS],
-            parameter_overrides=[
-                Parameter("checkpoint_dir", value=str(checkpoint)),
-                Parameter("autostart", value=False),
-            ],
-        )
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=spin_forever,
-            args=(self.executor, self.node.record_executor_error, self._stop),
-            daemon=True,
-        )
-        self._thread.start()
-
-    @property
-    def engine(self) -> Any:
-        return self.node._engine
-
-    def counters(self) -> dict[str, int]:
-        return self.node._loop.counters.snapshot()
-
-    def ros_now_ns(self) -> int:
-        return self.node.get_clock().now().nanoseconds
-
-    def transition(self, name: str) -> None:
-        """configure | activate | deactivate.
-
-        Raises:
-            RuntimeError: the transition failed (the node's log says why).
-        """
-        result = getattr(self.node, f"trigger_{name}")()
-        if result.name != "SUCCESS":
-            raise RuntimeError(f"{name} failed: {self.node._last_error or result.name}")
-
-    def set_task(self, text: str) -> None:
-        (result,) = self.node.set_parameters([Parameter("task", value=text)])
-        if not result.successful:
-            raise RuntimeError(f"the policy node refused task {text!r}: {result.reason}")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.node.release()
-        self.executor.shutdown()
-        self.node.destroy_node()
-        self.context.try_shutdown()
-
-
 # -- one fault ------------------------------------------------------------------------------------
 @dataclass
 class Window:
@@ -514,13 +404,6 @@ class FaultRunner:
             return silent_window(streams, start, clear), 0.0
         return jump_window(self.log.stream(JOINT_STATES), start, clear)
 
-    def _wait_episode_end(self, index: int) -> None:
-        def ended() -> bool:
-            report = self.bench.report("")
-            return report.get("episode") == index and report.get("status") != "running"
-
-        wait_for(ended, 4 * self.args.timeout_s + 30.0)
-
     def run(self, fault: Fault, round_index: int) -> dict[str, Any]:
         args, bench, log, policy = self.args, self.bench, self.log, self.policy
         task, seed = round_task(round_index, args.seed, "touch")
@@ -531,9 +414,7 @@ class FaultRunner:
         policy.transition("activate")
         activated = time.monotonic()
         try:
-            if not wait_for(lambda: any(t > activated for t in log.trajectory_times()), 60.0):
-                raise RuntimeError("the node sent no trajectory after activation")
-            time.sleep(args.warm_s)
+            harness.drive(log.trajectory_times, activated, args.warm_s)
             start = time.monotonic()
             self._start(fault)
             time.sleep(args.fault_s)
@@ -546,7 +427,7 @@ class FaultRunner:
                 return back is not None and any(t > back for t in log.trajectory_times())
 
             wait_for(resumed, 10.0)
-            self._wait_episode_end(index)
+            bench.wait_episode_end("", index, args.timeout_s)
             node_state = policy.node.state_label
         finally:
             if fault.silent:
@@ -556,8 +437,9 @@ class FaultRunner:
             rec = bench.stop_recording()
         ended = time.monotonic()
         window, jump = self._window(fault, start, clear)
-        return self._measure(fault, task.text, window, jump, activated, ended, rec, node_state) | {
-            "counters": _difference(policy.counters(), counters_before)
+        return self._measure(fault, task.text, window, jump, activated, ended, rec, index) | {
+            "node": node_state,
+            "counters": _difference(policy.counters(), counters_before),
         }
 
     def _measure(
@@ -568,8 +450,8 @@ class FaultRunner:
         jump: float,
         activated: float,
         ended: float,
-        rec: Any,
-        node_state: str,
+        rec: Recording,
+        index: int,
     ) -> dict[str, Any]:
         acts = self.audit.between(activated, ended)
         stale, untraced, oldest = 0, 0, InputAge(-math.inf, -math.inf)
@@ -604,9 +486,8 @@ class FaultRunner:
             "oldest_wall_s": oldest.wall_s if acts else None,
             "hold_s": hold,
             "resume_s": resume,
-            "outcome": _outcome(rec, onset),
+            "outcome": rec.outcome(index, onset),
             "rejected": rec.reports[-1][1].get("rejected", {}) if rec.reports else {},
-            "node": node_state,
             "jump_s": jump if not fault.silent else None,
             "onset_after_start_s": _minus(onset, window.start),
             "cmds_while_away": sum(
@@ -634,17 +515,6 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def _outcome(rec: Any, onset: float | None) -> str:
-    """The sim's verdict on the episode, and whether it came before the fault."""
-    if not rec.reports:
-        return "lost"
-    final = rec.reports[-1][1].get("status", "lost")
-    ended_at = next((t for t, r in rec.reports if r.get("status") not in (None, "running")), None)
-    if final != "running" and onset is not None and ended_at is not None and ended_at < onset:
-        return f"{final} before the fault"
-    return final
-
-
 # -- the bench -------------------------------------------------------------------------------------
 def slot_streams(base: dict[str, Any]) -> dict[str, str]:
     """The policy's camera slots -> the sim's camera names (from the params file's topics).
@@ -666,54 +536,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         faults = select_faults(args.faults)
     except ValueError as exc:
         raise SystemExit(f"oxygen-bench faults: {exc}") from exc
-    checkpoint = args.checkpoint.resolve()
-    if not (checkpoint / "config.json").is_file():
-        raise SystemExit(f"oxygen-bench faults: no checkpoint in {checkpoint}")
-    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
-    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
-    work = args.work or Path(tempfile.mkdtemp(prefix="faults_"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"faults: {len(faults)} faults, one episode each; logs in {work}", flush=True)
+    setup = harness.prepare(args, "faults")
+    print(f"faults: {len(faults)} faults, one episode each; logs in {setup.work}", flush=True)
     started = time.monotonic()
     in_sim = [fault for fault in faults if not fault.failover]
-    rows = run_in_sim(in_sim, args, base, params_file, checkpoint, work) if in_sim else []
+    rows = run_in_sim(in_sim, args, setup) if in_sim else []
     if len(in_sim) < len(faults):
-        rows.append(server_killed(args, checkpoint, work / "failover"))
-    common.print_table([_shown(row) for row in rows], COLUMNS)
-    out = {
-        "checkpoint": str(checkpoint),
-        "params_file": str(params_file),
-        "fault_s": args.fault_s,
-        "max_observation_age_s": float(base["max_observation_age_s"]),
-        "rate_hz": float(base["rate_hz"]),
-        "wall_s": time.monotonic() - started,
-        "rows": rows,
-    }
-    common.write_json(args.json, out)
-    return out
+        rows.append(server_killed(args, setup.work / "failover"))
+    return harness.report(
+        setup,
+        args,
+        rows,
+        COLUMNS,
+        started,
+        shown=[_shown(row) for row in rows],
+        fault_s=args.fault_s,
+        max_observation_age_s=float(setup.base["max_observation_age_s"]),
+        rate_hz=float(setup.base["rate_hz"]),
+    )
 
 
-def run_in_sim(
-    faults: list[Fault],
-    args: argparse.Namespace,
-    base: dict[str, Any],
-    params_file: Path,
-    checkpoint: Path,
-    work: Path,
-) -> list[dict[str, Any]]:
+def run_in_sim(faults: list[Fault], args: argparse.Namespace, setup: Setup) -> list[dict[str, Any]]:
     """The sim's faults, one episode each: the sim a process, the policy node in this one."""
-    env = ros_environment()  # before rclpy starts in this process
-    sim = start_sim(env, work, args.timeout_s)
-    bench = BenchNode(namespaces=("",))
-    policy = None
     rows: list[dict[str, Any]] = []
-    try:
-        log = InputLog(bench.node, base["joint_names"])
-        policy = InProcessPolicy(params_file, checkpoint)
+    with Rig(setup.work) as rig:
+        rig.start_sim(args.timeout_s)
+        log = InputLog(rig.bench.node, setup.base["joint_names"])
+        policy = rig.start_policy_here(setup.params_file, setup.checkpoint)
         policy.transition("configure")
-        audit = ActAudit(slot_streams(base), policy.ros_now_ns)
+        audit = ActAudit(slot_streams(setup.base), policy.ros_now_ns)
         audit.attach(policy.engine)
-        runner = FaultRunner(bench, log, audit, policy, base, args)
+        runner = FaultRunner(rig.bench, log, audit, policy, setup.base, args)
         for round_index, fault in enumerate(faults):
             row = runner.run(fault, round_index)
             rows.append(row)
@@ -722,15 +575,10 @@ def run_in_sim(
                 f"resume {row['resume_s']}, {row['outcome']}, node {row['node']}",
                 flush=True,
             )
-    finally:
-        if policy is not None:
-            policy.close()
-        bench.close()
-        sim.stop()
     return rows
 
 
-def server_killed(args: argparse.Namespace, checkpoint: Path, work: Path) -> dict[str, Any]:
+def server_killed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """``oxygen-bench failover``'s kill scenario (its own sim, two ``oxygen-serve`` processes and
     the node with ``engine: remote``, as processes) in this table's columns; its own row is kept
     under ``failover``."""
@@ -738,10 +586,8 @@ def server_killed(args: argparse.Namespace, checkpoint: Path, work: Path) -> dic
 
     parser = argparse.ArgumentParser()
     failover.add_arguments(parser)
-    options = ["--scenarios", "kill", "--checkpoint", str(checkpoint), "--work", str(work)]
-    options += ["--warm-s", str(args.warm_s), "--timeout-s", str(args.timeout_s)]
-    options += ["--seed", str(args.seed)]
-    if args.params_file is not None:
-        options += ["--params-file", str(args.params_file)]
-    (row,) = failover.run(parser.parse_args(options))["rows"]
+    options = parser.parse_args(["--scenarios", "kill", "--work", str(work)])
+    for shared in ("checkpoint", "params_file", "timeout_s", "seed", "warm_s"):
+        setattr(options, shared, getattr(args, shared))
+    (row,) = failover.run(options)["rows"]
     return {**failover.fault_row(row), "key": "server_killed", "failover": row}

@@ -1,0 +1,470 @@
+"""One harness for the closed-loop benches (``closed-loop``, ``faults``, ``failover``) and the sim
+demo: their shared arguments, the setup of a run (the checkpoint, the policy node's parameters, a
+work folder for logs) and the processes they start, watch and stop in a private ROS graph.
+
+* :func:`add_arguments`, :func:`prepare`: ``--checkpoint``, ``--params-file``, ``--timeout-s``,
+  ``--seed``, ``--json``, ``--work`` (and ``--warm-s`` where a bench drives before its fault), and
+  what they resolve to (:class:`Setup`);
+* :class:`Rig`: the bench's own ROS node (:class:`.closed_loop_ros.BenchNode`, which records and
+  drives an episode) and every process of the run: the sim (``oxygen-sim``), the policy node (a
+  process, or in this process where a bench audits its engine), ``oxygen-serve`` policy servers,
+  a busy competitor; all stopped together, in reverse order, when the run ends or fails;
+* :func:`round_task`: round r's task and layout seed, the same in every bench;
+* :func:`report`: the printed table and the ``--json`` file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
+from oxygen_ros.tools.benches import common
+from oxygen_ros.tools.benches.closed_loop_ros import POLICY_NODE, BenchNode, wait_for
+from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+
+CUBES = ("red", "green", "blue")
+PADS = ("green", "blue")
+REMAPS = (  # the node's two trajectory outputs onto the sim's controllers
+    "-r",
+    "~/joint_trajectory:=arm_controller/joint_trajectory",
+    "-r",
+    "~/gripper_trajectory:=gripper_controller/joint_trajectory",
+)
+WARM_UP_FRAMES, WARM_UP_SIDE = 3, 128
+
+
+# -- arguments and setup ---------------------------------------------------------------------------
+def add_arguments(
+    parser: argparse.ArgumentParser, *, timeout_s: float, warm_s: float | None = None
+) -> None:
+    """The arguments every closed-loop bench takes; ``timeout_s`` and ``warm_s`` are the bench's
+    defaults (``--warm-s`` only where ``warm_s`` is given)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("models/sim_so101"),
+        help="the policy (a LeRobot pi05 folder; default models/sim_so101)",
+    )
+    parser.add_argument(
+        "--params-file",
+        type=Path,
+        default=None,
+        help="the policy node's parameters (default config/sim_policy.yaml)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=timeout_s,
+        help=f"episode timeout in sim seconds (default {timeout_s:g})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=777,
+        help="seed of the rounds' tasks; round r's layout seed is SEED*1000+r (default 777: "
+        "layouts 777000.., apart from the shipped policy's training episodes)",
+    )
+    if warm_s is not None:
+        parser.add_argument(
+            "--warm-s",
+            type=float,
+            default=warm_s,
+            help="wall seconds of driving before the fault, after the first trajectory "
+            f"(default {warm_s:g})",
+        )
+    parser.add_argument("--json", type=Path, help="write the table and each episode's details")
+    parser.add_argument("--work", type=Path, help="logs and files of the run (default: a temp dir)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a run's shared arguments resolve to."""
+
+    bench: str  # its oxygen-bench subcommand, for messages
+    checkpoint: Path
+    params_file: Path
+    base: dict[str, Any]  # the policy node's ros__parameters from ``params_file``
+    work: Path
+
+    def fail(self, message: str) -> SystemExit:
+        return SystemExit(f"oxygen-bench {self.bench}: {message}")
+
+
+def config_file(name: str) -> Path:
+    """A shipped config: the repository's config/ (a source checkout) or share/oxygen_ros/."""
+    repo = Path(__file__).resolve().parents[3] / "config" / name
+    if repo.is_file():
+        return repo
+    from ament_index_python.packages import get_package_share_directory
+
+    return Path(get_package_share_directory("oxygen_ros")) / "config" / name
+
+
+def prepare(args: argparse.Namespace, bench: str) -> Setup:
+    """Resolve the shared arguments; make the work folder.
+
+    Raises:
+        SystemExit: no checkpoint (a folder with config.json) at ``--checkpoint``.
+    """
+    checkpoint = args.checkpoint.resolve()
+    if not (checkpoint / "config.json").is_file():
+        raise SystemExit(f"oxygen-bench {bench}: no checkpoint (config.json) in {checkpoint}")
+    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
+    base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
+    work = args.work or Path(tempfile.mkdtemp(prefix=f"{bench.replace('-', '_')}_"))
+    work.mkdir(parents=True, exist_ok=True)
+    return Setup(bench, checkpoint, params_file, base, work)
+
+
+def choose(text: str, choices: Sequence[Any], what: str) -> list[Any]:
+    """``all`` or comma-separated keys of ``choices`` (things with a ``key``), in their order.
+
+    Raises:
+        ValueError: an unknown key, or none.
+    """
+    if text == "all":
+        return list(choices)
+    keys = {key.strip() for key in text.split(",") if key.strip()}
+    unknown = sorted(keys - {choice.key for choice in choices})
+    if unknown or not keys:
+        known = ", ".join(choice.key for choice in choices)
+        raise ValueError(f"unknown {what} {unknown}; choose from {known} or all")
+    return [choice for choice in choices if choice.key in keys]
+
+
+def round_task(round_index: int, seed: int, kind: str) -> tuple[Task, int]:
+    """Round ``round_index``'s task of ``kind`` (touch | place) and its layout seed (the same
+    for every setting and every bench)."""
+    rng = random.Random(seed * 100_003 + round_index)
+    cube, pad = rng.choice(CUBES), rng.choice(PADS)
+    task = Task(TOUCH, cube) if kind == TOUCH else Task(PLACE, cube, pad)
+    return task, seed * 1000 + round_index
+
+
+def report(
+    setup: Setup,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    started: float,
+    shown: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Print the table (``shown``: the rows as printed, default ``rows``), write ``--json``; the
+    run's record: checkpoint, params file, ``extra``, wall seconds and the rows."""
+    common.print_table(rows if shown is None else shown, columns)
+    out = {
+        "checkpoint": str(setup.checkpoint),
+        "params_file": str(setup.params_file),
+        **extra,
+        "wall_s": time.monotonic() - started,
+        "rows": rows,
+    }
+    common.write_json(args.json, out)
+    return out
+
+
+# -- processes -------------------------------------------------------------------------------------
+def ros_environment() -> dict[str, str]:
+    """This process's environment for a private ROS graph: localhost discovery and a random
+    ROS_DOMAIN_ID (as test/conftest.py), unless already set. Call before rclpy starts."""
+    env = os.environ
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if env.get("ROS_DISTRO") == "humble":
+        env.setdefault("ROS_LOCALHOST_ONLY", "1")
+    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(101, 200)))
+    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+    if not env.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
+        env["AMENT_PREFIX_PATH"] = sys.prefix
+    return dict(env, PYTHONUNBUFFERED="1")
+
+
+class Process:
+    """A subprocess with its log file; :meth:`stop` sends SIGINT, then kills after ``timeout``."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as log:
+            self.popen = subprocess.Popen(list(args), env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.alive():
+            self.popen.send_signal(signal.SIGINT)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                return self.popen.wait()
+        return self.popen.returncode
+
+
+class Servers:
+    """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run,
+    warmed up (a fresh server's first frames pay torch's first-call costs, 0.3-1 s here: long
+    enough for a node with a 100 ms deadline to take a cold server for a hung one)."""
+
+    def __init__(self, checkpoint: Path, work: Path, serve_args: Sequence[str]) -> None:
+        self.checkpoint, self.work, self.serve_args = checkpoint, work, list(serve_args)
+        self.processes = [self._start(free_port(), name) for name in ("a", "b")]
+
+    def _start(self, port: int, name: str) -> ServeProcess:
+        return ServeProcess(self.checkpoint, port, self.work / f"serve_{name}.log", self.serve_args)
+
+    @property
+    def uris(self) -> list[str]:
+        return [process.uri for process in self.processes]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        for process in self.processes:
+            process.wait_healthy(timeout_s)
+            warm_up(process.uri, timeout_s)
+
+    def by_uri(self, uri: str) -> ServeProcess:
+        return next(p for p in self.processes if p.uri == uri)
+
+    def restore(self, hit: ServeProcess, timeout_s: float) -> None:
+        """After a fault: continue a stopped server, start a killed one again on its port."""
+        if hit.process.poll() is None:
+            hit.process.send_signal(signal.SIGCONT)
+            return
+        index = self.processes.index(hit)
+        self.processes[index] = self._start(hit.port, "ab"[index])
+        self.processes[index].wait_healthy(timeout_s)
+        warm_up(hit.uri, timeout_s)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.process.poll() is None:
+                process.process.send_signal(signal.SIGCONT)  # a stopped one cannot take SIGTERM
+            process.stop()
+
+
+def warm_up(uri: str, timeout_s: float, frames: int = WARM_UP_FRAMES) -> None:
+    """Send a server ``frames`` blank frames of its own model's shape (its first-call costs)."""
+    from oxygen_ros.serving.client import PolicyClient
+
+    with PolicyClient(uri) as client:
+        if not client.wait_connected(timeout_s):
+            raise RuntimeError(f"no connection to {uri} to warm it up: {client.last_error}")
+        observation = client.metadata["observation"]
+        message = {
+            "images": {
+                camera: np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)
+                for camera in observation["cameras"]
+            },
+            "state": np.zeros(int(observation["state_dim"]), np.float32),
+            "prompt": "warm up",
+        }
+        for _ in range(frames):
+            client.infer(message, timeout_s=timeout_s)
+
+
+def serve_args(base: dict[str, Any]) -> list[str]:
+    """What servers need to serve the node as its local engine would run the model."""
+    return [
+        "--prompt-format",
+        str(base.get("prompt_format", "openpi")),
+        "--action-dt",
+        str(float(base.get("action_dt", 0.02))),
+        "--torch-threads",
+        "1",
+    ]
+
+
+def remote_parameters(base: dict[str, Any], uris: Sequence[str], timeout_ms: float) -> dict:
+    """The node's parameters file: ``base`` with the model in the servers at ``uris``."""
+    return {
+        "/**": {
+            "ros__parameters": {
+                **base,
+                "engine": "remote",
+                "server_uris": list(uris),
+                "server_timeout_ms": float(timeout_ms),
+                "autostart": False,
+            }
+        }
+    }
+
+
+class InProcessPolicy:
+    """The policy node (``OxygenNode`` with the params file and the remaps a node process gets),
+    spun by a single-threaded executor with ``spin_forever`` as ``oxygen_node`` does, in a thread
+    of this process, so that a bench can read its engine and counters directly."""
+
+    def __init__(self, params_file: Path, checkpoint: Path) -> None:
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.parameter import Parameter
+
+        from oxygen_ros.ros.node import OxygenNode, spin_forever
+
+        self._parameter = Parameter
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = OxygenNode(
+            POLICY_NODE,
+            context=self.context,
+            cli_args=["--ros-args", "--params-file", str(params_file), *REMAPS],
+            parameter_overrides=[
+                Parameter("checkpoint_dir", value=str(checkpoint)),
+                Parameter("autostart", value=False),
+            ],
+        )
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=spin_forever,
+            args=(self.executor, self.node.record_executor_error, self._stop),
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def engine(self) -> Any:
+        return self.node._engine
+
+    def counters(self) -> dict[str, int]:
+        return self.node._loop.counters.snapshot()
+
+    def ros_now_ns(self) -> int:
+        return self.node.get_clock().now().nanoseconds
+
+    def transition(self, name: str) -> None:
+        """configure | activate | deactivate.
+
+        Raises:
+            RuntimeError: the transition failed (the node's log says why).
+        """
+        result = getattr(self.node, f"trigger_{name}")()
+        if result.name != "SUCCESS":
+            raise RuntimeError(f"{name} failed: {self.node._last_error or result.name}")
+
+    def set_task(self, text: str) -> None:
+        (result,) = self.node.set_parameters([self._parameter("task", value=text)])
+        if not result.successful:
+            raise RuntimeError(f"the policy node refused task {text!r}: {result.reason}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.node.release()
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+class Rig:
+    """A run's processes and the bench's own ROS node, in a private ROS graph; leaving the
+    ``with`` block stops them all, the last started first.
+
+    ``env``: more environment for the processes (e.g. the node's log format)."""
+
+    def __init__(
+        self,
+        work: Path,
+        namespaces: Sequence[str] = ("",),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.work = work
+        self.env = ros_environment() | (env or {})  # before rclpy starts in this process
+        self._stops: list[Callable[[], Any]] = []
+        self.bench = self.keep(BenchNode(namespaces), BenchNode.close)
+
+    def keep(self, thing: Any, stop: Callable[[Any], Any] | None = None) -> Any:
+        """Stop ``thing`` with the rig (``stop(thing)``, default its ``stop()``); returns it."""
+        self._stops.append(lambda: (stop or type(thing).stop)(thing))
+        return thing
+
+    def sim(self, timeout_s: float, namespace: str = "", expert: bool = False) -> Process:
+        """``oxygen-sim`` (no episode until a reset), its /clock under its namespace when it has
+        one (so the policy node's sim time follows the main sim only); not kept: the caller stops
+        it (:meth:`start_sim` keeps it)."""
+        args = [sys.executable, "-m", "oxygen_ros.tools.sim", *(["--expert"] if expert else [])]
+        args += ["--ros-args", "--params-file", str(config_file("sim_so101.yaml"))]
+        args += ["-p", "autostart:=false", "-p", f"episode_timeout_s:={float(timeout_s)}"]
+        if namespace:
+            args += ["-r", f"__ns:=/{namespace}", "-r", f"/clock:=/{namespace}/clock"]
+        return Process(args, self.env, self.work / f"sim{'_' + namespace if namespace else ''}.log")
+
+    def start_sim(self, timeout_s: float) -> Process:
+        """The run's sim, stopped with the rig."""
+        return self.keep(self.sim(timeout_s))
+
+    def start_policy(self, params_file: Path, checkpoint: Path | None = None) -> Process:
+        """The policy node as a process with ``params_file`` (and ``checkpoint`` when given),
+        unconfigured; returns once its lifecycle services answer."""
+        args = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
+        args += ["--params-file", str(params_file), "-p", "autostart:=false", *REMAPS]
+        if checkpoint is not None:
+            args += ["-p", f"checkpoint_dir:={checkpoint}"]
+        policy = self.keep(Process(args, self.env, self.work / "policy_node.log"))
+        self.bench.wait_for_policy()
+        return policy
+
+    def start_policy_here(self, params_file: Path, checkpoint: Path) -> InProcessPolicy:
+        """The policy node in this process (:class:`InProcessPolicy`), unconfigured."""
+        return self.keep(InProcessPolicy(params_file, checkpoint), InProcessPolicy.close)
+
+    def start_servers(self, checkpoint: Path, args: Sequence[str]) -> Servers:
+        """Two ``oxygen-serve`` processes of ``checkpoint`` (not yet ready: see
+        :meth:`Servers.wait_ready`)."""
+        return self.keep(Servers(checkpoint, self.work, args))
+
+    def start_busy(self) -> Process:
+        """A competing process that keeps one core busy until stopped (the caller stops it)."""
+        code = (
+            "import signal,sys\nsignal.signal(signal.SIGINT, lambda *a: sys.exit(0))\nwhile 1: pass"
+        )
+        return Process([sys.executable, "-c", code], self.env, self.work / "busy.log")
+
+    def write_parameters(self, name: str, parameters: dict) -> Path:
+        """A parameters file for a node in the work folder (JSON is YAML)."""
+        path = self.work / name
+        path.write_text(json.dumps(parameters, indent=2))
+        return path
+
+    def close(self) -> None:
+        while self._stops:
+            self._stops.pop()()
+
+    def __enter__(self) -> Rig:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def drive(trajectory_times: Callable[[], list[float]], since: float, warm_s: float) -> None:
+    """Wait for the node's first trajectory after ``since`` (monotonic s), then drive ``warm_s``.
+
+    Raises:
+        RuntimeError: no trajectory within 120 s.
+    """
+    if not wait_for(lambda: any(t > since for t in trajectory_times()), 120.0):
+        raise RuntimeError("the node sent no trajectory after activation")
+    time.sleep(warm_s)
