@@ -29,7 +29,7 @@ from .episode import Simulation
 from .headless import drive_expert
 from .questions import NO_CUBE, START, GroundingScenes
 from .scene import CUBE_COLORS, PAD_COLORS
-from .tasks import Task, random_task
+from .tasks import PLACE, TOUCH, Task, random_task
 
 TRAIN_SEED0 = 3_000_000
 HELDOUT_SEED0 = 9_000_000
@@ -38,7 +38,10 @@ CAMERA_PX = 128
 ALONG, DART, OFF_COURSE = "along", "dart", "off_course"
 VIEWS = (ALONG, DART, OFF_COURSE)
 DART_RAD = 0.05  # the drift of DART views: larger than the demonstrations' 0.03, to spread poses
-LAST_MOMENT = 400  # control steps (4 s): moments are drawn over a typical episode's length
+# control steps (at 100 Hz) over which the moments are drawn: most of an expert episode of the
+# kind (touch 1.3-2.4 s, place 4-6 s); an off-course touch ends sooner, at the other cube
+MOMENT_SPAN = {TOUCH: 170, PLACE: 500}
+OFF_COURSE_TOUCH_SPAN = 110
 
 
 def render_scenes(
@@ -99,15 +102,21 @@ def _layout_rows(
     rng = np.random.default_rng([seed, 11])
     task = random_task(rng)
     sim.reset(task, seed)
-    # control steps at which to look: the start, then moments of a typical episode's length
-    moments = sorted(set(int(m) for m in rng.integers(10, LAST_MOMENT, size=poses - 1)))
     rows = [_snapshot(sim, seed, START, camera_px)]
-    if not moments:
+    if poses == 1:
         return rows
     view = views[int(rng.integers(len(views)))]
+    span = MOMENT_SPAN[task.kind]
+    if view == OFF_COURSE and task.kind == TOUCH:
+        span = OFF_COURSE_TOUCH_SPAN
+    # control steps at which to look past the start (fewer if the episode ends first)
+    moments = sorted(set(int(m) for m in rng.integers(10, span, size=poses - 1)))
     drift = DART_RAD if view == DART else 0.0
     expert_task = _decoy(task, rng) if view == OFF_COURSE else None
-    for step, _ in drive_expert(sim, perturbation_rad=drift, expert_task=expert_task):
+    moving = drive_expert(
+        sim, perturbation_rad=drift, expert_task=expert_task, perturbation_seed=seed
+    )
+    for step, _ in moving:
         if step == moments[0]:
             rows.append(_snapshot(sim, seed, view, camera_px))
             moments.pop(0)

@@ -57,6 +57,7 @@ def drive_expert(
     perturbation_rad: float = 0.0,
     settle_s: float = 0.0,
     expert_task: Task | None = None,
+    perturbation_seed: int | None = None,
 ) -> Iterator[tuple[int, tuple | None]]:
     """Run the episode ``sim`` was just reset to under a fresh expert until it ends, then, if it
     succeeded, ``settle_s`` more sim seconds with the expert still heading for its last target.
@@ -66,12 +67,13 @@ def drive_expert(
     drift of ``perturbation_rad`` applied), or None between plans. Stop iterating to leave the
     episode where it is. ``expert_task``: the task the expert carries out instead of the
     episode's (an off-course reach, as a policy heading for the wrong cube makes); the episode
-    is still scored on its own task."""
+    is still scored on its own task. ``perturbation_seed``: the drift's seed (None: the episode's
+    index, as the expert node seeds it)."""
     if not (math.isfinite(settle_s) and settle_s >= 0):
         raise ValueError(f"settle_s must be >= 0 s, got {settle_s}")
     expert = ScriptedExpert()
     perturbation = ArmPerturbation(perturbation_rad)
-    perturbation.reset(sim.episode)
+    perturbation.reset(sim.episode if perturbation_seed is None else perturbation_seed)
     between = steps_per_plan(sim, expert_rate_hz)
 
     def settling() -> bool:  # succeeded less than settle_s ago (half a step of float slack)
