@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from oxygen_ros.sim.episode import SUCCESS, TIMEOUT, WRONG_CUBE
 from oxygen_ros.sim.tasks import Task, parse_task
 from oxygen_ros.tools.benches import closed_loop
 from oxygen_ros.tools.benches import closed_loop_metrics as m
@@ -29,6 +30,7 @@ from oxygen_ros.tools.benches.closed_loop_settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+ENDS = (SUCCESS, TIMEOUT, WRONG_CUBE)  # the sim's verdicts on an episode
 TRAINED = REPO / "models" / "sim_so101"
 SIM_CAMERAS = ("observation.images.scene", "observation.images.wrist")
 
@@ -263,7 +265,7 @@ def test_the_bench_runs_the_expert_and_a_policy_through_the_node(sim_checkpoint,
     policy = [e for e in out["episodes"] if e["setting"] == "none/d0"]
     assert len(policy) == 2
     for episode in policy:
-        assert episode["status"] in ("success", "timeout"), episode
+        assert episode["status"] in ENDS, episode
         assert episode["chunks"] > 5 and episode["switches"] > 5, episode
         assert math.isfinite(episode["jerk_rms"]) and math.isfinite(episode["switch_jump_rad"])
         assert episode["rejected"] == 0, episode["rejected_by_reason"]
@@ -285,7 +287,7 @@ def test_the_shipped_policy_drives_the_arm_and_names_its_target(tmp_path):
     (row,) = out["rows"]
     assert row["rejected"] == 0 and row["chunks"] > 0
     for episode in out["episodes"]:
-        assert episode["status"] in ("success", "timeout"), episode
+        assert episode["status"] in ENDS, episode
         colour = parse_task(episode["task"]).cube
         narrations = [text for text, *_ in episode["texts"]["narration"]]
         assert narrations, f"no narration in {episode['task']!r}"

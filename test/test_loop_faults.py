@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from oxygen_ros.sim.episode import SUCCESS, TIMEOUT, WRONG_CUBE
 from oxygen_ros.tools.benches import faults
 from oxygen_ros.tools.benches.faults import Act, Arrival, InputAge, Window
 
@@ -158,7 +159,7 @@ def test_no_command_is_computed_from_a_stale_input(bench, key):
 def test_the_node_keeps_running_and_moves_again(bench, key):
     row = bench[key]
     assert row["node"] == "active", row
-    assert row["outcome"].split()[0] in ("success", "timeout"), row
+    assert row["outcome"].split()[0] in (SUCCESS, TIMEOUT, WRONG_CUBE), row
     if key == "scene_camera":  # the other camera is enough: the scene camera is masked
         assert row["hold_s"] is None and row["counters"].get("camera_masked", 0) > 0, row
         return

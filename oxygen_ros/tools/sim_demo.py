@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from oxygen_ros.sim.episode import SUCCESS, TIMEOUT, WRONG_CUBE
 from oxygen_ros.tools.benches.closed_loop_ros import (
     ACTIVATE,
     CONFIGURE,
@@ -41,7 +42,7 @@ def shipped_checkpoint() -> Path:
 
 def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> int:
     """Run ``episodes`` episodes (the touch tasks in turn, seed = episode number); 0 when every
-    episode ended with the sim's verdict (success or timeout)."""
+    episode ended with the sim's verdict (success, timeout or wrong_cube)."""
     work = work or Path(tempfile.mkdtemp(prefix="oxygen_sim_demo_"))
     work.mkdir(parents=True, exist_ok=True)
     checkpoint = shipped_checkpoint()
@@ -55,8 +56,8 @@ def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> i
         for index in range(episodes):
             task = TASKS[index % len(TASKS)]
             status = _episode(rig.bench, task, seed=index, timeout_s=timeout_s)
-            ended += status in ("success", "timeout")
-            successes += status == "success"
+            ended += status in (SUCCESS, TIMEOUT, WRONG_CUBE)
+            successes += status == SUCCESS
     print(f"sim demo summary: {successes} of {episodes} episodes succeeded", flush=True)
     return 0 if ended == episodes else 1
 

@@ -284,16 +284,22 @@ class BenchNode:
         request = ChangeState.Request(transition=Transition(id=transition_id))
         return self._send(client, request, timeout).success
 
-    def set_policy_parameters(self, values: dict[str, Any]) -> None:
-        client = self.policy_parameters
-        self._prime(client, SetParameters.Request())
+    def _set_parameters(self, client: Any, values: dict[str, Any], who: str) -> None:
+        """Set ``values`` through ``client`` (absolute values: sending them twice is harmless)."""
         request = SetParameters.Request(
             parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
         )
-        results = self._send(client, request, 20.0, tries=4).results  # the same set twice: no harm
+        results = self._send(client, request, 20.0, tries=4).results
         failed = [(k, r.reason) for k, r in zip(values, results, strict=True) if not r.successful]
         if failed:
-            raise RuntimeError(f"the policy node refused parameters: {failed}")
+            raise RuntimeError(f"{who} refused parameters: {failed}")
+
+    def set_policy_parameters(self, values: dict[str, Any]) -> None:
+        self._prime(self.policy_parameters, SetParameters.Request())
+        self._set_parameters(self.policy_parameters, values, "the policy node")
+
+    def set_sim_parameters(self, ns: str, values: dict[str, Any]) -> None:
+        self._set_parameters(self.sim_clients[ns][0], values, f"the sim in /{ns}")
 
     def start_episode(self, ns: str, task: str, seed: int, timeout: float = 60.0) -> int:
         """Set the sim's task and seed, call ``sim/reset``; the new episode's index once it runs.
@@ -304,15 +310,7 @@ class BenchNode:
         parameters, reset = self.sim_clients[ns]
         self._primed.discard(id(parameters))  # the expert's sim is a new process each time
         self._prime(parameters, SetParameters.Request(), timeout)
-        request = SetParameters.Request(
-            parameters=[
-                Parameter("task", value=task).to_parameter_msg(),
-                Parameter("seed", value=int(seed)).to_parameter_msg(),
-            ]
-        )
-        results = self._send(parameters, request, 20.0, tries=4).results
-        if not all(r.successful for r in results):
-            raise RuntimeError(f"the sim refused task {task!r}: {[r.reason for r in results]}")
+        self.set_sim_parameters(ns, {"task": task, "seed": int(seed)})
         if not reset.wait_for_service(timeout_sec=timeout):
             raise TimeoutError(f"{reset.srv_name} not available")
         before = self.report(ns).get("episode", -1)

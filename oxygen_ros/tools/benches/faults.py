@@ -62,8 +62,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rcl_interfaces.srv import SetParameters
-from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
@@ -372,31 +370,16 @@ class FaultRunner:
         self.period_s = 1.0 / float(base["rate_hz"])
         self.clock_offset_s = 0.0
 
-    def _set_sim(self, values: dict[str, Any]) -> None:
-        """Set the sim's parameters (absolute values: sending them twice is harmless)."""
-        client = self.bench.sim_clients[""][0]
-        request = SetParameters.Request(
-            parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
-        )
-        for _ in range(4):  # a fresh DDS client can lose a reply
-            future = client.call_async(request)
-            if wait_for(future.done, 5.0):
-                refused = [r.reason for r in future.result().results if not r.successful]
-                if refused:
-                    raise RuntimeError(f"the sim refused {values}: {refused}")
-                return
-        raise TimeoutError(f"no reply from the sim setting {values}")
-
     def _start(self, fault: Fault) -> None:
         if fault.silent:
-            self._set_sim({"fault_silent_streams": ",".join(fault.silent)})
+            self.bench.set_sim_parameters("", {"fault_silent_streams": ",".join(fault.silent)})
         else:
             self.clock_offset_s += fault.jump_s
-            self._set_sim({"fault_clock_offset_s": self.clock_offset_s})
+            self.bench.set_sim_parameters("", {"fault_clock_offset_s": self.clock_offset_s})
 
     def _clear(self, fault: Fault) -> None:
         if fault.silent:
-            self._set_sim({"fault_silent_streams": ""})
+            self.bench.set_sim_parameters("", {"fault_silent_streams": ""})
 
     def _window(self, fault: Fault, start: float, clear: float) -> tuple[Window, float]:
         if fault.silent:
