@@ -621,7 +621,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         [],
         "engine remote: several oxygen-serve addresses serving the same model, used one at a "
         "time in this order; the node moves on to the next (cycling) when its server cannot be "
-        "reached, drops the connection or misses server_switch_after_misses replies in a row "
+        "reached, drops the connection or misses server_switch_after_misses replies in a row, "
+        "and back to the first once it is ready (server_failback_probe_s) "
         '(instead of server_uri; quote each address in YAML: ["ws://a:8000", "ws://b:8000"])',
         CONFIGURE,
     ),
@@ -629,10 +630,21 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "server_switch_after_misses",
         _T.PARAMETER_INTEGER,
         3,
-        "engine remote with several servers: ticks in a row without the server's reply in time "
-        "(server_timeout_ms) after which the node moves on to the next server",
+        "engine remote with several servers: ticks in a row without a usable reply in time "
+        "(late past server_timeout_ms, or the server's error) after which the node moves on to "
+        "the next server",
         CONFIGURE,
         (1, 1000),
+    ),
+    ParamSpec(
+        "server_failback_probe_s",
+        _T.PARAMETER_DOUBLE,
+        1.0,
+        "engine remote with several servers: while on another server, how often the first "
+        "one's /healthz is asked; once it is ready the node goes back to it between two ticks "
+        "(a new session); 0: stay on the other server",
+        CONFIGURE,
+        (0.0, 3600.0),
     ),
     ParamSpec(
         "server_api_key_file",
@@ -865,6 +877,7 @@ class NodeSettings:
     server_uri: str
     server_uris: tuple[str, ...]
     server_switch_after_misses: int
+    server_failback_probe_s: float
     server_api_key_file: str
     server_connect_timeout_s: float
     server_timeout_ms: float

@@ -77,6 +77,7 @@ def connect_remote_engine(
         servers,
         read_api_key(settings.server_api_key_file),
         switch_after_unanswered=settings.server_switch_after_misses,
+        failback_probe_s=settings.server_failback_probe_s,
         on_change=on_change,
     )
     client.start()
@@ -102,7 +103,8 @@ def connect_remote_engine(
         "narration is the server's (oxygen-serve --narration-every)"
         + (
             f"; {others} other server(s) to move on to after a lost connection or "
-            f"{settings.server_switch_after_misses} replies in a row past their deadline"
+            f"{settings.server_switch_after_misses} replies in a row past their deadline or "
+            "refused; back to the first once it is ready"
             if others
             else ""
         )

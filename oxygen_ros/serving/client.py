@@ -17,9 +17,14 @@ What it adds, for a robot loop:
   answers in order), unless `MAX_IN_FLIGHT` requests are still unanswered (`ServerBehind`).
 * **Failover**: given several servers (each serving the same model), it uses one at a time and
   moves on to the next when that one cannot be reached, drops the connection, or leaves
-  `server_ring.SWITCH_AFTER_UNANSWERED` requests in a row without a reply in time
-  (`server_ring`). Each connection is a new session on its server: `connection` numbers them, and
-  ``infer(..., connection=n)`` refuses to send a request built for another one.
+  `server_ring.SWITCH_AFTER_UNANSWERED` requests in a row without a usable reply in time (late,
+  or an error: a server that refuses every frame is left too; one refused frame between good
+  replies is not a reason to leave) (`server_ring`). Each connection is a new session on its
+  server: `connection` numbers them, and ``infer(..., connection=n)`` refuses to send a request
+  built for another one.
+* **Failback**: while on another server, it asks the first one's ``/healthz`` every
+  ``failback_probe_s``; once that answers 200 (oxygen-serve: listening and warmed up), it leaves
+  the other server between two requests (none unanswered) and connects to the first again.
 * Replies are read with `wire.unpack` (sizes, dtypes and shapes checked): a server is a peer too.
 
 Typical use::
@@ -39,6 +44,8 @@ import dataclasses
 import logging
 import socket
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -49,6 +56,10 @@ from .server_ring import SWITCH_AFTER_UNANSWERED, Backoff, ServerRing
 from .wire import WireError, WireLimits, pack, unpack
 
 MAX_IN_FLIGHT = 2  # unanswered requests (the late one being waited out, and the current one)
+# While on another server, the first one's /healthz is asked this often: one small HTTP request a
+# second costs nothing, and the node is back on its first server about a second after it is ready.
+DEFAULT_FAILBACK_PROBE_S = 1.0
+MAX_FAILBACK_PROBE_S = 60.0  # the probe's period doubles after each failback that did not hold
 DEFAULT_PORT = 8000  # openpi's serve_policy.py
 
 # Observation keys a client adds for the server's real-time chunking (RTC) when the server lists
@@ -91,11 +102,12 @@ class ClientStats:
 
     connects: int = 0  # handshakes that ended with the server's metadata
     switches: int = 0  # connections made to another server than the last one
+    failbacks: int = 0  # backups left because the first server was ready again
     disconnects: int = 0  # established connections lost
     failed_attempts: int = 0  # connection attempts that failed
     requests: int = 0  # observations sent
     replies: int = 0  # replies delivered in time
-    server_errors: int = 0  # text frames (the server's errors)
+    server_errors: int = 0  # text frames (the server's errors; unanswered for the switch rule)
     bad_replies: int = 0  # replies that failed `wire.unpack`
     deadline_misses: int = 0  # requests whose reply was not there by their deadline
     late_replies_dropped: int = 0  # replies that arrived after their deadline
@@ -144,6 +156,25 @@ def connect(
         yield conn, metadata
 
 
+def health_url(uri: str) -> str:
+    """The readiness address of the server at websocket ``uri`` (its ``/healthz``)."""
+    scheme, rest = server_uri(uri).split("://", 1)
+    host = rest.split("/", 1)[0]
+    return f"{'https' if scheme == 'wss' else 'http'}://{host}/healthz"
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def is_ready(uri: str, timeout_s: float) -> bool:
+    """Whether the server at ``uri`` answers ``GET /healthz`` with 200 within ``timeout_s``."""
+    try:
+        with _NO_PROXY.open(health_url(uri), timeout=timeout_s) as reply:
+            return reply.status == 200
+    except (OSError, urllib.error.URLError, ValueError):  # refused, 503, timed out, ...
+        return False
+
+
 def describe(error: BaseException) -> str:
     """A one-line reason for a failed attempt or a lost connection."""
     if isinstance(error, websockets.exceptions.InvalidStatus):
@@ -180,8 +211,10 @@ class PolicyClient:
     """openpi's protocol with the connection in a background thread (see the module docstring).
 
     servers: one address, or several serving the same model (tried in order, cycling; see
-    `server_ring`). switch_after_unanswered: requests in a row without a reply in time after which
-    the client leaves a server for the next (only with several).
+    `server_ring`). switch_after_unanswered: requests in a row without a usable reply in time (late
+    or an error) after which the client leaves a server for the next (only with several).
+    failback_probe_s: while on another server, how often the first one's readiness is asked
+    (only with several; 0: never go back on its own).
     check_metadata(metadata): called with each new server's metadata before its connection is
     used; a ValueError it raises refuses that server (a failed attempt, with its message); may be
     set later.
@@ -200,6 +233,7 @@ class PolicyClient:
         open_timeout_s: float = 5.0,
         backoff: Backoff | None = None,
         switch_after_unanswered: int = SWITCH_AFTER_UNANSWERED,
+        failback_probe_s: float = DEFAULT_FAILBACK_PROBE_S,
         limits: WireLimits | None = None,
         check_metadata: Callable[[dict[str, Any]], None] | None = None,
         on_change: Callable[[bool, str], None] | None = None,
@@ -207,6 +241,14 @@ class PolicyClient:
     ) -> None:
         uris = [servers] if isinstance(servers, str) else list(servers)
         self._ring = ServerRing([server_uri(uri) for uri in uris], backoff, switch_after_unanswered)
+        if not 0 <= failback_probe_s < float("inf"):
+            raise ValueError(
+                f"failback_probe_s must be finite seconds >= 0 (0: no failback), got "
+                f"{failback_probe_s}"
+            )
+        self._failback_probe_s = failback_probe_s if self._ring.several else 0.0
+        self._failing_back = False  # the connection ends to go back to the first server
+        self._failbacks_in_a_row = 0  # failbacks since the last connection to the first server
         self._api_key = api_key
         self._open_timeout_s = open_timeout_s
         self._limits = limits or WireLimits()
@@ -227,6 +269,7 @@ class PolicyClient:
         self._connected = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._prober: threading.Thread | None = None
         self._reported: bool | None = None  # the state on_change last told
 
     @property
@@ -256,6 +299,11 @@ class PolicyClient:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="oxygen-client", daemon=True)
             self._thread.start()
+        if self._prober is None and self._failback_probe_s:
+            self._prober = threading.Thread(
+                target=self._probe_first, name="oxygen-client-failback", daemon=True
+            )
+            self._prober.start()
         return self
 
     def wait_connected(self, timeout_s: float | None = None) -> bool:
@@ -274,8 +322,9 @@ class PolicyClient:
             conn = self._conn
         if conn is not None:
             conn.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        for thread in (self._thread, self._prober):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
         self._fail_pending(NotConnected("the client was closed"))
 
     def __enter__(self) -> PolicyClient:
@@ -318,7 +367,7 @@ class PolicyClient:
                 )
             if len(self._pending) >= MAX_IN_FLIGHT:
                 self.stats.behind += 1
-                self._unanswered(conn)
+                self._unanswered(conn, "not sent: earlier ones unanswered")
                 raise ServerBehind(
                     f"{len(self._pending)} requests to {self.uri} are still unanswered"
                 )
@@ -336,15 +385,15 @@ class PolicyClient:
                 if not waiter.done.is_set():
                     waiter.abandoned = True
                     self.stats.deadline_misses += 1
-                    self._unanswered(conn)
+                    self._unanswered(conn, "no reply within its deadline")
                     raise DeadlineMissed(
                         f"no reply from {self.uri} within {timeout_s * 1e3:.0f} ms"
                     )
         if waiter.error is not None:
             if isinstance(waiter.error, NotConnected):
                 raise waiter.error
-            with self._lock:  # the server answered (with an error)
-                self._ring.answered_in_time()
+            with self._lock:  # an error is no usable reply: unanswered for the switch rule
+                self._unanswered(conn, f"an error: {waiter.error}"[:200])
             raise waiter.error
         with self._lock:
             self._ring.answered_in_time()
@@ -356,8 +405,8 @@ class PolicyClient:
         """Requests sent and not answered yet (abandoned ones included)."""
         return len(self._pending)
 
-    def _unanswered(self, conn: websockets.sync.client.ClientConnection) -> None:
-        """A request on ``conn`` got no reply in time (lock held): after
+    def _unanswered(self, conn: websockets.sync.client.ClientConnection, last: str) -> None:
+        """A request on ``conn`` got no usable reply in time (``last``: how; lock held): after
         ``switch_after_unanswered`` in a row, with other servers to go to, end the connection
         (the connection thread then moves on). The socket is shut down, not closed with a
         handshake: a server that has stopped answering would not answer that either."""
@@ -365,7 +414,7 @@ class PolicyClient:
             return
         self._drop_reason = (
             f"{self._ring.switch_after_unanswered} requests in a row got no reply within their "
-            "deadline"
+            f"deadline or an error (the last: {last})"
         )
         with contextlib.suppress(OSError):
             conn.socket.shutdown(socket.SHUT_RDWR)
@@ -398,7 +447,8 @@ class PolicyClient:
         with self._lock:  # whoever sees the disconnect sees its reason and the next server
             self.stats.disconnects += lost
             self.last_error = f"{uri}: {reason}" if self._ring.several else reason
-            wait = self._ring.move_on()
+            wait = self._ring.fail_back() if self._failing_back else self._ring.move_on()
+            self._failing_back = False
         self._notify(False, self.last_error)
         self._closing.wait(wait)
 
@@ -424,6 +474,8 @@ class PolicyClient:
                 self.stats.switches += 1
                 self.last_switch = f"{left} -> {uri}: {self.last_error}"
             self._connected_to = uri
+            if uri == self._ring.uris[0]:
+                self._failbacks_in_a_row = 0
             self._drop_reason = None
             self._ring.connected()
         self._connected.set()
@@ -445,7 +497,6 @@ class PolicyClient:
                 return describe(error)
             with self._lock:
                 waiter = self._pending.popleft() if self._pending else None
-                self._ring.replied()
             if waiter is None:  # a reply nobody asked for: the stream is out of step
                 conn.close()
                 return "the server sent a reply to no request"
@@ -463,9 +514,48 @@ class PolicyClient:
                 self.stats.bad_replies += 1
                 waiter.deliver(None, error)
                 continue
+            with self._lock:  # a usable reply (in time or not): the server works
+                self._ring.replied()
             waiter.deliver(reply, None)
             if waiter.abandoned and self.on_late_reply is not None:
                 self._call(self.on_late_reply, reply)
+
+    # -- failback ----------------------------------------------------------------------------------
+    def _probe_first(self) -> None:
+        """While connected to another server, ask the first one's readiness every
+        ``failback_probe_s``; once it is ready, go back to it between two requests."""
+        first = self._ring.uris[0]
+        while not self._closing.wait(self._probe_period_s()):
+            with self._lock:
+                on_backup = self._conn is not None and self._connected_to != first
+            if on_backup and is_ready(first, min(self._failback_probe_s, 1.0)):
+                self._fail_back(first)
+
+    def _probe_period_s(self) -> float:
+        """``failback_probe_s``, doubled for each failback in a row that did not reach the first
+        server (ready, but full or serving a model this client refuses)."""
+        doubled = self._failback_probe_s * 2 ** min(self._failbacks_in_a_row, 16)
+        return min(doubled, max(MAX_FAILBACK_PROBE_S, self._failback_probe_s))
+
+    def _fail_back(self, first: str) -> None:
+        """End the current connection once no request is unanswered (waiting a second at most),
+        so no reply is lost and nothing built for this session reaches the next; the connection
+        thread then connects to ``first`` (`_move_on`)."""
+        for _ in range(500):
+            with self._lock:
+                conn = self._conn
+                if conn is None or self._drop_reason or self._closing.is_set():
+                    return
+                if not self._pending:
+                    self._drop_reason = f"failing back to {first}: it is ready again"
+                    self._failing_back = True
+                    self.stats.failbacks += 1
+                    self._failbacks_in_a_row += 1
+                    break
+            self._closing.wait(0.002)
+        else:
+            return  # the connection stayed busy: the next probe tries again
+        conn.close()  # a clean close: the server ends the session at once
 
     def _fail_pending(self, error: ClientError) -> None:
         with self._lock:

@@ -5,8 +5,12 @@ time, the first one first, and moves on to the next (cycling back to the first a
 when the one it uses
 
 * cannot be reached (refused, timed out, handshake failed) or loses its connection: at once;
-* stops answering in time: `SWITCH_AFTER_UNANSWERED` requests in a row got no reply within
-  their deadline (or were not sent because earlier ones are still unanswered).
+* stops answering in time: `SWITCH_AFTER_UNANSWERED` requests in a row got no usable reply
+  within their deadline: late, answered with an error (a server that refuses every frame), or not
+  sent because earlier ones are still unanswered. One refused frame between good replies resets
+  nothing: the count is of requests *in a row*.
+
+and goes back to the first server (`fail_back`) when its client finds it ready again.
 
 With one server there is nowhere to go: it is tried again, and a slow server is only waited for.
 
@@ -78,7 +82,8 @@ class ServerRing:
         self._unanswered = 0
 
     def replied(self) -> None:
-        """The current server sent a reply (in time or not): it works, the waits start over."""
+        """The current server sent a usable reply (in time or not; not an error): it works, the
+        waits start over."""
         self._failures = 0
 
     def answered_in_time(self) -> None:
@@ -88,6 +93,11 @@ class ServerRing:
         """A request got no reply in time; True when the client should leave this server."""
         self._unanswered += 1
         return self.several and self._unanswered >= self.switch_after_unanswered
+
+    def fail_back(self) -> float:
+        """The first server is ready again: make it current, to be tried at once."""
+        self.index = 0
+        return 0.0
 
     def move_on(self) -> float:
         """After a failed attempt or a lost connection: make the next server current and return
