@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
 # The recipe of models/sim_so101, from nothing: expert demonstrations and grounding scenes rendered
-# from the simulated arm, then pi0.5 trained on them from random weights (one CPU core: about
-# 10 minutes of rendering and 35 of training on a 2-core machine shared with other work).
+# from the simulated arm, then pi0.5 trained on them from random weights in three stages on one
+# CPU core (a curriculum, each stage ended by its held-out probe's gates or its step cap):
+#
+#   1. ground_start: grounding questions about scenes at the start pose only, until "where" and
+#      "all_cubes" reach GATE there (mixed with moved-arm views from the start, the colours never
+#      bind to their cubes);
+#   2. ground_all: the same questions, and the node's subtask prompt, about scenes at every kind
+#      of moment (start pose, along expert episodes, with DART drift, off-course reaches) until
+#      "where", "all_cubes" and "subtask" reach GATE at the start pose and along the episode;
+#   3. demos: touch and place demonstrations join (their own warmup and cosine), the questions
+#      staying in every step's mix, so the grounding and the subtask's wording are kept.
 #
 #   scripts/train_sim_policy.sh [WORK_DIR]        (default data/sim_policy)
 #
 # The checkpoint lands in WORK_DIR/checkpoint (a LeRobot pi05 folder; copy it over models/sim_so101
-# without its resume.pt). Resumable: data already written is kept, and a training run that was
-# stopped continues from its resume file. Sizes can be made smaller for
-# a quick try (TOUCH, DART_TOUCH, LAYOUTS, HELDOUT, STEPS, GROUNDING_ONLY, ONE_COLOUR); the
-# defaults are the shipped checkpoint's. RESUME_EVERY_MIN: minutes between resume files. BIN: where the oxygen-* commands are (default .venv/bin).
+# without its resume.pt). Resumable: data already written is kept, a stage that ended is not run
+# again, and a stopped stage continues from its resume file. Sizes can be made smaller for a quick
+# try (TOUCH, PLACE, START_LAYOUTS, MOVED_LAYOUTS, HELDOUT, *_STEPS, ONE_COLOUR, PROBE_EVERY,
+# PROBE_SCENES); the defaults are the shipped checkpoint's. WORKERS: rendering processes.
+# RESUME_EVERY_MIN: minutes between resume files. BIN: where the oxygen-* commands are (default
+# .venv/bin).
 set -euo pipefail
 WORK="${1:-data/sim_policy}"
 BIN="${BIN:-.venv/bin}"
-TOUCH="${TOUCH:-600}"               # clean touch demonstrations, seeds 1,000,000 ...
-DART_TOUCH="${DART_TOUCH:-600}"     # touch demonstrations, half with 0.03 rad DART drift
-LAYOUTS="${LAYOUTS:-3000}"          # grounding layouts (3 views each), seeds 3,000,000 ...
-HELDOUT="${HELDOUT:-150}"           # held-out grounding layouts for the probe, seeds 9,000,000 ...
-STEPS="${STEPS:-6000}"
-GROUNDING_ONLY="${GROUNDING_ONLY:-1500}"
-ONE_COLOUR="${ONE_COLOUR:-600}"
+TOUCH="${TOUCH:-500}"                   # touch demonstrations per set (clean, and half DART)
+PLACE="${PLACE:-250}"                   # place demonstrations per set
+START_LAYOUTS="${START_LAYOUTS:-20000}" # grounding layouts at the start pose, seeds 3,000,000 ...
+MOVED_LAYOUTS="${MOVED_LAYOUTS:-6000}"  # layouts seen at 4 moments past the start, 3,100,000 ...
+HELDOUT="${HELDOUT:-300}"               # held-out layouts for the probe, seeds 9,000,000 ...
+START_STEPS="${START_STEPS:-4000}"      # each stage's cap (its gates usually end it sooner)
+ALL_STEPS="${ALL_STEPS:-5000}"
+DEMO_STEPS="${DEMO_STEPS:-6000}"
+ONE_COLOUR="${ONE_COLOUR:-400}"
+GATE="${GATE:-0.95}"
+PROBE_EVERY="${PROBE_EVERY:-250}"
+PROBE_SCENES="${PROBE_SCENES:-150}"
+WORKERS="${WORKERS:-1}"
 RESUME_EVERY_MIN="${RESUME_EVERY_MIN:-5}"
 mkdir -p "$WORK"
 
@@ -36,32 +53,43 @@ scenes() {  # scenes OUT.npz ARGS...: grounding scenes, written whole or not at 
   local out="$1"
   shift
   if [[ ! -f "$out" ]]; then
-    "$BIN/oxygen-sim-dataset" grounding --out "${out%.npz}.partial.npz" "$@"
+    "$BIN/oxygen-sim-dataset" grounding --out "${out%.npz}.partial.npz" --workers "$WORKERS" "$@"
     mv "${out%.npz}.partial.npz" "$out"
   fi
 }
 
-# Touch demonstrations recorded 1 s past the touch: the expert finishes its reach (1.7 cm above the
-# cube's centre) and holds there, so the data shows the last centimetres.
-demos "$WORK/touch_settle" --touch "$TOUCH" --touch-settle-s 1.0
-demos "$WORK/touch_dart_settle" --touch "$DART_TOUCH" --touch-seed 1001200 --touch-settle-s 1.0 \
-  --perturbed-share 0.5 --perturbation-rad 0.03
-scenes "$WORK/grounding_train.npz" --layouts "$LAYOUTS"
-scenes "$WORK/grounding_heldout.npz" --layouts "$HELDOUT" --seed 9000000
+# Demonstrations recorded 1 s past a touch (the expert finishes its reach, 1.7 cm above the cube's
+# centre, and holds), the second set with 0.03 rad DART drift on half of its episodes.
+demos "$WORK/demos_clean" --touch "$TOUCH" --place "$PLACE" --touch-settle-s 1.0
+demos "$WORK/demos_dart" --touch "$TOUCH" --place "$PLACE" --touch-seed 1001200 \
+  --place-seed 2001200 --touch-settle-s 1.0 --perturbed-share 0.5 --perturbation-rad 0.03
+scenes "$WORK/grounding_start.npz" --layouts "$START_LAYOUTS" --poses 1
+scenes "$WORK/grounding_moved.npz" --layouts "$MOVED_LAYOUTS" --poses 5 --seed 3100000 \
+  --views along dart off_course
+scenes "$WORK/grounding_heldout.npz" --layouts "$HELDOUT" --poses 5 --seed 9000000 \
+  --views along dart off_course
 
 resume=()
-if [[ -f "$WORK/checkpoint/model.safetensors" ]]; then
-  echo "train_sim_policy: $WORK/checkpoint is already trained"
-  exit 0
-elif [[ -f "$WORK/checkpoint/resume.pt" ]]; then
-  resume=(--resume)
-fi
-"$BIN/oxygen-train" --dataset "$WORK/touch_settle" --dataset "$WORK/touch_dart_settle" \
-  --out "$WORK/checkpoint" --preset sim \
-  --grounding "$WORK/grounding_train.npz" --grounding-heldout "$WORK/grounding_heldout.npz" \
-  --probe-every 500 --probe-scenes 80 --grounding-batch-size 24 \
-  --grounding-only-steps "$GROUNDING_ONLY" --one-colour-steps "$ONE_COLOUR" \
-  --image-positions sincos --steps "$STEPS" --batch-size 12 --lr 1e-3 --warmup-steps 50 \
-  --seed 0 --data-seed 0 --rtc-training-max-delay 4 --flat-fraction 0.1 --no-augment \
-  --no-knowledge-insulation --start-share 0.2 --start-frames 3 --threads 1 --log-every 50 \
-  --resume-every-min "$RESUME_EVERY_MIN" "${resume[@]}"
+[[ -f "$WORK/checkpoint/resume.pt" ]] && resume=(--resume)
+common=(--dataset "$WORK/demos_clean" --dataset "$WORK/demos_dart" --out "$WORK/checkpoint"
+  --preset sim --grounding-heldout "$WORK/grounding_heldout.npz" --probe-every "$PROBE_EVERY"
+  --probe-scenes "$PROBE_SCENES" --image-positions sincos --seed 0 --data-seed 0
+  --rtc-training-max-delay 4 --flat-fraction 0.1 --no-augment --no-knowledge-insulation
+  --start-share 0.2 --start-frames 3 --threads 1 --log-every 50
+  --resume-every-min "$RESUME_EVERY_MIN")
+both=(start along)
+"$BIN/oxygen-train" "${common[@]}" "${resume[@]}" --stage ground_start \
+  --grounding "$WORK/grounding_start.npz" --grounding-batch-size 32 \
+  --steps "$START_STEPS" --grounding-only-steps "$START_STEPS" --one-colour-steps "$ONE_COLOUR" \
+  --lr 1e-3 --warmup-steps 50 --gate "start/where>=$GATE" --gate "start/all_cubes>=$GATE"
+gates=()
+for pose in "${both[@]}"; do
+  for kind in where all_cubes subtask; do gates+=(--gate "$pose/$kind>=$GATE"); done
+done
+"$BIN/oxygen-train" "${common[@]}" --resume --stage ground_all \
+  --grounding "$WORK/grounding_start.npz" --grounding "$WORK/grounding_moved.npz" \
+  --grounding-batch-size 32 --steps "$ALL_STEPS" --grounding-only-steps "$ALL_STEPS" \
+  --lr 5e-4 --warmup-steps 50 "${gates[@]}"
+"$BIN/oxygen-train" "${common[@]}" --resume --stage demos \
+  --grounding "$WORK/grounding_start.npz" --grounding "$WORK/grounding_moved.npz" \
+  --grounding-batch-size 24 --batch-size 12 --steps "$DEMO_STEPS" --lr 7e-4 --warmup-steps 200

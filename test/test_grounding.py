@@ -18,14 +18,16 @@ import torch
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.model.objectives import text_only_loss
 from oxygen_ros.model.siglip import sincos_positions
-from oxygen_ros.policy_io.prompts import resolve_format
+from oxygen_ros.policy_io.prompts import SubtaskText, resolve_format
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.sim import grounding
 from oxygen_ros.sim import questions as qa
+from oxygen_ros.sim.episode import Simulation
+from oxygen_ros.sim.headless import drive_expert
 from oxygen_ros.sim.language import place_words
 from oxygen_ros.sim.recording import demonstration_specs, write_demonstrations
 from oxygen_ros.sim.scene import CUBE_COLORS
-from oxygen_ros.sim.tasks import random_layout
+from oxygen_ros.sim.tasks import TOUCH, Task, random_layout
 from oxygen_ros.tools.benches.closed_loop import round_task
 from oxygen_ros.tools.sim_dataset import (
     DEFAULT_GROUNDING_SEED,
@@ -38,8 +40,10 @@ from oxygen_ros.training.grounding import GroundingBatchMaker, answers_right, pr
 from oxygen_ros.training.trainer import (
     TrainSettings,
     freeze_sincos_positions,
+    gates_met,
     model_config,
     new_model,
+    parse_gate,
 )
 
 HELDOUT = grounding.HELDOUT_SEED0 + 500_000  # the tests' own held-out layouts
@@ -101,7 +105,7 @@ def test_scene_questions_are_vqa_and_the_task_question_is_an_ask(scenes, tokeniz
             assert layout.ids[:n_prefix] == [tok.bos_id] + tok.encode_text(q.text + "\n")
             assert layout.causal == [False] * n_prefix + [True] * len(answer)
         else:
-            assert q.kind == qa.TARGET
+            assert (q.kind, q.layout) in {(qa.TARGET, qa.ASK), (qa.SUBTASK, qa.SUBTASK_PROMPT)}
 
 
 def test_which_at_answers_agree_with_where_answers(scenes):
@@ -278,3 +282,146 @@ def test_probe_reports_every_kind_asked(scenes, tokenizer_path):
     result = probe(new_model(maker.config, seed=3), maker, max_scenes=2)
     assert set(result) >= {"where", "all_cubes", "held", "on_pad", "all"}
     assert all(0.0 <= v <= 1.0 for v in result.values())
+
+
+@pytest.fixture(scope="module")
+def moved() -> qa.GroundingScenes:
+    """Two layouts seen at the start and at three moments of each view kind's episode."""
+    return qa.GroundingScenes.concatenate(
+        [
+            grounding.render_scenes(HELDOUT + 100 * k, 2, 4, views=(view,))
+            for k, view in enumerate(grounding.VIEWS)
+        ]
+    )
+
+
+def test_each_row_keeps_its_view_and_the_sims_subtask_for_the_task(moved):
+    assert set(moved.views) == {qa.START, *grounding.VIEWS}
+    assert moved.starts().sum() == 2 * len(grounding.VIEWS)
+    for row in range(len(moved)):
+        task = qa.parse_task(moved.tasks[row])
+        assert f"the {task.cube} cube" in moved.subtasks[row] or moved.subtasks[row] == "done"
+        asked = [q for q in qa.scene_questions(moved, row) if q.kind == qa.SUBTASK]
+        assert [(q.answer, q.layout) for q in asked] == [(moved.subtasks[row], qa.SUBTASK_PROMPT)]
+
+
+def test_an_off_course_reach_ends_at_the_decoy_cube_not_the_tasks():
+    sim = Simulation(episode_timeout_s=4.0)
+    try:
+        rng = np.random.default_rng(0)
+        task = sim.reset(Task(TOUCH, "red"), HELDOUT + 300)
+        decoy = grounding._decoy(task, rng)
+        for _ in drive_expert(sim, expert_task=decoy):
+            pass
+        tip = sim.world.tip_position()
+        to_decoy = np.linalg.norm(sim.world.cube_position(decoy.cube) - tip)
+        to_task = np.linalg.norm(sim.world.cube_position(task.cube) - tip)
+    finally:
+        sim.world.close()
+    assert decoy.cube != task.cube and sim.status != "success"
+    assert to_decoy < 0.04 < to_task
+    assert sim.phase.subtask.startswith(f"touch the {task.cube} cube")  # labels stay the task's
+
+
+def test_rendering_in_two_processes_gives_the_same_scenes():
+    one = grounding.render_scenes(HELDOUT + 900, 2, 2, views=("dart",))
+    two = grounding.render_scenes(HELDOUT + 900, 2, 2, views=("dart",), workers=2)
+    np.testing.assert_array_equal(one.scene, two.scene)
+    np.testing.assert_array_equal(one.state, two.state)
+    assert (one.subtasks, one.views) == (two.subtasks, two.views)
+    with pytest.raises(ValueError, match="views"):
+        grounding.render_scenes(HELDOUT, 1, 2, views=("sideways",))
+
+
+def test_files_without_subtasks_or_views_load_with_them_empty(scenes, tmp_path):
+    arrays = {k: v for k, v in np.load(_saved(scenes, tmp_path)).items()}
+    del arrays["subtasks"], arrays["views"]
+    np.savez(tmp_path / "old.npz", **arrays)
+    old = qa.GroundingScenes.load(tmp_path / "old.npz")
+    assert old.subtasks == [""] * len(scenes) and old.views == [""] * len(scenes)
+    assert qa.SUBTASK not in {q.kind for q in qa.scene_questions(old, 0)}
+
+
+def _saved(scenes: qa.GroundingScenes, tmp_path: Path) -> Path:
+    scenes.save(tmp_path / "s.npz")
+    return tmp_path / "s.npz"
+
+
+def test_the_subtask_question_is_the_demonstrations_subtask_prompt(moved, tokenizer_path):
+    maker = _maker(moved, tokenizer_path)
+    tok = maker.tokenizer
+    row = int(np.flatnonzero(~moved.starts())[0])
+    question = [q for q in maker.questions(row) if q.kind == qa.SUBTASK][0]
+    layout = maker.layout(row, question)
+    conditioned = tok.frame_prompt(
+        moved.tasks[row],
+        maker.states[row],
+        maker.config.max_token_len,
+        maker.format,
+        True,
+        SubtaskText(tuple(tok.encode_text(question.answer)), question.answer),
+    )
+    assert layout.ids == list(conditioned.ids)  # the same tokens the action prompt holds
+    assert layout.causal == conditioned.causal_mask().tolist()
+    supervised = [i for i, s in zip(layout.ids, layout.supervised, strict=True) if s]
+    assert supervised == tok.encode_text(question.answer) + [tok.eos_id]
+    first = layout.supervised.index(True)
+    assert first == conditioned.shared  # generated right after the shared prefix
+
+
+def test_the_probe_splits_by_pose(moved, tokenizer_path):
+    maker = _maker(moved, tokenizer_path)
+    result = probe(new_model(maker.config, seed=3), maker, max_scenes=len(moved))
+    for group in ("start", "along"):
+        assert {f"{group}/where", f"{group}/subtask", f"{group}/all_cubes"} <= set(result)
+    assert all(0.0 <= v <= 1.0 for v in result.values())
+
+
+def test_gates_parse_and_read_the_probe():
+    assert parse_gate("start/where>=0.95") == ("start/where", 0.95)
+    for bad in ("start/where>0.9", ">=0.5", "where>=1.5", "where>=x"):
+        with pytest.raises(ValueError, match="gate"):
+            parse_gate(bad)
+    gates = [("start/where", 0.9), ("along/where", 0.9)]
+    assert gates_met(gates, {"start/where": 0.95, "along/where": 0.9})
+    assert not gates_met(gates, {"start/where": 0.95, "along/where": 0.89})
+    assert not gates_met(gates, {"start/where": 0.95})  # a figure the probe lacks is not met
+    assert not gates_met([], {"start/where": 1.0})
+
+
+def test_stages_resume_the_last_weights_with_their_own_schedule(
+    demos, moved, tokenizer_path, tmp_path
+):
+    heldout = _saved(moved, tmp_path)
+    out = tmp_path / "staged"
+    common = [
+        "--dataset", str(demos), "--out", str(out), "--preset", "tiny", "--batch-size", "2",
+        "--grounding", str(heldout), "--grounding-heldout", str(heldout),
+        "--grounding-batch-size", "2", "--probe-every", "2", "--probe-scenes", "6",
+        "--tokenizer", str(tokenizer_path), "--threads", "1", "--no-augment",
+        "--log-every", "1", "--warmup-steps", "2", "--lr", "1e-3",
+    ]  # fmt: skip
+    # a gate every probe meets ends the first stage at its first probe, not at its 50 steps
+    first = [*common, "--stage", "ground", "--steps", "50", "--grounding-only-steps", "50"]
+    assert train_main([*first, "--gate", "all>=0.0"]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps_done"] == 2
+    assert record["stages"][0]["ended"] == "gates met at step 2"
+    # a gate no probe meets: the stage runs to its steps and says so
+    second = ["--stage", "ground2", "--steps", "3", "--grounding-only-steps", "3"]
+    with pytest.raises(SystemExit):
+        train_main([*common, "--resume", *second, "--gate", "all>=1.1"])  # refused
+    assert train_main([*common, "--resume", *second, "--gate", "where>=1.0"]) == 0
+    assert train_main([*common, "--resume", "--stage", "demos", "--steps", "3"]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert [s["stage"] for s in record["stages"]] == ["ground", "ground2", "demos"]
+    assert [(s["first_step"], s["last_step"]) for s in record["stages"]] == [(0, 2), (2, 5), (5, 8)]
+    lrs = [h["lr"] for h in record["history"]]
+    assert lrs[2] == lrs[5] == lrs[0]  # each stage warms up from its own first step
+    flows = [h["flow"] for h in record["history"]]
+    assert flows[:5] == [0.0] * 5 and all(f > 0 for f in flows[5:])  # demos join in "demos"
+    # an earlier stage, once a later one ran, is skipped; the last goes on to more steps
+    assert train_main([*first, "--resume", "--gate", "all>=0.0"]) == 0
+    assert train_main([*common, "--resume", "--stage", "demos", "--steps", "4"]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps_done"] == 9 and record["stages"][-1]["last_step"] == 9

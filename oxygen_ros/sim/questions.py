@@ -97,9 +97,7 @@ class GroundingScenes:
     @classmethod
     def load(cls, path: Path | str) -> GroundingScenes:
         with np.load(path) as data:
-            fields = {
-                f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data.files
-            }
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data.files}
         for name in _TEXT_FIELDS:
             fields[name] = (
                 [str(t) for t in fields[name]] if name in fields else [""] * len(fields["seeds"])

@@ -29,7 +29,13 @@ from oxygen_ros.sim.questions import question_sentences
 from oxygen_ros.tools.cli import positive_float, positive_int
 from oxygen_ros.tools.tiny_tokenizer import train_tiny_tokenizer
 from oxygen_ros.training.dataset import NARRATION_MODES, dataset_texts
-from oxygen_ros.training.trainer import IMAGE_POSITIONS, RESUME_FILE, TrainSettings, train
+from oxygen_ros.training.trainer import (
+    IMAGE_POSITIONS,
+    RESUME_FILE,
+    TrainSettings,
+    parse_gate,
+    train,
+)
 
 # a tokenizer trained here covers the prompt formats' fixed words as well as the dataset's
 FORMAT_SENTENCES = (
@@ -185,13 +191,36 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--probe-every", type=int, default=500, help="steps between probes")
     parser.add_argument("--probe-scenes", type=positive_int, default=150)
     parser.add_argument(
-        "--resume", action="store_true", help=f"continue from OUT/{RESUME_FILE} (same arguments)"
+        "--resume",
+        action="store_true",
+        help=f"continue from OUT/{RESUME_FILE} (same arguments, or the next --stage)",
     )
     parser.add_argument(
         "--resume-every-min", type=positive_float, default=5.0, help="minutes between resume files"
     )
+    parser.add_argument(
+        "--stage",
+        default="main",
+        help="this call's stage of a curriculum: with --resume, a new name starts a stage from "
+        "the last one's weights (its own step counts and learning-rate schedule); the same name "
+        "continues it",
+    )
+    parser.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="PROBE>=MIN",
+        help="ends the stage at the first probe where every gate holds, e.g. start/where>=0.95 "
+        "(keys as the probe logs them)",
+    )
     parser.add_argument("--log-every", type=positive_int, default=10)
     args = parser.parse_args(argv)
+    try:
+        args.gate = tuple(parse_gate(g) for g in args.gate)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.gate and not (args.grounding_heldout and args.probe_every > 0):
+        parser.error("--gate reads the probe: it needs --grounding-heldout and --probe-every > 0")
     if args.threads < 0:
         parser.error(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     return args
@@ -248,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe_scenes=args.probe_scenes,
             resume=args.resume,
             resume_every_s=args.resume_every_min * 60,
+            stage=args.stage,
+            gates=args.gate,
             command=command,
         )
         train(settings)

@@ -118,6 +118,39 @@ def collate(
     )
 
 
+def prompt_layout(
+    tokenizer: Pi05Tokenizer,
+    fmt: PromptFormat,
+    task: str,
+    state: np.ndarray,
+    max_len: int,
+    subtask: str | None = None,
+) -> TextLayout:
+    """A frame's action prompt (``state`` normalised), conditioned on ``subtask`` when given: its
+    ids and the eos after them supervised, as the node's subtask request generates them.
+
+    Raises:
+        BatchError: a format whose subtask ids are not where its causal tail starts.
+    """
+    conditioned = subtask is not None
+    text = None
+    if conditioned:
+        words = " ".join(subtask.split())
+        text = SubtaskText(tuple(tokenizer.encode_text(words)), words)
+    prompt = tokenizer.frame_prompt(task, state, max_len, fmt, conditioned, text)
+    ids = list(prompt.ids)
+    supervised = [False] * len(ids)
+    if text is not None:
+        start, stop = prompt.shared, prompt.shared + len(text.ids)
+        if tuple(ids[start:stop]) != text.ids:
+            raise BatchError(
+                f"prompt format {fmt.name!r}: the subtask ids are not where its causal tail starts"
+            )
+        stop += int(subtask_piece_follows_eos(fmt))
+        supervised[start:stop] = [True] * (stop - start)
+    return TextLayout(ids, prompt.causal_mask().tolist(), supervised, [True] * len(ids))
+
+
 class BatchMaker:
     """Makes seeded training batches from a dataset for one model and prompt format.
 
@@ -194,31 +227,16 @@ class BatchMaker:
         of frame ``index``; ``state``: the normalised state to write in the prompt instead of the
         frame's."""
         frames, tok = self.frames, self.tokenizer
-        subtask = None
-        if conditioned:
-            text = " ".join(frames.subtasks[index].split())
-            subtask = SubtaskText(tuple(tok.encode_text(text)), text)
-        prompt = tok.frame_prompt(
+        layout = prompt_layout(
+            tok,
+            self.format,
             frames.tasks[index],
             self.normalized_states[index] if state is None else state,
             self.config.max_token_len,
-            self.format,
-            conditioned,
-            subtask,
+            frames.subtasks[index] if conditioned else None,
         )
-        ids = list(prompt.ids)
-        causal = prompt.causal_mask().tolist()
-        supervised = [False] * len(ids)
-        if subtask is not None:
-            start, stop = prompt.shared, prompt.shared + len(subtask.ids)
-            if tuple(ids[start:stop]) != subtask.ids:
-                raise BatchError(
-                    f"prompt format {self.format.name!r}: the subtask ids are not where its "
-                    "causal tail starts"
-                )
-            stop += int(subtask_piece_follows_eos(self.format))
-            supervised[start:stop] = [True] * (stop - start)
-        action_reads = [True] * len(ids)
+        ids, causal = list(layout.ids), list(layout.causal)
+        supervised, action_reads = list(layout.supervised), list(layout.action_reads)
         sentence = frames.narrations[index]
         if self.narration and sentence:
             cue = self.format.kind_ids(tok, NARRATION_KIND)

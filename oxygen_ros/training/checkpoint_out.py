@@ -105,8 +105,13 @@ def _grounding_lines(record: Mapping[str, Any]) -> list[str]:
             f"{record['grounding_only_steps']} steps questions only; image positions "
             f"`{record['image_positions']}`"
         )
+    for stage in record.get("stages", []):
+        lines.append(
+            f"- stage `{stage['stage']}`: steps {stage['first_step']}–{stage.get('last_step', '?')}"
+            f", {stage['ended']}: `{stage.get('command', '')}`"
+        )
     if record.get("probes"):
         last = record["probes"][-1]
-        scores = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k != "step")
+        scores = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k not in ("step", "stage"))
         lines.append(f"- held-out grounding probe at step {last['step']}: {scores}")
     return lines

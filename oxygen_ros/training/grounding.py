@@ -8,13 +8,19 @@ Two layouts (a question's ``layout``):
 * ``ask``, as the node lays out an Ask request: the images and the frame's flat action prompt (the
   scene's task, the state's bins), then the ``answer`` kind's cue with the question
   (``"\\nQuestion: ...\\nAnswer: "``), then the answer; the prefix cannot read the question, so
-  this is for questions about the task itself ("which cube are you going for?").
+  this is for questions about the task itself ("which cube are you going for?");
+* ``subtask_prompt``, as the node asks for its subtask (`.batches.prompt_layout`, the same tokens
+  the demonstrations' subtask-conditioned prompts hold): the frame's action prompt with the sim's
+  subtask generated inside it, supervised. Asked of every scene, it teaches the subtask on as many
+  layouts and poses as the questions, not only the demonstrations'.
 
 No example carries an action loss: these batches train the backbone (and the vision tower) alone,
 as pi0.5's vision-language co-training does.
 
 The probe asks held-out scenes' questions teacher-forced and counts a question right when every
-answer token (and the eos) is the argmax: exactly what greedy decoding would say.
+answer token (and the eos) is the argmax: exactly what greedy decoding would say; it reports each
+kind over all scenes and split by pose: ``start/<kind>`` at the layouts' start pose,
+``along/<kind>`` at the moments the arm has moved.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from oxygen_ros.policy_io.preprocess_torch import lerobot_resize_with_pad
 from oxygen_ros.policy_io.prompts import PromptFormat
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.sim.questions import (
+    ASK,
     QUESTION_KINDS,
+    SUBTASK_PROMPT,
     VQA,
     GroundingScenes,
     Question,
@@ -40,7 +48,7 @@ from oxygen_ros.sim.questions import (
     scene_questions,
 )
 
-from .batches import BatchError, TextLayout, collate
+from .batches import BatchError, TextLayout, collate, prompt_layout
 
 ANSWER_KIND = "answer"
 VQA_PROMPT = "{question}\n"  # PaliGemma's VQA prefix: the question, then a newline
@@ -90,10 +98,29 @@ class GroundingBatchMaker:
 
     def layout(self, row: int, question: Question) -> TextLayout:
         """``question`` about scene ``row`` and its answer (supervised), in the question's
-        layout: :data:`VQA` or :data:`ASK`."""
+        layout: :data:`VQA`, :data:`ASK` or :data:`SUBTASK_PROMPT`.
+
+        Raises:
+            BatchError: an unknown layout.
+        """
         if question.layout == VQA:
             return self.vqa_layout(question)
-        return self.ask_layout(row, question)
+        if question.layout == ASK:
+            return self.ask_layout(row, question)
+        if question.layout == SUBTASK_PROMPT:
+            return self.frame_prompt(row, question.answer)
+        raise BatchError(f"question {question.kind!r}: unknown layout {question.layout!r}")
+
+    def frame_prompt(self, row: int, subtask: str | None = None) -> TextLayout:
+        """Scene ``row``'s action prompt, conditioned on ``subtask`` (supervised) when given."""
+        return prompt_layout(
+            self.tokenizer,
+            self.format,
+            self.scenes.tasks[row],
+            self.states[row],
+            self.config.max_token_len,
+            subtask,
+        )
 
     def vqa_layout(self, question: Question) -> TextLayout:
         """PaliGemma's prefix-LM layout, as pi0.5's vision-language data: bos and the question
@@ -112,17 +139,14 @@ class GroundingBatchMaker:
         """Scene ``row``'s flat action prompt, then the ``answer`` kind's cue with ``question``,
         then its answer (supervised)."""
         tok = self.tokenizer
-        prompt = tok.frame_prompt(
-            self.scenes.tasks[row], self.states[row], self.config.max_token_len, self.format
-        )
-        ids = list(prompt.ids)
+        prompt = self.frame_prompt(row)
         cue = self.format.kind_ids(tok, ANSWER_KIND, text=question.text)
         answer = tok.encode_text(question.answer) + [tok.eos_id]
         return TextLayout(
-            ids=ids + cue + answer,
-            causal=prompt.causal_mask().tolist() + [True] * (len(cue) + len(answer)),
-            supervised=[False] * (len(ids) + len(cue)) + [True] * len(answer),
-            action_reads=[True] * len(ids) + [False] * (len(cue) + len(answer)),
+            ids=prompt.ids + cue + answer,
+            causal=prompt.causal + [True] * (len(cue) + len(answer)),
+            supervised=prompt.supervised + [False] * len(cue) + [True] * len(answer),
+            action_reads=prompt.action_reads + [False] * (len(cue) + len(answer)),
         )
 
     def images(self, rows: np.ndarray) -> torch.Tensor:
@@ -169,7 +193,8 @@ def probe(
     model: Pi05Model, maker: GroundingBatchMaker, max_scenes: int | None = None, chunk: int = 64
 ) -> dict[str, float]:
     """Held-out accuracy per question kind (and ``all``) over the first ``max_scenes`` scenes of
-    ``maker``, every question of each scene asked."""
+    ``maker``, every question of each scene asked; with scenes of both pose groups, also per
+    kind within each (``start/where``, ``along/where``, ...)."""
     was_training = model.training
     model.eval()
     rows, questions = [], []
@@ -185,8 +210,20 @@ def probe(
     )
     model.train(was_training)
     kinds = np.array([q.kind for q in questions])
-    result = {
-        kind: float(right[kinds == kind].mean()) for kind in QUESTION_KINDS if (kinds == kind).any()
-    }
+    result = _accuracy_by_kind(right, kinds, "")
     result["all"] = float(right.mean())
+    views = maker.scenes.views
+    if all(views):  # scenes that say how the arm got there
+        at_start = maker.scenes.starts()[np.asarray(rows)]
+        if at_start.any() and not at_start.all():
+            result.update(_accuracy_by_kind(right[at_start], kinds[at_start], "start/"))
+            result.update(_accuracy_by_kind(right[~at_start], kinds[~at_start], "along/"))
     return result
+
+
+def _accuracy_by_kind(right: np.ndarray, kinds: np.ndarray, prefix: str) -> dict[str, float]:
+    return {
+        prefix + kind: float(right[kinds == kind].mean())
+        for kind in QUESTION_KINDS
+        if (kinds == kind).any()
+    }

@@ -13,7 +13,17 @@ batch; the first ``grounding_only_steps`` train on the questions alone, and the 
 insulation the backbone learns from text alone (the questions, the subtask, the narration), the
 action expert reads what it learned. A held-out probe (:func:`.grounding.probe`) is logged every
 ``probe_every`` steps. A resume file (``resume.pt`` in ``out``) is written every
-``resume_every_s`` seconds; ``resume`` continues from it.
+``resume_every_s`` seconds and when the run ends; ``resume`` continues from it.
+
+A run can be trained in stages, one call per stage (a curriculum: the grounding questions at the
+start pose, then at every pose, then the demonstrations joining): each call names its ``stage``
+and resumes the previous stage's weights and optimiser; a new stage restarts the step counts that
+shape it (``steps``, the warmup and cosine of its learning rate, ``grounding_only_steps``,
+``one_colour_steps``, the time budget) from its first step. A stage ends at its ``steps``, its
+budget, or at the first probe where every one of its ``gates`` holds (``start/where >= 0.95``:
+a recipe gated on what the model knows, not on a step count). Resumed, a stage that its gates
+ended is not trained again, one stopped by its budget or step count goes on to its ``steps``, and
+an earlier stage, once a later one ran, is skipped.
 """
 
 from __future__ import annotations
@@ -94,6 +104,8 @@ class TrainSettings:
     probe_scenes: int = 150
     resume: bool = False  # continue from out/resume.pt
     resume_every_s: float = 300.0
+    stage: str = "main"  # this call's stage of a curriculum (module docstring)
+    gates: tuple[tuple[str, float], ...] = ()  # (probe key, minimum): all met ends the stage
     command: str = ""
 
     @property
@@ -103,6 +115,28 @@ class TrainSettings:
 
 IMAGE_POSITIONS = ("learned", "sincos")
 RESUME_FILE = "resume.pt"
+GATES_MET = "gates met"  # how a stage that its gates ended says so
+
+
+def parse_gate(text: str) -> tuple[str, float]:
+    """``"start/where>=0.95"`` -> ``("start/where", 0.95)``.
+
+    Raises:
+        ValueError: not ``KEY>=NUMBER`` with a number in [0, 1].
+    """
+    key, sep, value = text.partition(">=")
+    try:
+        minimum = float(value)
+    except ValueError:
+        minimum = math.nan
+    if not sep or not key.strip() or not 0.0 <= minimum <= 1.0:
+        raise ValueError(f"a gate is PROBE_KEY>=NUMBER in [0, 1] (start/where>=0.95), got {text!r}")
+    return key.strip(), minimum
+
+
+def gates_met(gates: Sequence[tuple[str, float]], accuracy: dict[str, float]) -> bool:
+    """Whether every gate's probe figure reaches its minimum (a figure the probe lacks: not met)."""
+    return bool(gates) and all(accuracy.get(key, -1.0) >= minimum for key, minimum in gates)
 
 
 @dataclasses.dataclass
@@ -244,6 +278,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     probes: list[dict[str, Any]] = []
     resume_path = Path(settings.out) / RESUME_FILE
     first_step, seconds_before = 0, 0.0
+    stages: list[dict[str, Any]] = []  # every stage's name, first and last step, how it ended
     if settings.resume:
         state = torch.load(resume_path, weights_only=False)
         model.load_state_dict(state["model"])
@@ -253,9 +288,31 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         flow_generator.set_state(state["flow_generator"])
         history = [StepLog(**h) for h in state["history"]]
         probes = state["probes"]
+        stages = state.get("stages", [])
         first_step = len(history)
         seconds_before = history[-1].seconds if history else 0.0
         log(f"resumed from {resume_path} at step {first_step}")
+    names = [s["stage"] for s in stages]
+    if settings.stage in names[:-1]:
+        log(f"stage {settings.stage!r} is over: later stages ({names[-1]!r}) ran; nothing to do")
+        return _result_of(settings, history)
+    if names[-1:] != [settings.stage]:
+        stages.append(
+            {
+                "stage": settings.stage,
+                "first_step": first_step,
+                "ended": "",
+                "command": settings.command,
+            }
+        )
+    stage = stages[-1]
+    gated = stage["ended"].startswith(GATES_MET)
+    if gated:  # the checkpoint is written again, the training not repeated
+        log(f"stage {settings.stage!r} ended already ({stage['ended']})")
+    else:
+        stage["ended"] = ""  # a stage stopped by its budget or step count goes on
+    stage_start = stage["first_step"]
+    stage_seconds_before = history[stage_start - 1].seconds if stage_start else 0.0
     log(
         f"dataset {_names(settings.datasets)}: {len(frames)} frames, "
         f"{frames.num_episodes} episodes, "
@@ -266,12 +323,13 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         + (f"; {len(questions.scenes)} grounding scenes" if questions else "")
     )
 
-    def run_probe(step: int) -> None:
+    def run_probe(step: int) -> dict[str, float]:
         if heldout is None:
-            return
+            return {}
         accuracy = probe(model, heldout, settings.probe_scenes)
-        probes.append({"step": step, **accuracy})
+        probes.append({"step": step, "stage": settings.stage, **accuracy})
         log(f"probe at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items()))
+        return accuracy
 
     def save_resume() -> None:
         torch.save(
@@ -283,20 +341,23 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
                 "flow_generator": flow_generator.get_state(),
                 "history": [dataclasses.asdict(h) for h in history],
                 "probes": probes,
+                "stages": stages,
             },
             resume_path,
         )
 
     start = time.monotonic() - seconds_before
     last_save = time.monotonic()
-    for step in range(first_step, settings.steps):
+    last_step = first_step if gated else stage_start + settings.steps
+    for step in range(first_step, last_step):
+        in_stage = step - stage_start
         lr = learning_rate(
-            step, settings.lr, settings.warmup_steps, settings.steps, settings.final_lr_fraction
+            in_stage, settings.lr, settings.warmup_steps, settings.steps, settings.final_lr_fraction
         )
         for group in optimizer.param_groups:
             group["lr"] = lr
         total, flow, text, tokens, grounding = _step_losses(
-            settings, model, maker, questions, step, rng, augment_generator, flow_generator
+            settings, model, maker, questions, in_stage, rng, augment_generator, flow_generator
         )
         optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -306,8 +367,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         if not math.isfinite(flow + text + grounding):
             raise FloatingPointError(f"step {step}: a non-finite loss ({history[-1]})")
         done = step + 1
-        if done % settings.log_every == 0 or done == settings.steps:
-            elapsed = history[-1].seconds
+        if done % settings.log_every == 0 or done == stage_start + settings.steps:
+            elapsed = history[-1].seconds - stage_seconds_before
             log(
                 f"step {done:5d}  flow {_window_mean(history, 'flow', settings.log_every):.4f}  "
                 f"text {_window_mean(history, 'text', settings.log_every):.4f}  "
@@ -316,25 +377,34 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
                     if questions
                     else ""
                 )
-                + f"lr {lr:.2e}  {done / elapsed:.2f} steps/s"
+                + f"lr {lr:.2e}  {(done - stage_start) / elapsed:.2f} steps/s"
             )
         if settings.probe_every and done % settings.probe_every == 0:
-            run_probe(done)
+            if gates_met(settings.gates, run_probe(done)):
+                stage["ended"] = f"{GATES_MET} at step {done}"
+                log(f"stage {settings.stage!r}: {stage['ended']}")
+                break
         if time.monotonic() - last_save >= settings.resume_every_s:
             save_resume()
             last_save = time.monotonic()
-        if settings.time_budget_s is not None and history[-1].seconds >= settings.time_budget_s:
-            log(f"time budget of {settings.time_budget_s:.0f} s spent after {done} steps")
+        stage_seconds = history[-1].seconds - stage_seconds_before
+        if settings.time_budget_s is not None and stage_seconds >= settings.time_budget_s:
+            stage["ended"] = f"time budget of {settings.time_budget_s:.0f} s spent at step {done}"
+            log(f"stage {settings.stage!r}: {stage['ended']}")
             break
+    else:
+        stage["ended"] = stage["ended"] or f"{settings.steps} steps done"
+    stage["last_step"] = len(history)
     if not probes or probes[-1]["step"] != len(history):
         run_probe(len(history))
-    elapsed = history[-1].seconds if history else 0.0
-    steps_per_second = len(history) / elapsed if elapsed > 0 else math.nan
-    final_flow = _window_mean(history, "flow", settings.log_every)
-    final_text = _window_mean(history, "text", settings.log_every)
+    if settings.gates and not stage["ended"].startswith(GATES_MET):
+        log(f"stage {settings.stage!r}: gates not met ({stage['ended']})")
+    save_resume()
+    result = _result_of(settings, history)
     model.eval().requires_grad_(False)
-    record = _record(settings, frames, history, steps_per_second, final_flow, final_text, config)
+    record = _record(settings, frames, history, result, config)
     record["probes"] = probes
+    record["stages"] = stages
     if questions is not None:
         record["grounding_scenes"] = len(questions.scenes)
     write_trained_checkpoint(
@@ -347,11 +417,22 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         record,
     )
     log(
-        f"final losses (last {settings.log_every} steps): flow {final_flow:.4f}, text "
-        f"{final_text:.4f}; {len(history)} steps in {elapsed:.0f} s "
-        f"({steps_per_second:.2f} steps/s); checkpoint {settings.out}"
+        f"final losses (last {settings.log_every} steps): flow {result.final_flow:.4f}, text "
+        f"{result.final_text:.4f}; {len(history)} steps in {record['train_seconds']:.0f} s "
+        f"({result.steps_per_second:.2f} steps/s); checkpoint {settings.out}"
     )
-    return TrainResult(Path(settings.out), history, steps_per_second, final_flow, final_text)
+    return result
+
+
+def _result_of(settings: TrainSettings, history: list[StepLog]) -> TrainResult:
+    elapsed = history[-1].seconds if history else 0.0
+    return TrainResult(
+        Path(settings.out),
+        history,
+        len(history) / elapsed if elapsed > 0 else math.nan,
+        _window_mean(history, "flow", settings.log_every),
+        _window_mean(history, "text", settings.log_every),
+    )
 
 
 def _step_losses(
@@ -395,15 +476,14 @@ def _record(
     settings: TrainSettings,
     frames: TrainingFrames,
     history: list[StepLog],
-    steps_per_second: float,
-    final_flow: float,
-    final_text: float,
+    result: TrainResult,
     config: Pi05Config,
 ) -> dict[str, Any]:
     fields = dataclasses.asdict(settings)
     fields = {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
     fields["datasets"] = [str(d) for d in settings.datasets]
     fields["grounding"] = [str(g) for g in settings.grounding]
+    fields["gates"] = [f"{key}>={minimum}" for key, minimum in settings.gates]
     return {
         **fields,
         "data_seed": settings.effective_data_seed,
@@ -414,8 +494,8 @@ def _record(
         "max_token_len": config.max_token_len,
         "steps_done": len(history),
         "train_seconds": history[-1].seconds if history else 0.0,
-        "steps_per_second": steps_per_second,
-        "final": {"flow": final_flow, "text": final_text},
+        "steps_per_second": result.steps_per_second,
+        "final": {"flow": result.final_flow, "text": result.final_text},
         "history": [dataclasses.asdict(h) for h in history],
         "torch": torch.__version__,
     }
