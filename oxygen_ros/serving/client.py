@@ -467,6 +467,8 @@ class PolicyClient:
     ) -> str:
         """Make ``conn`` (to ``uri``) the connection until it ends; returns why it ended."""
         with self._lock:
+            if self._closing.is_set():  # `close` ran while this connection was being made
+                return "the client was closed"
             self._conn, self.metadata = conn, metadata
             self.stats.connects += 1
             left = self._connected_to if self._connected_to != uri else None
