@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 import websockets
-from serve_helpers import OpenpiClient, droid_observation, infer_together, libero_observation
+from serve_helpers import (
+    OpenpiClient,
+    droid_observation,
+    infer_together,
+    libero_observation,
+    wait_for,
+)
 
 from oxygen_ros.checkpoints.core import build_model, init_random_weights
 from oxygen_ros.engine.frames import frame_noise
@@ -20,6 +27,7 @@ from oxygen_ros.engine.settings import EngineConfig
 from oxygen_ros.model.config import get_preset
 from oxygen_ros.policy_io.policy import Pi05Policy, load_policy
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
+from oxygen_ros.serving import server as server_module
 from oxygen_ros.serving.batching import BatchSettings
 from oxygen_ros.serving.server import PolicyServer, ServerSettings, serve_in_thread
 from oxygen_ros.serving.sessions import LanguageSettings
@@ -117,6 +125,51 @@ def test_healthz_and_stats(droid):
         stats = json.loads(body)
         assert status == 200
         assert stats["frames_served"] == 1 and stats["refused_bad_observation"] == 1
+
+
+def test_ready_only_once_a_frame_went_through_every_path(droid, monkeypatch):
+    """While the warm-up frame runs (held here until released): /livez 200, /healthz 503, and a
+    client connecting waits for its metadata; then the frame has acted and decoded language (an
+    ask and a narration), /healthz is 200 and the waiting client is served."""
+    release, warmed = threading.Event(), []
+    real_warm_up = server_module.warm_up
+
+    def held_warm_up(engine, observation, language) -> None:
+        release.wait(120)
+        real_warm_up(engine, observation, language)
+        warmed.append((engine.frame_count, engine.decode_steps, sorted(engine.config.kinds)))
+
+    monkeypatch.setattr(server_module, "warm_up", held_warm_up)
+    server = server_for(droid, language=LanguageSettings(narration_every=1, max_tokens=4))
+    serving, running = serve_in_thread(server), []  # entered on a thread: it returns once ready
+    starter = threading.Thread(target=lambda: running.append(serving.__enter__()))
+    starter.start()
+    try:
+        assert wait_for(lambda: server.port != 0, 120)  # listening
+        assert http_get(server.port, "/livez") == (200, "OK\n")
+        assert http_get(server.port, "/healthz") == (503, "warming up\n")
+        early: list = []
+        waiter = threading.Thread(
+            target=lambda: early.append(OpenpiClient(f"ws://127.0.0.1:{server.port}"))
+        )
+        waiter.start()
+        assert not warmed and not early  # the warm-up is held: no metadata yet
+        release.set()
+        starter.join(120)
+        waiter.join(120)
+        assert http_get(server.port, "/healthz") == (200, "OK\n")
+        [(frames, decode_steps, kinds)] = warmed
+        assert frames == 1 and decode_steps >= 1 and {"answer", "narration"} <= set(kinds)
+        assert server.warm_up_s is not None and server.warm_up_s >= 0.0
+        with early[0] as client:
+            assert client.metadata["session_id"] == 1  # the warm-up used no session
+            assert client.infer(droid_observation(1))["actions"].shape == (10, 8)
+        assert server.counters.get("frames_served") == 1  # the warm-up frame is not counted
+    finally:
+        release.set()
+        starter.join(120)
+        if running:
+            serving.__exit__(None, None, None)
 
 
 def test_api_key_checked_on_the_handshake(droid):
