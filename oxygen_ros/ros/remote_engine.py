@@ -469,6 +469,7 @@ class RemoteEngine:
             "server_connects": stats.connects,
             "server_reconnects": max(stats.connects - 1, 0),
             "server_switches": stats.switches,
+            "server_failbacks": stats.failbacks,
             "server_last_switch": self.client.last_switch,
             "server_sessions": self.sessions,
             "server_disconnects": stats.disconnects,
