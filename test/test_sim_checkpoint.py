@@ -18,10 +18,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from oxygen_ros.engine.runtime import ModelSpec, load_policy  # noqa: E402
-from oxygen_ros.policy_io.prompts import resolve_format  # noqa: E402
+from oxygen_ros.policy_io.prompts import SubtaskText, resolve_format  # noqa: E402
+from oxygen_ros.sim import questions as qa  # noqa: E402
 from oxygen_ros.sim.episode import Simulation  # noqa: E402
+from oxygen_ros.sim.grounding import HELDOUT_SEED0, VIEWS, render_scenes  # noqa: E402
 from oxygen_ros.sim.scene import ARM_JOINTS, GRIPPER_JOINT, JOINT_RANGES  # noqa: E402
 from oxygen_ros.sim.tasks import parse_task  # noqa: E402
+from oxygen_ros.training.grounding import GroundingBatchMaker, probe  # noqa: E402
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "sim_so101"
 CAMERAS = ("scene", "wrist")
@@ -29,9 +32,58 @@ IMAGE_SIZE = 128  # the sim node's image_width / image_height
 MARGIN = 0.05  # rad (arm) / opening (gripper): a sampled chunk may overshoot the data slightly
 
 
+PROBE_SEED0 = HELDOUT_SEED0 + 700_000  # held-out layouts no training run or bench draws
+PROBE_LAYOUTS = 16  # each seen at the start pose and 4 moments of a view's episode
+# what the shipped checkpoint answers right on those scenes at least (measured, docs/closed_loop.md)
+PROBE_FLOORS = {
+    "start/where": 0.9,
+    "along/where": 0.9,
+    "start/all_cubes": 0.8,
+    "along/all_cubes": 0.8,
+    "start/subtask": 0.9,
+    "along/subtask": 0.9,
+}
+
+
 @pytest.fixture(scope="module")
 def policy():
     return load_policy(ModelSpec(checkpoint_dir=str(CHECKPOINT)))
+
+
+@pytest.fixture(scope="module")
+def heldout_questions(policy) -> GroundingBatchMaker:
+    scenes = render_scenes(PROBE_SEED0, PROBE_LAYOUTS, 5, views=VIEWS)
+    return GroundingBatchMaker(
+        scenes,
+        policy.config,
+        policy.tokenizer,
+        resolve_format("openpi_subtask"),
+        policy.prompt_state,
+        policy.image_slots,
+        policy.conventions.border,
+    )
+
+
+def test_the_subtask_question_is_the_prompt_the_node_decodes_its_subtask_in(
+    policy, heldout_questions
+):
+    maker, fmt = heldout_questions, resolve_format("openpi_subtask")
+    for row in (0, 1, len(maker.scenes) - 1):
+        question = [q for q in maker.questions(row) if q.kind == qa.SUBTASK][0]
+        layout = maker.layout(row, question)
+        subtask = SubtaskText(tuple(policy.tokenizer.encode_text(question.answer)), question.answer)
+        state, task = maker.scenes.state[row], maker.scenes.tasks[row]
+        node = policy.frame_prompt(state, task, fmt, True, subtask)
+        assert layout.ids == list(node.ids)
+        # supervised: what the node's subtask request generates on the frame's shared prefix
+        first = layout.supervised.index(True)
+        assert first == node.shared
+
+
+def test_the_shipped_backbone_answers_held_out_scenes_at_every_pose(policy, heldout_questions):
+    result = probe(policy.model, heldout_questions)
+    low = {k: round(result[k], 3) for k, floor in PROBE_FLOORS.items() if result[k] < floor}
+    assert not low, (low, result)
 
 
 def test_loads_unchanged_with_training_time_rtc(policy):
@@ -103,7 +155,8 @@ def test_sim_policy_bench_drives_the_sim_with_trajectories_the_controllers_accep
     )
     result = sim_policy.run(args)
     assert json.loads(out.read_text())["episodes"] == 2
-    assert [run["status"] in ("success", "timeout") for run in result["runs"]] == [True, True]
+    ends = ("success", "timeout", "wrong_cube")
+    assert [run["status"] in ends for run in result["runs"]] == [True, True]
     assert all(run["rejected"] == {} for run in result["runs"])
     # the policy moves the arm towards the named cube
     assert all(

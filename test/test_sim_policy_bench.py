@@ -103,6 +103,15 @@ def test_subtask_tally_counts_exact_words_and_right_places():
     shares = sim_policy.subtask_shares([record])
     assert shares["subtask_exact"] == pytest.approx(3 / 5)
     assert shares["subtask_place_right"] == pytest.approx(3 / 4)
+    # one flip: the third frame's words changed while the sim's stayed (spacing is no change, and
+    # a change of the sim's own subtask is none)
+    assert record["subtask_flips"] == 1
+    steady = sim_policy.SubtaskTally()
+    for _ in range(3):
+        steady.add("touch the red cube, far left", "touch the red cube, far left")
+    assert steady.record()["subtask_flips"] == 0
+    both = sim_policy.subtask_shares([record, steady.record()])
+    assert (both["episodes_with_flips"], both["subtask_flips_per_episode"]) == (1, 0.5)
 
 
 # -- the four modes end to end -------------------------------------------------------------------
@@ -111,7 +120,7 @@ MODE_KEYS = {
     "flat": set(),
     "oracle": set(),
     "lying": {"heading_follows_lie"},
-    "predicted": {"subtask_exact", "subtask_place_right", "subtask_frames"},
+    "predicted": {"subtask_exact", "subtask_place_right", "subtask_frames", "episodes_with_flips"},
 }
 
 

@@ -40,11 +40,16 @@ Measured (summary keys of ``--json``):
   that third of the place sector, +-0.57 rad; the lie is always left or right);
 * ``predicted`` only, over every frame a subtask was decoded from: ``subtask_exact``, the share
   whose subtask says the sim's words at that frame, and ``subtask_place_right``, over those where
-  the sim's subtask names a place (reaching), the share whose place words are the sim's.
+  the sim's subtask names a place (reaching), the share whose place words are the sim's;
+  ``subtask_flips_per_episode`` and ``episodes_with_flips``: how often the decoded subtask changed
+  from one decoded frame to the next while the sim's stayed the same (a subtask flipping
+  mid-reach, which the expert follows).
 
 ``--probe-layouts N`` also asks the checkpoint the grounding questions
-(`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,000,000, never trained on),
-laid out as the node's Ask request, and reports the share answered exactly, per question kind.
+(`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,100,000, never trained on nor
+read by a training run's gates), each at its start pose and four moments of a view's
+episode, and reports the share answered exactly per question kind, also split by pose
+(``start/where``, ``along/where``, ...).
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ CAMERA_PX = 128  # the sim node's default image size
 SLOTS = {"scene": "observation.images.scene", "wrist": "observation.images.wrist"}
 TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim seconds per episode, by task kind
 SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
+# the probe's layouts: past the held-out block's first seeds, which training runs' gates read
+PROBE_OFFSET = 100_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,10 +207,15 @@ class SubtaskTally:
     """predicted: how the subtasks decoded in one episode compare with the sim's."""
 
     def __init__(self) -> None:
-        self.frames = self.exact = self.reaching = self.place_right = 0
+        self.frames = self.exact = self.reaching = self.place_right = self.flips = 0
         self.said: list[str] = []
+        self._last: tuple[str, str] | None = None
 
     def add(self, decoded: str, truth: str) -> None:
+        words = " ".join(decoded.split())
+        if self._last is not None and self._last[1] == truth and self._last[0] != words:
+            self.flips += 1  # the decoded subtask changed while the sim's did not
+        self._last = (words, truth)
         self.frames += 1
         self.exact += same_words(decoded, truth)
         place = place_of(truth)
@@ -219,6 +231,7 @@ class SubtaskTally:
             "subtask_exact_frames": self.exact,
             "reaching_frames": self.reaching,
             "place_right_frames": self.place_right,
+            "subtask_flips": self.flips,
             "said": self.said,
         }
 
@@ -356,6 +369,8 @@ def subtask_shares(episodes: list[dict[str, Any]]) -> dict[str, float]:
         "subtask_place_right": sum(e["place_right_frames"] for e in episodes) / reaching
         if reaching
         else float("nan"),
+        "subtask_flips_per_episode": mean_or_nan([e["subtask_flips"] for e in episodes]),
+        "episodes_with_flips": sum(e["subtask_flips"] > 0 for e in episodes),
     }
 
 
@@ -396,10 +411,10 @@ def summarise(
 def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float]:
     """The checkpoint's exact-answer share per question kind on ``layouts`` held-out layouts."""
     from oxygen_ros.policy_io.prompts import resolve_format
-    from oxygen_ros.sim.grounding import HELDOUT_SEED0, render_scenes
+    from oxygen_ros.sim.grounding import HELDOUT_SEED0, VIEWS, render_scenes
     from oxygen_ros.training.grounding import GroundingBatchMaker, probe
 
-    scenes = render_scenes(HELDOUT_SEED0, layouts)
+    scenes = render_scenes(HELDOUT_SEED0 + PROBE_OFFSET, layouts, 5, views=VIEWS)
     maker = GroundingBatchMaker(
         scenes,
         policy.model.config,
@@ -462,6 +477,7 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     if "subtask_exact" in summary:
         row["subtask exact"] = f"{summary['subtask_exact']:.2f}"
         row["place right"] = f"{summary['subtask_place_right']:.2f}"
+        row["flipped episodes"] = str(summary["episodes_with_flips"])
     if "probe" in summary:
         row["probe"] = f"{summary['probe']['all']:.3f}"
     print_table([row], list(row))
