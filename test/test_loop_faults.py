@@ -18,7 +18,8 @@ import pytest
 
 from oxygen_ros.sim.episode import SUCCESS, TIMEOUT, WRONG_CUBE
 from oxygen_ros.tools.benches import faults
-from oxygen_ros.tools.benches.faults import Act, Arrival, InputAge, Window
+from oxygen_ros.tools.benches.closed_loop_ros import Arrival
+from oxygen_ros.tools.benches.faults import Act, InputAge, Window
 
 REPO = Path(__file__).resolve().parents[1]
 FAULT_S = 1.0

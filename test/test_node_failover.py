@@ -20,11 +20,11 @@ import signal
 import pytest
 from node_harness import STATE_ACTIVE, AskClient, NodeProcess, Probe, stamp_ns, wait_for
 
-from oxygen_ros.tools.benches.closed_loop_ros import Recording
+from oxygen_ros.tools.benches.closed_loop_ros import Received, Recording
 from oxygen_ros.tools.benches.failover import (
     SCENARIOS,
     Fault,
-    Received,
+    failback,
     fault_row,
     measure,
     switch_time,
@@ -147,6 +147,20 @@ def test_the_failover_bench_measures_the_gap_from_what_reached_it():
     stale = Received(10.95, 6.35, 5.1)  # a chunk after the fault from an older observation
     row = measure(SCENARIOS[1], fault, [*chunks, stale], [*trajectories, gap], rec, 3, None)
     assert row["cmds_in_gap"] == 1 and row["stale_after"] == "1/2" and row["switch_s"] is None
+
+
+def test_the_failback_is_measured_from_the_restarted_servers_readiness():
+    """The first server ready at 20.0 (wall 1020.0); the node's log says it moved back at wall
+    1020.4 (20.4 here); chunks at 20.3 (the backup's), 20.6 and 20.7 (the first's)."""
+    ready = Fault(at=20.0, wall=1020.0, sim=15.0)
+    chunks = [Received(20.3, 15.3, 15.2), Received(20.6, 15.6, 15.5), Received(20.7, 15.7, 15.6)]
+    row = failback(chunks, ready, 1020.4)
+    assert row["back_s"] == pytest.approx(0.4) and row["back_gap_s"] == pytest.approx(0.3)
+    assert row["chunks_back"] == 2 and row["stale_back"] == "0/2"
+    # a reply of the backup's (an observation it had answered) commanded after the move: stale
+    row = failback([*chunks, Received(20.8, 15.8, 15.2)], ready, 1020.4)
+    assert row["stale_back"] == "1/3"
+    assert failback(chunks, ready, None)["back_s"] is None  # the node never came back
 
 
 def test_the_switch_time_is_read_from_the_nodes_log():

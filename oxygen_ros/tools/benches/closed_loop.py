@@ -258,7 +258,7 @@ def measure(
     ]
     switches = [(p, a) for p, a in zip(rec.plans, rec.arrivals, strict=True) if start <= a <= end]
     jumps = m.switch_jumps([p for p, _ in switches], [a for _, a in switches])
-    chunk_stamps = [s for _, _, s in rec.chunks]
+    chunk_stamps = [c.stamp for c in rec.chunks]
     span = (max(chunk_stamps) - min(chunk_stamps)) if len(chunk_stamps) > 1 else 0.0
 
     def judged(t: float, text: str) -> tuple[str, bool, bool | None]:
@@ -283,7 +283,7 @@ def measure(
         "switch_jump_rad": m.mean_or_nan(jumps),
         "switches": len(jumps),
         "chunks": len(rec.chunks),
-        "chunks_late": sum(not on_time for _, on_time, _ in rec.chunks),
+        "chunks_late": sum(not c.on_time for c in rec.chunks),
         "chunk_rate_hz": (len(chunk_stamps) - 1) / span if span > 0 else math.nan,
         "narrations": len(narr),
         "narrations_right": sum(right for _, right, _ in narr),

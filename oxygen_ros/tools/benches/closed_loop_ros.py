@@ -1,8 +1,9 @@
-"""The closed-loop benches' own ROS node (:class:`BenchNode`): it records what an episode needs
-(joint states, the trajectories the sim's controllers receive, the sim's subtasks and episode
-reports, the policy's chunks, subtasks and narrations) into a :class:`Recording`, and drives the
-policy node's lifecycle and parameters, the sim's reset and the Ask action. The processes it
-watches are started by :mod:`.harness`.
+"""The closed-loop benches' own ROS node (:class:`BenchNode`): the one recorder of every bench
+(joint states, the trajectories both controllers receive, the sim's subtasks and episode reports,
+the policy's chunks, subtasks and narrations, and on request the sim's input streams by content)
+into a :class:`Recording`; the node's server on /diagnostics; and it drives the policy node's
+lifecycle and parameters, the sim's reset and the Ask action. The processes it watches are started
+by :mod:`.harness`.
 
 A fresh DDS client can lose the reply to its first request: requests that change nothing are
 resent, lifecycle transitions go out on a client primed with a harmless request (as
@@ -11,6 +12,7 @@ test/node_harness.py does), and a reset is confirmed by the episode it starts on
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.srv import SetParameters
@@ -28,7 +31,7 @@ from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import JointState
+from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
@@ -36,6 +39,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.ros.convert import stamp_to_seconds
+from oxygen_ros.sim.node import CAMERAS
 from oxygen_ros.sim.scene import ARM_JOINTS
 from oxygen_ros.tools.benches.closed_loop_metrics import Plan
 
@@ -48,6 +52,9 @@ LATCHED = QoSProfile(
     depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
 )
 RELIABLE = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+JOINT_STATES = "joint_states"  # the joint states' stream among the recorded inputs
+CONTROLLERS = ("arm_controller", "gripper_controller")
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -58,6 +65,35 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def positions_digest(positions: Sequence[float]) -> bytes:
+    """Joint positions as the node hands them to its engine (float32, in its joint order)."""
+    return digest(np.asarray(positions, dtype=np.float32).tobytes())
+
+
+@dataclass(frozen=True)
+class Received:
+    """A chunk or a trajectory as it reached this process."""
+
+    at: float  # time.monotonic() then
+    sim_at: float  # sim time then (the newest joint state's stamp)
+    stamp: float  # its header stamp, sim seconds
+    end: float = math.nan  # a trajectory's last point, sim seconds
+    arm: bool = True  # a trajectory for the arm's controller (else the gripper's)
+    on_time: bool = True  # a chunk's deadline_met
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An input message as it reached this process."""
+
+    at: float  # time.monotonic() then
+    stamp_ns: int
 
 
 @dataclass
@@ -73,9 +109,26 @@ class Recording:
     arrivals: list[float] = field(default_factory=list)  # sim time each plan reached the sim
     sim_subtasks: list[tuple[float, str]] = field(default_factory=list)  # (m_, text)
     reports: list[tuple[float, dict]] = field(default_factory=list)  # (m_, sim/episode)
-    chunks: list[tuple[float, bool, float]] = field(default_factory=list)  # (m_, on time, stamp)
+    chunks: list[Received] = field(default_factory=list)
+    trajectories: list[Received] = field(default_factory=list)  # both controllers'
+    inputs: dict[str, list[Arrival]] = field(default_factory=dict)  # stream -> arrivals
+    by_content: dict[str, dict[bytes, list[Arrival]]] = field(default_factory=dict)
     policy_subtasks: list[tuple[float, str]] = field(default_factory=list)  # (m_, text)
     narrations: list[tuple[float, str]] = field(default_factory=list)  # (m_, "[kind] text")
+
+    def arm_times(self) -> list[float]:
+        """When the arm controller's trajectories arrived (monotonic s)."""
+        return [t.at for t in self.trajectories if t.arm]
+
+    def add_input(self, stream: str, content: bytes, stamp: Any) -> None:
+        arrival = Arrival(time.monotonic(), stamp.sec * 1_000_000_000 + stamp.nanosec)
+        self.inputs.setdefault(stream, []).append(arrival)
+        self.by_content.setdefault(stream, {}).setdefault(content, []).append(arrival)
+
+    def source(self, stream: str, content: bytes, by: float) -> Arrival | None:
+        """The newest message of ``stream`` with this content that arrived by ``by``."""
+        arrived = [a for a in self.by_content.get(stream, {}).get(content, []) if a.at <= by]
+        return arrived[-1] if arrived else None
 
     def reports_of(self, index: int) -> list[tuple[float, dict]]:
         """The sim's reports of episode ``index``."""
@@ -105,9 +158,14 @@ def episode_wall_limit(timeout_s: float) -> float:
 
 
 class BenchNode:
-    """The bench's ROS node (own context, spun in a background thread)."""
+    """The bench's ROS node (own context, spun in a background thread). ``joint_names``: also
+    record the main sim's inputs (cameras, joint states in that order) by content."""
 
-    def __init__(self, namespaces: Sequence[str] = ("", EXPERT_NAMESPACE)) -> None:
+    def __init__(
+        self,
+        namespaces: Sequence[str] = ("", EXPERT_NAMESPACE),
+        joint_names: Sequence[str] | None = None,
+    ) -> None:
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         node = self.node = rclpy.create_node("closed_loop_bench", context=self.context)
@@ -116,26 +174,39 @@ class BenchNode:
         self.sim_now: dict[str, float] = {}
         self.reports: dict[str, dict] = {}
         self.sim_clients: dict[str, tuple[Any, Any]] = {}
+        self.server: dict[str, str] = {}  # the policy node's server values on /diagnostics
+        self.server_seen = 0
+        self._input_joints = list(joint_names) if joint_names is not None else None
         for ns in namespaces:
             prefix = f"/{ns}" if ns else ""
             node.create_subscription(JointState, f"{prefix}/joint_states", self._on_joints(ns), 50)
+            for controller in CONTROLLERS:
+                node.create_subscription(
+                    JointTrajectory,
+                    f"{prefix}/{controller}/joint_trajectory",
+                    self._on_trajectory(ns, controller == CONTROLLERS[0]),
+                    RELIABLE,
+                )
             node.create_subscription(
-                JointTrajectory,
-                f"{prefix}/arm_controller/joint_trajectory",
-                self._on_trajectory(ns),
-                RELIABLE,
+                String, f"{prefix}/sim/subtask", self._text(ns, "sim_subtasks"), LATCHED
             )
-            node.create_subscription(String, f"{prefix}/sim/subtask", self._on_subtask(ns), LATCHED)
             node.create_subscription(String, f"{prefix}/sim/episode", self._on_report(ns), LATCHED)
             self.sim_clients[ns] = (
                 node.create_client(SetParameters, f"{prefix}/sim/set_parameters"),
                 node.create_client(Trigger, f"{prefix}/sim/reset"),
             )
+        if self._input_joints is not None:
+            for camera in CAMERAS:
+                on_image = self._on_image(camera)
+                node.create_subscription(Image, f"/camera/{camera}/image_raw", on_image, INPUT_QOS)
+        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, RELIABLE)
         policy = f"/{POLICY_NODE}"
         node.create_subscription(ActionChunk, f"{policy}/action_chunk", self._on_chunk, RELIABLE)
-        node.create_subscription(String, f"{policy}/subtask", self._policy_text("sub"), LATCHED)
         node.create_subscription(
-            String, f"{policy}/narration_text", self._policy_text("text"), RELIABLE
+            String, f"{policy}/subtask", self._text("", "policy_subtasks"), LATCHED
+        )
+        node.create_subscription(
+            String, f"{policy}/narration_text", self._text("", "narrations"), RELIABLE
         )
         self.change_state_client = node.create_client(ChangeState, f"{policy}/change_state")
         self.get_state_client = node.create_client(GetState, f"{policy}/get_state")
@@ -152,27 +223,59 @@ class BenchNode:
         rec = self.recording
         return rec if rec is not None and rec.namespace == ns else None
 
+    def _add(self, ns: str, name: str, item: Any) -> None:
+        """Append ``item`` to the recording's list ``name`` when recording ``ns``."""
+        with self.lock:
+            rec = self._recording_of(ns)
+            if rec is not None:
+                getattr(rec, name).append(item)
+
+    def _text(self, ns: str, name: str) -> Callable[[String], None]:
+        return lambda msg: self._add(ns, name, (time.monotonic(), msg.data))
+
     def _on_joints(self, ns: str) -> Callable[[JointState], None]:
         def on_joints(msg: JointState) -> None:
             t = stamp_to_seconds(msg.header.stamp)
             names = list(msg.name)
+            content = None
+            if not ns and self._input_joints is not None:
+                content = positions_digest(
+                    [msg.position[names.index(j)] for j in self._input_joints]
+                )
             with self.lock:
                 self.sim_now[ns] = t
                 rec = self._recording_of(ns)
                 if rec is not None:
                     rec.joint_times.append(t)
                     rec.joint_positions.append([msg.position[names.index(j)] for j in ARM_JOINTS])
+                    if content is not None:
+                        rec.add_input(JOINT_STATES, content, msg.header.stamp)
 
         return on_joints
 
-    def _on_trajectory(self, ns: str) -> Callable[[JointTrajectory], None]:
+    def _on_image(self, camera: str) -> Callable[[Image], None]:
+        def on_image(msg: Image) -> None:
+            content = digest(bytes(msg.data))
+            with self.lock:
+                if (rec := self._recording_of("")) is not None:
+                    rec.add_input(camera, content, msg.header.stamp)
+
+        return on_image
+
+    def _on_trajectory(self, ns: str, arm: bool) -> Callable[[JointTrajectory], None]:
         def on_trajectory(msg: JointTrajectory) -> None:
+            stamp = stamp_to_seconds(msg.header.stamp)
+            last = msg.points[-1].time_from_start if msg.points else None
+            span = last.sec + last.nanosec * 1e-9 if last is not None else 0.0
             with self.lock:
                 rec = self._recording_of(ns)
-                now = self.sim_now.get(ns)
-                if rec is None or now is None or not msg.points:
+                now = self.sim_now.get(ns, math.nan)
+                if rec is None:
                     return
-                start = stamp_to_seconds(msg.header.stamp) or now  # a zero stamp: "start now"
+                rec.trajectories.append(Received(time.monotonic(), now, stamp, stamp + span, arm))
+                if not arm or math.isnan(now) or not msg.points:
+                    return
+                start = stamp or now  # a zero stamp: "start now"
                 order = [list(msg.joint_names).index(j) for j in ARM_JOINTS]
                 times = [
                     start + p.time_from_start.sec + p.time_from_start.nanosec * 1e-9
@@ -183,15 +286,6 @@ class BenchNode:
                 rec.arrivals.append(now)
 
         return on_trajectory
-
-    def _on_subtask(self, ns: str) -> Callable[[String], None]:
-        def on_subtask(msg: String) -> None:
-            with self.lock:
-                rec = self._recording_of(ns)
-                if rec is not None:
-                    rec.sim_subtasks.append((time.monotonic(), msg.data))
-
-        return on_subtask
 
     def _on_report(self, ns: str) -> Callable[[String], None]:
         def on_report(msg: String) -> None:
@@ -205,22 +299,39 @@ class BenchNode:
         return on_report
 
     def _on_chunk(self, msg: ActionChunk) -> None:
-        with self.lock:
-            rec = self._recording_of("")
-            if rec is not None:
-                rec.chunks.append(
-                    (time.monotonic(), bool(msg.deadline_met), stamp_to_seconds(msg.header.stamp))
-                )
+        stamp, on_time = stamp_to_seconds(msg.header.stamp), bool(msg.deadline_met)
+        received = Received(time.monotonic(), self.now(""), stamp, on_time=on_time)
+        self._add("", "chunks", received)
 
-    def _policy_text(self, which: str) -> Callable[[String], None]:
-        def on_text(msg: String) -> None:
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        values = {
+            kv.key: kv.value
+            for status in msg.status
+            if status.name == f"{POLICY_NODE}: server"
+            for kv in status.values
+        }
+        if values:
             with self.lock:
-                rec = self._recording_of("")
-                if rec is not None:
-                    target = rec.policy_subtasks if which == "sub" else rec.narrations
-                    target.append((time.monotonic(), msg.data))
+                self.server = values
+                self.server_seen += 1
 
-        return on_text
+    def fresh_server(self, timeout_s: float = 10.0) -> dict[str, str]:
+        """The node's server values from a /diagnostics message sent after this call."""
+        seen = self.server_seen
+        if not wait_for(lambda: self.server_seen > seen, timeout_s):
+            raise TimeoutError("no server status from the policy node on /diagnostics")
+        with self.lock:
+            return dict(self.server)
+
+    def arm_times(self) -> list[float]:
+        """When the arm's trajectories arrived in the recording so far (monotonic s)."""
+        with self.lock:
+            return [] if self.recording is None else self.recording.arm_times()
+
+    def chunk_times(self) -> list[float]:
+        """When the chunks arrived in the recording so far (monotonic s)."""
+        with self.lock:
+            return [] if self.recording is None else [c.at for c in self.recording.chunks]
 
     def start_recording(self, namespace: str) -> Recording:
         with self.lock:

@@ -12,6 +12,10 @@ the first trajectory, the server the node uses (the one its log last says it con
   sees the connection drop and moves on at once.
 * ``hang``: sent SIGSTOP (a server that stops answering, its socket still open). The node moves on
   after ``server_switch_after_misses`` (3) ticks in a row without a reply in time.
+* ``failback``: the first server (the node's preferred one) killed, then once the node has a chunk
+  from the other started again on its port; the node goes back to it by itself once its
+  ``/healthz`` is ready (``server_failback_probe_s``). Needs time after the restart: use the
+  default 20 s episodes.
 
 Afterwards the killed server is started again on its port (the hung one continued), so each
 scenario starts with two servers. Every server answers a few frames before the node may need it:
@@ -41,6 +45,10 @@ Columns:
   ``chunks_after``: the chunks the episode got after the fault; ``node``: the policy node's
   lifecycle state after the episode; ``switches``: the node's switches during the episode (its
   log): 1 is the fault's, more are a loaded machine's deadline misses moving it on again.
+* failback only (:func:`failback`): ``back_s`` from the restarted server's readiness (healthy and
+  warmed up by this process) to the node's log line saying it moved back; ``back_gap_s`` the
+  chunks' gap around the move; ``stale_back`` the chunks after it stamped no later than the
+  newest before it, of ``chunks_back``.
 
 :func:`fault_row` turns a row into ``oxygen-bench faults``' columns (that bench runs the ``kill``
 scenario through :func:`run` for its table).
@@ -53,26 +61,19 @@ import math
 import re
 import signal
 import statistics
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostic_msgs.msg import DiagnosticArray
-from trajectory_msgs.msg import JointTrajectory
-
-from oxygen_ros.msg import ActionChunk
-from oxygen_ros.ros.convert import stamp_to_seconds
 from oxygen_ros.tools.benches import harness
 from oxygen_ros.tools.benches.closed_loop_ros import (
     ACTIVATE,
     CONFIGURE,
     DEACTIVATE,
-    POLICY_NODE,
-    RELIABLE,
     STATE_ACTIVE,
     BenchNode,
+    Received,
     Recording,
     wait_for,
 )
@@ -104,12 +105,15 @@ class Scenario:
     key: str  # its name in --scenarios
     label: str  # its name in the table
     signum: int  # what the serving server is sent
+    failback: bool = False  # restarted mid-episode: the node is to come back to it
 
 
 SCENARIOS = (
     Scenario("kill", "server killed", signal.SIGKILL),
     Scenario("hang", "server hung", signal.SIGSTOP),
+    Scenario("failback", "killed, restarted", signal.SIGKILL, failback=True),
 )
+FAILBACK_COLUMNS = ["back_s", "back_gap_s", "stale_back", "chunks_back"]
 
 
 def select_scenarios(text: str) -> list:
@@ -120,7 +124,9 @@ def select_scenarios(text: str) -> list:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     harness.add_arguments(parser, timeout_s=20.0, warm_s=0.5)
-    parser.add_argument("--scenarios", default="all", help="kill, hang or all (default)")
+    parser.add_argument(
+        "--scenarios", default="all", help="kill, hang, failback (comma-separated) or all (default)"
+    )
     parser.add_argument(
         "--server-timeout-ms",
         type=float,
@@ -132,81 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# -- what reaches this process ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Received:
-    at: float  # time.monotonic() when it reached this process
-    sim_at: float  # sim time then (the newest joint state's stamp)
-    stamp: float  # its header stamp, sim seconds
-    end: float = math.nan  # a trajectory's last point, sim seconds
-
-
-class Watch:
-    """The policy node's chunks, the trajectories the sim's controllers receive, and the node's
-    server values on /diagnostics, as they reach this process."""
-
-    def __init__(self, node: Any, sim_now: Callable[[], float]) -> None:
-        self._sim_now = sim_now
-        self._lock = threading.Lock()
-        self.chunks: list[Received] = []
-        self.trajectories: list[Received] = []
-        self.server: dict[str, str] = {}
-        self.server_seen = 0
-        node.create_subscription(
-            ActionChunk, f"/{POLICY_NODE}/action_chunk", self._on_chunk, RELIABLE
-        )
-        for controller in ("arm_controller", "gripper_controller"):
-            node.create_subscription(
-                JointTrajectory, f"/{controller}/joint_trajectory", self._on_trajectory, RELIABLE
-            )
-        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, RELIABLE)
-
-    def _on_chunk(self, msg: ActionChunk) -> None:
-        with self._lock:
-            self.chunks.append(self._received(stamp_to_seconds(msg.header.stamp)))
-
-    def _on_trajectory(self, msg: JointTrajectory) -> None:
-        start = stamp_to_seconds(msg.header.stamp)
-        last = msg.points[-1].time_from_start if msg.points else None
-        span = last.sec + last.nanosec * 1e-9 if last is not None else 0.0
-        with self._lock:
-            self.trajectories.append(self._received(start, start + span))
-
-    def _received(self, stamp: float, end: float = math.nan) -> Received:
-        return Received(time.monotonic(), self._sim_now(), stamp, end)
-
-    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        values = {
-            kv.key: kv.value
-            for status in msg.status
-            if status.name == f"{POLICY_NODE}: server"
-            for kv in status.values
-        }
-        if values:
-            with self._lock:
-                self.server = values
-                self.server_seen += 1
-
-    def fresh_server(self, timeout_s: float = 10.0) -> dict[str, str]:
-        """The node's server values from a /diagnostics message sent after this call."""
-        seen = self.server_seen
-        if not wait_for(lambda: self.server_seen > seen, timeout_s):
-            raise TimeoutError("no server status from the policy node on /diagnostics")
-        with self._lock:
-            return dict(self.server)
-
-    def chunks_list(self) -> list[Received]:
-        with self._lock:
-            return list(self.chunks)
-
-    def trajectories_list(self) -> list[Received]:
-        with self._lock:
-            return list(self.trajectories)
-
-    def trajectory_times(self) -> list[float]:
-        return [t.at for t in self.trajectories_list()]
-
-
+# -- the node's log ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Connection:
     """A connection the node's log reports: when (wall, epoch s), to which server, and whether it
@@ -320,65 +252,97 @@ def fault_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def failback(chunks: Sequence[Received], ready: Fault, back_wall: float | None) -> dict[str, Any]:
+    """The move back to the first server, restarted and ready at ``ready``, that the node's log
+    says happened at ``back_wall`` (None: never): ``back_s`` from ready to back; ``back_gap_s``
+    the chunks' gap around it; ``chunks_back`` the chunks after it; ``stale_back`` those stamped
+    no later than the newest chunk before it (an observation the backup had answered, or older)."""
+    if back_wall is None:
+        return {"back_s": None, "back_gap_s": None, "chunks_back": 0, "stale_back": None}
+    back = ready.at + (back_wall - ready.wall)  # on this process's monotonic clock
+    before = [c for c in chunks if c.at < back]
+    after = [c for c in chunks if c.at >= back]
+    newest = max((c.stamp for c in before), default=-math.inf)
+    return {
+        "back_s": back_wall - ready.wall,
+        "back_gap_s": after[0].at - before[-1].at if before and after else None,
+        "chunks_back": len(after),
+        "stale_back": f"{sum(c.stamp <= newest for c in after)}/{len(after)}",
+    }
+
+
 # -- the bench -------------------------------------------------------------------------------------
 class FailoverRunner:
     def __init__(
-        self,
-        bench: BenchNode,
-        watch: Watch,
-        servers: Servers,
-        policy: Process,
-        args: argparse.Namespace,
+        self, bench: BenchNode, servers: Servers, policy: Process, args: argparse.Namespace
     ) -> None:
-        self.bench, self.watch, self.servers, self.policy = bench, watch, servers, policy
-        self.args = args
+        self.bench, self.servers, self.policy, self.args = bench, servers, policy, args
 
     def run(self, scenario: Scenario, round_index: int) -> dict[str, Any]:
-        bench, watch, args = self.bench, self.watch, self.args
+        bench, args, servers = self.bench, self.args, self.servers
         task, seed = round_task(round_index, args.seed, "touch")
         bench.set_policy_parameters({"task": task.text})
         rec = bench.start_recording("")
         index = bench.start_episode("", task.text, seed)
         activated, activated_wall = time.monotonic(), time.time()
-        hit = None
+        hit, back = None, {}
         try:
             if not bench.transition(ACTIVATE):
                 raise RuntimeError(f"activate failed: see {self.policy.log_path}")
-            harness.drive(watch.trajectory_times, activated, args.warm_s)
+            harness.drive(bench.arm_times, activated, args.warm_s)
             serving = connections(self.policy.log_text())[-1].uri
-            hit = self.servers.by_uri(serving)
+            if scenario.failback and serving != servers.uris[0]:
+                raise RuntimeError(f"failback: the node is on {serving}, not the first server")
+            hit = servers.by_uri(serving)
             fault = Fault(time.monotonic(), time.time(), bench.now(""))
             hit.process.send_signal(scenario.signum)
-            other = next(uri for uri in self.servers.uris if uri != hit.uri)
-            wait_for(lambda: any(c.at > fault.at for c in watch.chunks_list()), 60.0)
+            other = next(uri for uri in servers.uris if uri != hit.uri)
+            wait_for(lambda: any(t > fault.at for t in bench.chunk_times()), 60.0)
+            if scenario.failback:  # restart it; the node is to come back by itself
+                servers.restore(hit, 120.0)
+                ready, hit = Fault(time.monotonic(), time.time(), bench.now("")), None
+                wait_for(lambda: self._back(ready.wall) is not None, 30.0)
+                wait_for(lambda: any(t > ready.at + 1.0 for t in bench.chunk_times()), 30.0)
             bench.wait_episode_end("", index, args.timeout_s)
             node = "active" if bench.policy_state() == STATE_ACTIVE else "not active"
             ended_wall = time.time()
-            server = watch.fresh_server()
+            server = bench.fresh_server()
             bench.transition(DEACTIVATE)
         finally:
             rec = bench.stop_recording()
             if hit is not None:
-                self.servers.restore(hit, 120.0)
+                servers.restore(hit, 120.0)
+        chunks = [c for c in rec.chunks if c.at >= activated]
+        if scenario.failback:
+            back = failback(chunks, ready, self._back(ready.wall))
         log = self.policy.log_text()
         row = measure(
             scenario,
             fault,
-            [c for c in watch.chunks_list() if c.at >= activated],
-            [t for t in watch.trajectories_list() if t.at >= activated],
+            chunks,
+            [t for t in rec.trajectories if t.at >= activated],
             rec,
             index,
             switch_time(log, fault.wall, other),
         )
         moved = [c for c in connections(log) if c.moved and activated_wall <= c.wall <= ended_wall]
-        return row | {
-            "node": node,
-            "switches": len(moved),
-            "task": task.text,
-            "from": hit.uri,
-            "to": server.get("server_uri", ""),
-            "last_switch": server.get("server_last_switch", ""),
-        }
+        return (
+            row
+            | back
+            | {
+                "node": node,
+                "switches": len(moved),
+                "task": task.text,
+                "from": serving,
+                "to": server.get("server_uri", ""),
+                "last_switch": server.get("server_last_switch", ""),
+                "failbacks": server.get("server_failbacks", ""),
+            }
+        )
+
+    def _back(self, after_wall: float) -> float | None:
+        """When the node's log says it moved back to the first server after ``after_wall``."""
+        return switch_time(self.policy.log_text(), after_wall, self.servers.uris[0])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -392,31 +356,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     started = time.monotonic()
-    rows: list[dict[str, Any]] = []
     with Rig(setup.work, env={"RCUTILS_CONSOLE_OUTPUT_FORMAT": LOG_FORMAT}) as rig:
         servers = rig.start_servers(setup.checkpoint, harness.serve_args(setup.base))
         rig.start_sim(args.timeout_s)
-        watch = Watch(rig.bench.node, lambda: rig.bench.now(""))
         servers.wait_ready(120.0)
         parameters = harness.remote_parameters(setup.base, servers.uris, args.server_timeout_ms)
         policy = rig.start_policy(rig.write_parameters("failover_policy.yaml", parameters))
         if not rig.bench.transition(CONFIGURE):
             raise setup.fail(f"configure failed: {policy.log_text()[-3000:]}")
-        runner = FailoverRunner(rig.bench, watch, servers, policy, args)
+        runner = FailoverRunner(rig.bench, servers, policy, args)
         turns = [s for _ in range(args.repeats) for s in scenarios]
-        for round_index, scenario in enumerate(turns):
-            row = runner.run(scenario, round_index)
-            rows.append(row)
-            print(
-                f"{scenario.label:>14}: no chunk for {row['no_chunk_s']} s, gap commands "
-                f"{row['cmds_in_gap']}, {row['outcome']}, node {row['node']}",
-                flush=True,
-            )
+        rows = harness.rounds(
+            runner.run,
+            turns,
+            lambda row: (
+                f"no chunk for {row['no_chunk_s']} s, gap commands {row['cmds_in_gap']}, "
+                f"back {row.get('back_s', '-')} s, {row['outcome']}, node {row['node']}"
+            ),
+        )
+    columns = COLUMNS + (FAILBACK_COLUMNS if any(s.failback for s in scenarios) else [])
     return harness.report(
         setup,
         args,
         rows,
-        COLUMNS,
+        columns,
         started,
         server_timeout_ms=args.server_timeout_ms,
         rate_hz=float(setup.base["rate_hz"]),

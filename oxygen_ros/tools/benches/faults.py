@@ -52,32 +52,34 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import hashlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rclpy.qos import QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import Image, JointState
-from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.sim.node import CAMERAS
 from oxygen_ros.tools.benches import harness
-from oxygen_ros.tools.benches.closed_loop_ros import BenchNode, Recording, wait_for
+from oxygen_ros.tools.benches.closed_loop_ros import (
+    JOINT_STATES,
+    Arrival,
+    BenchNode,
+    Recording,
+    digest,
+    positions_digest,
+    wait_for,
+)
 from oxygen_ros.tools.benches.harness import InProcessPolicy, Rig, Setup, round_task
 
 HELP = "faults in the loop on the simulated arm through the node: stale commands, hold, resume"
-JOINT_STATES = "joint_states"
 STAMP_GRACE_S = 0.02  # /clock comes every 10 ms: the node's clock may lag a stamp by that much
 TAKE_GRACE_S = 0.25  # the node takes messages between ticks: up to a tick (~0.1-0.2 s) after us
 ARRIVAL_SKEW_S = 0.1  # ... or a moment before us (this process's executor thread is another)
-INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 COLUMNS = ["fault", "gap_s", "stale", "oldest_s", "hold_s", "resume_s", "outcome", "node"]
 
 
@@ -123,101 +125,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- what reaches this process ---------------------------------------------------------------------
-def digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
-def positions_digest(positions: Sequence[float]) -> bytes:
-    """Joint positions as the node hands them to its engine (float32, in its joint order)."""
-    return digest(np.asarray(positions, dtype=np.float32).tobytes())
-
-
-@dataclass(frozen=True)
-class Arrival:
-    at: float  # time.monotonic() when this process took the message
-    stamp_ns: int
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    at: float  # time.monotonic() when it reached this process (and the controller)
-    start_ns: int  # its header stamp
-    end_ns: int  # its last point's time
-
-
-class InputLog:
-    """The sim's input streams as they reach this process (each message's arrival, stamp and
-    content digest) and the arrivals of the arm controller's trajectories."""
-
-    def __init__(self, node: Any, joint_names: Sequence[str]) -> None:
-        self._lock = threading.Lock()
-        self._joint_names = list(joint_names)
-        self.arrivals: dict[str, list[Arrival]] = {s: [] for s in (*CAMERAS, JOINT_STATES)}
-        self._by_content: dict[str, dict[bytes, list[Arrival]]] = {s: {} for s in self.arrivals}
-        self.trajectories: list[Trajectory] = []
-        for camera in CAMERAS:
-            node.create_subscription(
-                Image, f"/camera/{camera}/image_raw", self._on_image(camera), INPUT_QOS
-            )
-        node.create_subscription(JointState, f"/{JOINT_STATES}", self._on_joints, INPUT_QOS)
-        node.create_subscription(
-            JointTrajectory, "/arm_controller/joint_trajectory", self._on_trajectory, INPUT_QOS
-        )
-
-    def _store(self, stream: str, content: bytes, stamp: Any) -> None:
-        arrival = Arrival(time.monotonic(), stamp.sec * 1_000_000_000 + stamp.nanosec)
-        with self._lock:
-            self.arrivals[stream].append(arrival)
-            self._by_content[stream].setdefault(content, []).append(arrival)
-
-    def _on_image(self, camera: str) -> Callable[[Image], None]:
-        return lambda msg: self._store(camera, digest(bytes(msg.data)), msg.header.stamp)
-
-    def _on_joints(self, msg: JointState) -> None:
-        names = list(msg.name)
-        positions = [msg.position[names.index(joint)] for joint in self._joint_names]
-        self._store(JOINT_STATES, positions_digest(positions), msg.header.stamp)
-
-    def _on_trajectory(self, msg: JointTrajectory) -> None:
-        start = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
-        last = msg.points[-1].time_from_start if msg.points else None
-        end = start + (last.sec * 1_000_000_000 + last.nanosec if last else 0)
-        with self._lock:
-            self.trajectories.append(Trajectory(time.monotonic(), start, end))
-
-    def source(self, stream: str, content: bytes, by: float) -> Arrival | None:
-        """The newest message of ``stream`` with this content that arrived by ``by``."""
-        with self._lock:
-            arrived = [a for a in self._by_content[stream].get(content, []) if a.at <= by]
-        return arrived[-1] if arrived else None
-
-    def stream(self, name: str) -> list[Arrival]:
-        with self._lock:
-            return list(self.arrivals[name])
-
-    def trajectory_times(self) -> list[float]:
-        with self._lock:
-            return [trajectory.at for trajectory in self.trajectories]
-
-    def current_trajectory_times(self, lead_s: float) -> list[float]:
-        """Arrivals of the trajectories that start within ``lead_s`` of their arrival and have not
-        ended, on the sim's clock then (the newest input's stamp, advanced by the wall time since
-        it came)."""
-        with self._lock:
-            trajectories = list(self.trajectories)
-            inputs = sorted(
-                (a for arrivals in self.arrivals.values() for a in arrivals), key=lambda a: a.at
-            )
-        times = [a.at for a in inputs]
-        current = []
-        for trajectory in trajectories:
-            i = bisect.bisect_right(times, trajectory.at) - 1
-            if i < 0:
-                continue
-            now_ns = inputs[i].stamp_ns + int((trajectory.at - inputs[i].at) * 1e9)
-            if trajectory.start_ns <= now_ns + lead_s * 1e9 and trajectory.end_ns >= now_ns:
-                current.append(trajectory.at)
-        return current
+def current_trajectory_times(rec: Recording, lead_s: float) -> list[float]:
+    """Arrivals of the arm's trajectories that start within ``lead_s`` of their arrival and have
+    not ended, on the sim's clock then (the newest input's stamp, advanced by the wall time since
+    it came)."""
+    inputs = sorted((a for arrivals in rec.inputs.values() for a in arrivals), key=lambda a: a.at)
+    times = [a.at for a in inputs]
+    current = []
+    for trajectory in (t for t in rec.trajectories if t.arm):
+        i = bisect.bisect_right(times, trajectory.at) - 1
+        if i < 0:
+            continue
+        now = inputs[i].stamp_ns * 1e-9 + (trajectory.at - inputs[i].at)
+        if trajectory.stamp <= now + lead_s and trajectory.end >= now:
+            current.append(trajectory.at)
+    return current
 
 
 # -- what the node acts on -------------------------------------------------------------------------
@@ -275,12 +197,12 @@ class InputAge:
         return self.wall_s > max_age_s + TAKE_GRACE_S or self.stamp_s > max_age_s + STAMP_GRACE_S
 
 
-def input_ages(act: Act, log: InputLog) -> dict[str, InputAge | None]:
+def input_ages(act: Act, rec: Recording) -> dict[str, InputAge | None]:
     """Each input of ``act`` by stream: its age, or None when no message with its content is
     known."""
     ages: dict[str, InputAge | None] = {}
     for stream, content in act.inputs.items():
-        source = log.source(stream, content, act.at + ARRIVAL_SKEW_S)
+        source = rec.source(stream, content, act.at + ARRIVAL_SKEW_S)
         ages[stream] = (
             None
             if source is None
@@ -358,13 +280,12 @@ class FaultRunner:
     def __init__(
         self,
         bench: BenchNode,
-        log: InputLog,
         audit: ActAudit,
         policy: InProcessPolicy,
         base: dict[str, Any],
         args: argparse.Namespace,
     ) -> None:
-        self.bench, self.log, self.audit, self.policy = bench, log, audit, policy
+        self.bench, self.audit, self.policy = bench, audit, policy
         self.args = args
         self.max_age_s = float(base["max_observation_age_s"])
         self.period_s = 1.0 / float(base["rate_hz"])
@@ -381,14 +302,19 @@ class FaultRunner:
         if fault.silent:
             self.bench.set_sim_parameters("", {"fault_silent_streams": ""})
 
-    def _window(self, fault: Fault, start: float, clear: float) -> tuple[Window, float]:
+    def _window(
+        self, fault: Fault, rec: Recording, start: float, clear: float
+    ) -> tuple[Window, float]:
+        """The fault's window in what ``rec`` holds (it may be recording)."""
+        streams = fault.silent or (JOINT_STATES,)
+        with self.bench.lock:
+            arrivals = {s: list(rec.inputs.get(s, [])) for s in streams}
         if fault.silent:
-            streams = {s: self.log.stream(s) for s in fault.silent}
-            return silent_window(streams, start, clear), 0.0
-        return jump_window(self.log.stream(JOINT_STATES), start, clear)
+            return silent_window(arrivals, start, clear), 0.0
+        return jump_window(arrivals[JOINT_STATES], start, clear)
 
     def run(self, fault: Fault, round_index: int) -> dict[str, Any]:
-        args, bench, log, policy = self.args, self.bench, self.log, self.policy
+        args, bench, policy = self.args, self.bench, self.policy
         task, seed = round_task(round_index, args.seed, "touch")
         policy.set_task(task.text)
         counters_before = policy.counters()
@@ -397,7 +323,7 @@ class FaultRunner:
         policy.transition("activate")
         activated = time.monotonic()
         try:
-            harness.drive(log.trajectory_times, activated, args.warm_s)
+            harness.drive(bench.arm_times, activated, args.warm_s)
             start = time.monotonic()
             self._start(fault)
             time.sleep(args.fault_s)
@@ -405,9 +331,9 @@ class FaultRunner:
             self._clear(fault)
 
             def resumed() -> bool:
-                window, _ = self._window(fault, start, clear)
+                window, _ = self._window(fault, rec, start, clear)
                 back = window.back
-                return back is not None and any(t > back for t in log.trajectory_times())
+                return back is not None and any(t > back for t in bench.arm_times())
 
             wait_for(resumed, 10.0)
             bench.wait_episode_end("", index, args.timeout_s)
@@ -419,7 +345,7 @@ class FaultRunner:
                 policy.transition("deactivate")
             rec = bench.stop_recording()
         ended = time.monotonic()
-        window, jump = self._window(fault, start, clear)
+        window, jump = self._window(fault, rec, start, clear)
         return self._measure(fault, task.text, window, jump, activated, ended, rec, index) | {
             "node": node_state,
             "counters": _difference(policy.counters(), counters_before),
@@ -440,7 +366,7 @@ class FaultRunner:
         stale, untraced, oldest = 0, 0, InputAge(-math.inf, -math.inf)
         stale_streams: dict[str, int] = {}
         for act in acts:
-            ages = input_ages(act, self.log)
+            ages = input_ages(act, rec)
             untraced += any(age is None for age in ages.values())
             known = {stream: age for stream, age in ages.items() if age is not None}
             old = [stream for stream, age in known.items() if age.stale(self.max_age_s)]
@@ -449,7 +375,7 @@ class FaultRunner:
                 stale_streams[stream] = stale_streams.get(stream, 0) + 1
             for age in known.values():
                 oldest = InputAge(max(oldest.wall_s, age.wall_s), max(oldest.stamp_s, age.stamp_s))
-        current = self.log.current_trajectory_times(self.period_s)
+        current = current_trajectory_times(rec, self.period_s)
         if fault.silent:
             hold, resume = hold_and_resume(current, window, self.max_age_s + TAKE_GRACE_S)
         else:
@@ -477,7 +403,7 @@ class FaultRunner:
                 1 for a in acts if onset is not None and onset < a.at < (window.back or ended)
             ),
             # trajectories the controller got that start later than they arrive or have ended
-            "not_current": sum(activated <= t <= ended for t in self.log.trajectory_times())
+            "not_current": sum(activated <= t <= ended for t in rec.arm_times())
             - sum(activated <= t <= ended for t in current),
         }
 
@@ -541,24 +467,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_in_sim(faults: list[Fault], args: argparse.Namespace, setup: Setup) -> list[dict[str, Any]]:
     """The sim's faults, one episode each: the sim a process, the policy node in this one."""
-    rows: list[dict[str, Any]] = []
-    with Rig(setup.work) as rig:
+    with Rig(setup.work, joint_names=setup.base["joint_names"]) as rig:
         rig.start_sim(args.timeout_s)
-        log = InputLog(rig.bench.node, setup.base["joint_names"])
         policy = rig.start_policy_here(setup.params_file, setup.checkpoint)
         policy.transition("configure")
         audit = ActAudit(slot_streams(setup.base), policy.ros_now_ns)
         audit.attach(policy.engine)
-        runner = FaultRunner(rig.bench, log, audit, policy, setup.base, args)
-        for round_index, fault in enumerate(faults):
-            row = runner.run(fault, round_index)
-            rows.append(row)
-            print(
-                f"{fault.label:>20}: stale {row['stale']}/{row['cmds']}, hold {row['hold_s']}, "
-                f"resume {row['resume_s']}, {row['outcome']}, node {row['node']}",
-                flush=True,
-            )
-    return rows
+        runner = FaultRunner(rig.bench, audit, policy, setup.base, args)
+        return harness.rounds(
+            runner.run,
+            faults,
+            lambda row: (
+                f"stale {row['stale']}/{row['cmds']}, hold {row['hold_s']}, "
+                f"resume {row['resume_s']}, {row['outcome']}, node {row['node']}"
+            ),
+        )
 
 
 def server_killed(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -9,7 +9,8 @@ work folder for logs) and the processes they start, watch and stop in a private 
   drives an episode) and every process of the run: the sim (``oxygen-sim``), the policy node (a
   process, or in this process where a bench audits its engine), ``oxygen-serve`` policy servers,
   a busy competitor; all stopped together, in reverse order, when the run ends or fails;
-* :func:`round_task`: round r's task and layout seed, the same in every bench;
+* :func:`round_task`: round r's task and layout seed, the same in every bench; :func:`rounds`
+  runs a bench's turns;
 * :func:`report`: the printed table and the ``--json`` file.
 """
 
@@ -382,18 +383,20 @@ class Rig:
     """A run's processes and the bench's own ROS node, in a private ROS graph; leaving the
     ``with`` block stops them all, the last started first.
 
-    ``env``: more environment for the processes (e.g. the node's log format)."""
+    ``env``: more environment for the processes (e.g. the node's log format); ``joint_names``:
+    the bench node records the sim's inputs too (:class:`.closed_loop_ros.BenchNode`)."""
 
     def __init__(
         self,
         work: Path,
         namespaces: Sequence[str] = ("",),
         env: dict[str, str] | None = None,
+        joint_names: Sequence[str] | None = None,
     ) -> None:
         self.work = work
         self.env = ros_environment() | (env or {})  # before rclpy starts in this process
         self._stops: list[Callable[[], Any]] = []
-        self.bench = self.keep(BenchNode(namespaces), BenchNode.close)
+        self.bench = self.keep(BenchNode(namespaces, joint_names), BenchNode.close)
 
     def keep(self, thing: Any, stop: Callable[[Any], Any] | None = None) -> Any:
         """Stop ``thing`` with the rig (``stop(thing)``, default its ``stop()``); returns it."""
@@ -457,6 +460,19 @@ class Rig:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rounds(
+    run: Callable[[Any, int], dict[str, Any]],
+    turns: Sequence[Any],
+    line: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """``run(turn, round_index)`` for each turn (things with a ``label``), a line printed each."""
+    rows = []
+    for round_index, turn in enumerate(turns):
+        rows.append(run(turn, round_index))
+        print(f"{turn.label:>20}: {line(rows[-1])}", flush=True)
+    return rows
 
 
 def drive(trajectory_times: Callable[[], list[float]], since: float, warm_s: float) -> None:
