@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from oxygen_ros.sim.episode import SUCCESS, TIMEOUT, WRONG_CUBE
-from oxygen_ros.tools.benches import faults
+from oxygen_ros.tools.benches import faults, harness
 from oxygen_ros.tools.benches.closed_loop_ros import Arrival
 from oxygen_ros.tools.benches.faults import Act, InputAge, Window
 
@@ -73,13 +73,15 @@ def test_the_silence_and_the_jump_are_found_in_the_streams():
 
 
 def test_fault_selection():
-    assert [f.key for f in faults.select_faults("all")] == [f.key for f in faults.FAULTS]
-    assert [f.key for f in faults.select_faults("joint_states,cameras")] == [
+    assert [f.key for f in harness.choose("all", faults.FAULTS, "faults")] == [
+        f.key for f in faults.FAULTS
+    ]
+    assert [f.key for f in harness.choose("joint_states,cameras", faults.FAULTS, "faults")] == [
         "cameras",
         "joint_states",
     ]
     with pytest.raises(ValueError, match="unknown faults"):
-        faults.select_faults("cameras,lidar")
+        harness.choose("cameras,lidar", faults.FAULTS, "faults")
 
 
 # -- the sim's fault switches ---------------------------------------------------------------------

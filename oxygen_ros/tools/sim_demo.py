@@ -23,21 +23,10 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
     episode_wall_limit,
     wait_for,
 )
-from oxygen_ros.tools.benches.harness import Rig, config_file
+from oxygen_ros.tools.benches.harness import Rig, shipped
 
 TASKS = ("touch the red cube", "touch the blue cube", "touch the green cube")
 SHIPPED_CHECKPOINT = "models/sim_so101"
-
-
-def shipped_checkpoint() -> Path:
-    """The checkpoint trained here: the repository's models/ (a source checkout) or
-    share/oxygen_ros/models/."""
-    repo = Path(__file__).resolve().parents[2] / SHIPPED_CHECKPOINT
-    if repo.is_dir():
-        return repo
-    from ament_index_python.packages import get_package_share_directory
-
-    return Path(get_package_share_directory("oxygen_ros")) / SHIPPED_CHECKPOINT
 
 
 def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> int:
@@ -45,12 +34,12 @@ def run_sim_demo(episodes: int, timeout_s: float, work: Path | None = None) -> i
     episode ended with the sim's verdict (success, timeout or wrong_cube)."""
     work = work or Path(tempfile.mkdtemp(prefix="oxygen_sim_demo_"))
     work.mkdir(parents=True, exist_ok=True)
-    checkpoint = shipped_checkpoint()
+    checkpoint = shipped(SHIPPED_CHECKPOINT)
     print(f"sim demo: {checkpoint} driving the simulated arm; logs in {work}", flush=True)
     ended = successes = 0
     with Rig(work) as rig:
         rig.start_sim(timeout_s)
-        rig.start_policy(config_file("sim_policy.yaml"), checkpoint)
+        rig.start_policy(shipped("config/sim_policy.yaml"), checkpoint)
         if not rig.bench.transition(CONFIGURE):
             raise RuntimeError(f"the policy node did not configure: see {work}/policy_node.log")
         for index in range(episodes):

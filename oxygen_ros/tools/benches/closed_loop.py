@@ -312,6 +312,12 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
         mine = [e for e in ran if e["status"] != "error"]
         if not mine:
             continue
+
+        def share(right: str, of: str | None = None, among: list[dict] = mine) -> float:
+            """``right`` summed over the episodes, over their ``of`` summed (None: their count)."""
+            total = len(among) if of is None else sum(e[of] for e in among)
+            return m.fraction_or_nan(sum(e[right] for e in among), total)
+
         n, wins = len(mine), sum(e["success"] for e in mine)
         low, high = m.wilson_interval(wins, n)
         asked = [e for e in mine if "answer_names_target" in e]
@@ -332,26 +338,12 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
                 "late": sum(e["chunks_late"] for e in mine),
                 "chunks": sum(e["chunks"] for e in mine),
                 "rate_hz": m.median_or_nan([e["chunk_rate_hz"] for e in mine]),
-                "narr_ok": m.fraction_or_nan(
-                    sum(e["narrations_right"] for e in mine), sum(e["narrations"] for e in mine)
-                ),
-                "subtask_ok": m.fraction_or_nan(
-                    sum(e["subtasks_right"] for e in mine), sum(e["subtasks"] for e in mine)
-                ),
-                "ask_ok": m.fraction_or_nan(
-                    sum(e["answer_names_target"] for e in asked), len(asked)
-                ),
-                "narr_place_ok": m.fraction_or_nan(
-                    sum(e["narrations_place_right"] for e in mine),
-                    sum(e["narrations_placed"] for e in mine),
-                ),
-                "subtask_place_ok": m.fraction_or_nan(
-                    sum(e["subtasks_place_right"] for e in mine),
-                    sum(e["subtasks_placed"] for e in mine),
-                ),
-                "ask_place_ok": m.fraction_or_nan(
-                    sum(e["answer_place_right"] for e in placed), len(placed)
-                ),
+                "narr_ok": share("narrations_right", "narrations"),
+                "subtask_ok": share("subtasks_right", "subtasks"),
+                "ask_ok": share("answer_names_target", among=asked),
+                "narr_place_ok": share("narrations_place_right", "narrations_placed"),
+                "subtask_place_ok": share("subtasks_place_right", "subtasks_placed"),
+                "ask_place_ok": share("answer_place_right", among=placed),
                 "wall_s": m.mean_or_nan([e["wall_s"] for e in mine]),
                 "errors": len(ran) - len(mine),
             }

@@ -18,9 +18,8 @@ the first trajectory, the server the node uses (the one its log last says it con
   default 20 s episodes.
 
 Afterwards the killed server is started again on its port (the hung one continued), so each
-scenario starts with two servers. Every server answers a few frames before the node may need it:
-a fresh oxygen-serve's first frames pay torch's first-call costs (0.3-1 s here), long enough for
-a node with a 100 ms deadline to take a cold server for a hung one and move on again.
+scenario starts with two servers, each ready by its ``/healthz`` (oxygen-serve pays torch's
+first-call costs, 0.3-1 s here, before it says so: a cold server would look hung to the node).
 
 Columns:
 
@@ -45,8 +44,8 @@ Columns:
   ``chunks_after``: the chunks the episode got after the fault; ``node``: the policy node's
   lifecycle state after the episode; ``switches``: the node's switches during the episode (its
   log): 1 is the fault's, more are a loaded machine's deadline misses moving it on again.
-* failback only (:func:`failback`): ``back_s`` from the restarted server's readiness (healthy and
-  warmed up by this process) to the node's log line saying it moved back; ``back_gap_s`` the
+* failback only (:func:`failback`): ``back_s`` from the restarted server's readiness (its
+  ``/healthz`` 200, seen by this process) to the log line saying it moved back; ``back_gap_s`` the
   chunks' gap around the move; ``stale_back`` the chunks after it stamped no later than the
   newest before it, of ``chunks_back``.
 
@@ -114,11 +113,6 @@ SCENARIOS = (
     Scenario("failback", "killed, restarted", signal.SIGKILL, failback=True),
 )
 FAILBACK_COLUMNS = ["back_s", "back_gap_s", "stale_back", "chunks_back"]
-
-
-def select_scenarios(text: str) -> list:
-    """``all`` or comma-separated keys of :data:`SCENARIOS`, in its order (ValueError: unknown)."""
-    return harness.choose(text, SCENARIOS, "scenarios")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -346,10 +340,7 @@ class FailoverRunner:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        scenarios = select_scenarios(args.scenarios)
-    except ValueError as exc:
-        raise SystemExit(f"oxygen-bench failover: {exc}") from exc
+    scenarios = harness.selected(args.scenarios, SCENARIOS, "scenarios", "failover")
     setup = harness.prepare(args, "failover")
     print(
         f"failover: {len(scenarios)} scenarios x {args.repeats} episodes; logs in {setup.work}",

@@ -106,11 +106,6 @@ FAULTS = (
 )
 
 
-def select_faults(text: str) -> list:
-    """``all`` or comma-separated keys of :data:`FAULTS`, in its order (ValueError: unknown)."""
-    return harness.choose(text, FAULTS, "faults")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     harness.add_arguments(parser, timeout_s=10.0, warm_s=1.0)
@@ -441,10 +436,7 @@ def slot_streams(base: dict[str, Any]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        faults = select_faults(args.faults)
-    except ValueError as exc:
-        raise SystemExit(f"oxygen-bench faults: {exc}") from exc
+    faults = harness.selected(args.faults, FAULTS, "faults", "faults")
     setup = harness.prepare(args, "faults")
     print(f"faults: {len(faults)} faults, one episode each; logs in {setup.work}", flush=True)
     started = time.monotonic()

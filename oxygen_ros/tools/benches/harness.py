@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
@@ -47,7 +46,6 @@ REMAPS = (  # the node's two trajectory outputs onto the sim's controllers
     "-r",
     "~/gripper_trajectory:=gripper_controller/joint_trajectory",
 )
-WARM_UP_FRAMES, WARM_UP_SIDE = 3, 128
 
 
 # -- arguments and setup ---------------------------------------------------------------------------
@@ -108,14 +106,15 @@ class Setup:
         return SystemExit(f"oxygen-bench {self.bench}: {message}")
 
 
-def config_file(name: str) -> Path:
-    """A shipped config: the repository's config/ (a source checkout) or share/oxygen_ros/."""
-    repo = Path(__file__).resolve().parents[3] / "config" / name
-    if repo.is_file():
+def shipped(relative: str) -> Path:
+    """A file shipped with the package (``config/...``, ``models/...``): the repository's (a
+    source checkout) or share/oxygen_ros/'s."""
+    repo = Path(__file__).resolve().parents[3] / relative
+    if repo.exists():
         return repo
     from ament_index_python.packages import get_package_share_directory
 
-    return Path(get_package_share_directory("oxygen_ros")) / "config" / name
+    return Path(get_package_share_directory("oxygen_ros")) / relative
 
 
 def prepare(args: argparse.Namespace, bench: str) -> Setup:
@@ -127,7 +126,7 @@ def prepare(args: argparse.Namespace, bench: str) -> Setup:
     checkpoint = args.checkpoint.resolve()
     if not (checkpoint / "config.json").is_file():
         raise SystemExit(f"oxygen-bench {bench}: no checkpoint (config.json) in {checkpoint}")
-    params_file = (args.params_file or config_file("sim_policy.yaml")).resolve()
+    params_file = (args.params_file or shipped("config/sim_policy.yaml")).resolve()
     base = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]
     work = args.work or Path(tempfile.mkdtemp(prefix=f"{bench.replace('-', '_')}_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -148,6 +147,14 @@ def choose(text: str, choices: Sequence[Any], what: str) -> list[Any]:
         known = ", ".join(choice.key for choice in choices)
         raise ValueError(f"unknown {what} {unknown}; choose from {known} or all")
     return [choice for choice in choices if choice.key in keys]
+
+
+def selected(text: str, choices: Sequence[Any], what: str, bench: str) -> list[Any]:
+    """:func:`choose`, an unknown key ending ``oxygen-bench BENCH`` with the choices."""
+    try:
+        return choose(text, choices, what)
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench {bench}: {exc}") from exc
 
 
 def round_task(round_index: int, seed: int, kind: str) -> tuple[Task, int]:
@@ -224,9 +231,9 @@ class Process:
 
 
 class Servers:
-    """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run,
-    warmed up (a fresh server's first frames pay torch's first-call costs, 0.3-1 s here: long
-    enough for a node with a 100 ms deadline to take a cold server for a hung one)."""
+    """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run;
+    ready once ``/healthz`` says so (oxygen-serve pays its first-call costs before: 0.3-1 s here,
+    long enough for a node with a 100 ms deadline to take a cold server for a hung one)."""
 
     def __init__(self, checkpoint: Path, work: Path, serve_args: Sequence[str]) -> None:
         self.checkpoint, self.work, self.serve_args = checkpoint, work, list(serve_args)
@@ -242,7 +249,6 @@ class Servers:
     def wait_ready(self, timeout_s: float) -> None:
         for process in self.processes:
             process.wait_healthy(timeout_s)
-            warm_up(process.uri, timeout_s)
 
     def by_uri(self, uri: str) -> ServeProcess:
         return next(p for p in self.processes if p.uri == uri)
@@ -255,33 +261,12 @@ class Servers:
         index = self.processes.index(hit)
         self.processes[index] = self._start(hit.port, "ab"[index])
         self.processes[index].wait_healthy(timeout_s)
-        warm_up(hit.uri, timeout_s)
 
     def stop(self) -> None:
         for process in self.processes:
             if process.process.poll() is None:
                 process.process.send_signal(signal.SIGCONT)  # a stopped one cannot take SIGTERM
             process.stop()
-
-
-def warm_up(uri: str, timeout_s: float, frames: int = WARM_UP_FRAMES) -> None:
-    """Send a server ``frames`` blank frames of its own model's shape (its first-call costs)."""
-    from oxygen_ros.serving.client import PolicyClient
-
-    with PolicyClient(uri) as client:
-        if not client.wait_connected(timeout_s):
-            raise RuntimeError(f"no connection to {uri} to warm it up: {client.last_error}")
-        observation = client.metadata["observation"]
-        message = {
-            "images": {
-                camera: np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)
-                for camera in observation["cameras"]
-            },
-            "state": np.zeros(int(observation["state_dim"]), np.float32),
-            "prompt": "warm up",
-        }
-        for _ in range(frames):
-            client.infer(message, timeout_s=timeout_s)
 
 
 def serve_args(base: dict[str, Any]) -> list[str]:
@@ -408,7 +393,7 @@ class Rig:
         one (so the policy node's sim time follows the main sim only); not kept: the caller stops
         it (:meth:`start_sim` keeps it)."""
         args = [sys.executable, "-m", "oxygen_ros.tools.sim", *(["--expert"] if expert else [])]
-        args += ["--ros-args", "--params-file", str(config_file("sim_so101.yaml"))]
+        args += ["--ros-args", "--params-file", str(shipped("config/sim_so101.yaml"))]
         args += ["-p", "autostart:=false", "-p", f"episode_timeout_s:={float(timeout_s)}"]
         if namespace:
             args += ["-r", f"__ns:=/{namespace}", "-r", f"/clock:=/{namespace}/clock"]
