@@ -27,6 +27,7 @@ from oxygen_ros.tools.benches.failover import (
     failback,
     fault_row,
     measure,
+    ready_time,
     switch_time,
 )
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
@@ -161,6 +162,22 @@ def test_the_failback_is_measured_from_the_restarted_servers_readiness():
     row = failback([*chunks, Received(20.8, 15.8, 15.2)], ready, 1020.4)
     assert row["stale_back"] == "1/3"
     assert failback(chunks, ready, None)["back_s"] is None  # the node never came back
+
+
+def test_the_restarted_servers_readiness_is_read_from_its_log():
+    log = (
+        "2026-12-04 18:56:41,135 oxygen_ros.serving.server: oxygen-serve ready: warmed up"
+        " in 0.1 s\n"
+        "2026-12-04 18:56:54,181 oxygen_ros.serving.server: oxygen-serve listening"
+        " on 127.0.0.1:1\n"
+        "2026-12-04 18:56:54,312 oxygen_ros.serving.server: oxygen-serve ready: warmed up"
+        " in 0.1 s\n"
+    )
+    first, last = ready_time(log.split("\n", 1)[0]), ready_time(log)
+    assert last.wall - first.wall == pytest.approx(13.177)  # the restart's line, not the first
+    assert last.at - first.at == pytest.approx(13.177, abs=0.01)  # the same on the monotonic clock
+    with pytest.raises(RuntimeError, match="no 'oxygen-serve ready'"):
+        ready_time("oxygen-serve listening on 127.0.0.1:1\n")
 
 
 def test_the_switch_time_is_read_from_the_nodes_log():

@@ -44,10 +44,10 @@ Columns:
   ``chunks_after``: the chunks the episode got after the fault; ``node``: the policy node's
   lifecycle state after the episode; ``switches``: the node's switches during the episode (its
   log): 1 is the fault's, more are a loaded machine's deadline misses moving it on again.
-* failback only (:func:`failback`): ``back_s`` from the restarted server's readiness (its
-  ``/healthz`` 200, seen by this process) to the log line saying it moved back; ``back_gap_s`` the
-  chunks' gap around the move; ``stale_back`` the chunks after it stamped no later than the
-  newest before it, of ``chunks_back``.
+* failback only (:func:`failback`): ``back_s`` from the restarted server's readiness (its log's
+  ``oxygen-serve ready`` line: warmed up, ``/healthz`` 200) to the node's log line saying it
+  moved back; ``back_gap_s`` the chunks' gap around the move; ``stale_back`` the chunks after
+  it stamped no later than the newest before it, of ``chunks_back``.
 
 :func:`fault_row` turns a row into ``oxygen-bench faults``' columns (that bench runs the ``kill``
 scenario through :func:`run` for its table).
@@ -63,6 +63,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from oxygen_ros.tools.benches import harness
@@ -246,6 +247,18 @@ def fault_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+READY = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*oxygen-serve ready", re.M)
+
+
+def ready_time(serve_log: str) -> Fault:
+    """When a server last said it was ready (its log line; this process's clocks)."""
+    stamps = READY.findall(serve_log)
+    if not stamps:
+        raise RuntimeError("the restarted server's log has no 'oxygen-serve ready' line")
+    wall = datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time
+    return Fault(time.monotonic() - (time.time() - wall), wall, math.nan)
+
+
 def failback(chunks: Sequence[Received], ready: Fault, back_wall: float | None) -> dict[str, Any]:
     """The move back to the first server, restarted and ready at ``ready``, that the node's log
     says happened at ``back_wall`` (None: never): ``back_s`` from ready to back; ``back_gap_s``
@@ -294,8 +307,11 @@ class FailoverRunner:
             wait_for(lambda: any(t > fault.at for t in bench.chunk_times()), 60.0)
             if scenario.failback:  # restart it; the node is to come back by itself
                 servers.restore(hit, 120.0)
-                ready, hit = Fault(time.monotonic(), time.time(), bench.now("")), None
-                wait_for(lambda: self._back(ready.wall) is not None, 30.0)
+                ready, hit = (
+                    ready_time(servers.processes[0].log_path.read_text(errors="replace")),
+                    None,
+                )
+                wait_for(lambda: self._back(fault.wall) is not None, 30.0)
                 wait_for(lambda: any(t > ready.at + 1.0 for t in bench.chunk_times()), 30.0)
             bench.wait_episode_end("", index, args.timeout_s)
             node = "active" if bench.policy_state() == STATE_ACTIVE else "not active"
@@ -308,7 +324,7 @@ class FailoverRunner:
                 servers.restore(hit, 120.0)
         chunks = [c for c in rec.chunks if c.at >= activated]
         if scenario.failback:
-            back = failback(chunks, ready, self._back(ready.wall))
+            back = failback(chunks, ready, self._back(fault.wall))
         log = self.policy.log_text()
         row = measure(
             scenario,
