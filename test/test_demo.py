@@ -81,8 +81,12 @@ def test_sim_demo_drives_the_arm_with_the_trained_policy(tmp_path):
     assert result.returncode == 0, output
     assert "episode 0: 'touch the red cube'" in output, output
     said = re.findall(r"node (?:says|said last): '\[narration\] ([^']*)'", output)
-    assert said and all("red cube" in text for text in said), output
-    assert re.search(r"-> (success|timeout) after", output), output
+    verdict = re.search(r"-> (success|timeout|wrong_cube) after", output)
+    assert verdict, output
+    # every narration names the task's cube; only a touch quicker than the first narration
+    # (the contact rule ends the episode at once) may end with none
+    assert all("red cube" in text for text in said), output
+    assert said or verdict.group(1) == "success", output
     assert "sim demo summary:" in output
 
 
