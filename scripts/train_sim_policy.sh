@@ -30,12 +30,12 @@ START_LAYOUTS="${START_LAYOUTS:-20000}" # grounding layouts at the start pose, s
 MOVED_LAYOUTS="${MOVED_LAYOUTS:-6000}"  # layouts seen at 4 moments past the start, 3,100,000 ...
 HELDOUT="${HELDOUT:-300}"               # held-out layouts for the probe, seeds 9,000,000 ...
 START_STEPS="${START_STEPS:-4000}"      # each stage's cap (its gates usually end it sooner)
-ALL_STEPS="${ALL_STEPS:-5000}"
-DEMO_STEPS="${DEMO_STEPS:-6000}"
+ALL_STEPS="${ALL_STEPS:-4000}"
+DEMO_STEPS="${DEMO_STEPS:-5000}"
 ONE_COLOUR="${ONE_COLOUR:-400}"
 GATE="${GATE:-0.95}"
 PROBE_EVERY="${PROBE_EVERY:-250}"
-PROBE_SCENES="${PROBE_SCENES:-150}"
+PROBE_SCENES="${PROBE_SCENES:-200}"
 WORKERS="${WORKERS:-1}"
 RESUME_EVERY_MIN="${RESUME_EVERY_MIN:-5}"
 mkdir -p "$WORK"
@@ -89,7 +89,8 @@ done
 "$BIN/oxygen-train" "${common[@]}" --resume --stage ground_all \
   --grounding "$WORK/grounding_start.npz" --grounding "$WORK/grounding_moved.npz" \
   --grounding-batch-size 32 --steps "$ALL_STEPS" --grounding-only-steps "$ALL_STEPS" \
-  --lr 5e-4 --warmup-steps 50 "${gates[@]}"
+  --lr 5e-4 --warmup-steps 50 --probe-every "$((2 * PROBE_EVERY))" "${gates[@]}"
 "$BIN/oxygen-train" "${common[@]}" --resume --stage demos \
   --grounding "$WORK/grounding_start.npz" --grounding "$WORK/grounding_moved.npz" \
-  --grounding-batch-size 24 --batch-size 12 --steps "$DEMO_STEPS" --lr 7e-4 --warmup-steps 200
+  --grounding-batch-size 24 --batch-size 12 --steps "$DEMO_STEPS" --lr 7e-4 --warmup-steps 200 \
+  --probe-every "$((2 * PROBE_EVERY))"
