@@ -332,6 +332,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         return accuracy
 
     def save_resume() -> None:
+        resume_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(
             {
                 "model": model.state_dict(),
