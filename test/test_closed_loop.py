@@ -266,9 +266,11 @@ def test_the_bench_runs_the_expert_and_a_policy_through_the_node(sim_checkpoint,
     assert len(policy) == 2
     for episode in policy:
         assert episode["status"] in ENDS, episode
-        # the node drove the arm chunk after chunk (a random arm may touch a cube within a second,
-        # which ends the episode under the contact rule)
-        assert episode["chunks"] >= 2 and episode["switches"] >= 1, episode
+        # the node drove the arm chunk after chunk (a random arm may touch a cube at once, which
+        # ends the episode under the contact rule; three sim seconds show several chunks)
+        assert episode["chunks"] >= 1, episode
+        if episode["elapsed_s"] >= 3.0:
+            assert episode["chunks"] > 5 and episode["switches"] > 5, episode
         assert math.isfinite(episode["jerk_rms"]) and math.isfinite(episode["switch_jump_rad"])
         assert episode["rejected"] == 0, episode["rejected_by_reason"]
     for row in out["rows"]:

@@ -57,13 +57,19 @@ def pick_idle(places: Iterable[Place], now: float, grace_s: float) -> tuple[Plac
     no session is waiting for its client.
 
     Sessions idle for at least ``grace_s`` go first: those that never sent an observation before
-    the others, the longest idle first; otherwise the one that reaches the grace soonest.
+    the others, the longest idle first; otherwise the one that would go first, once it has been
+    idle for the grace (a robot paused between episodes is not taken while a session that never
+    sent anything can be).
     """
     idle = _idle(places)
     if not idle:
         return None
+
+    def order(place: Place) -> tuple[bool, float]:
+        return place.observed, place.idle_since
+
     ready = [p for p in idle if now - p.idle_since >= grace_s]
     if ready:
-        return min(ready, key=lambda p: (p.observed, p.idle_since)), 0.0
-    soonest = min(idle, key=lambda p: p.idle_since)
-    return soonest, soonest.idle_since + grace_s - now
+        return min(ready, key=order), 0.0
+    first = min(idle, key=order)
+    return first, first.idle_since + grace_s - now
