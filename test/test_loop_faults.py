@@ -181,8 +181,10 @@ def test_the_fault_happened(bench, key):
         assert row["jump_s"] == pytest.approx(JUMPS[key], abs=0.1), row
     else:
         assert row["gap_s"] > FAULT_S / 2, row
-        # the node used inputs that aged while they were away (the stale check is not vacuous)
-        assert row["oldest_s"] > 0.2, row
+        # the node used inputs that aged while they were away (the stale check is not vacuous);
+        # it ages an input by the later of its stamp and its arrival, and a sim running behind
+        # real time ages it faster by arrival
+        assert max(row["oldest_s"], row["oldest_wall_s"]) > 0.2, row
     if key == "cameras":
         assert counters.get("no_action_no_camera", 0) > 0, counters
     if key == "joint_states":
