@@ -1,38 +1,19 @@
 """Shared pytest setup.
 
-Runs before any test module imports rclpy, so the ROS environment below applies to every node a
-test creates in this process and, through the `ros_env` fixture, to subprocesses:
-
-* ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST: discovery on one host is instant (SUBNET took ~3 s)
-  and test traffic stays on this machine (ROS_LOCALHOST_ONLY=1 on Humble, which predates it);
-* a random ROS_DOMAIN_ID (1-100) per pytest process, so parallel test runs don't see each other;
-* RMW_IMPLEMENTATION=rmw_fastrtps_cpp (the middleware the venv ships);
-* AMENT_PREFIX_PATH=<venv> when unset, so ament_index_python finds share/oxygen_ros in a venv.
-
-Values already set in the environment are kept.
+Runs before any test module imports rclpy: every node a test creates in this process, and
+through the `ros_env` fixture every subprocess, joins a private ROS graph on this machine with a
+domain of its own (:mod:`oxygen_ros.tools.ros_graph`, the test range).
 """
 
 from __future__ import annotations
 
 import os
-import random
-import sys
 
 import pytest
 
+from oxygen_ros.tools.ros_graph import TEST_DOMAINS, private_graph_environment
 
-def _configure_ros_environment() -> None:
-    env = os.environ
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    if env.get("ROS_DISTRO") == "humble":
-        env.setdefault("ROS_LOCALHOST_ONLY", "1")
-    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(1, 100)))
-    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
-    if not env.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
-        env["AMENT_PREFIX_PATH"] = sys.prefix
-
-
-_configure_ros_environment()
+private_graph_environment(TEST_DOMAINS)
 
 
 @pytest.fixture
@@ -42,9 +23,7 @@ def ros_env() -> dict[str, str]:
     Start the subprocess with `sys.executable` (the same venv): the ROS wheels' bootstrap has
     already set LD_LIBRARY_PATH in this process and the child inherits it.
     """
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

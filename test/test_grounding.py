@@ -406,7 +406,7 @@ def test_stages_resume_the_last_weights_with_their_own_schedule(
     assert train_main([*first, "--gate", "all>=0.0"]) == 0
     record = json.loads((out / "training.json").read_text())
     assert record["steps_done"] == 2
-    assert record["stages"][0]["ended"] == "gates met at step 2"
+    assert record["stages"][0]["gated"] and record["stages"][0]["ended"] == "gates met at step 2"
     # a gate no probe meets: the stage runs to its steps and says so
     second = ["--stage", "ground2", "--steps", "3", "--grounding-only-steps", "3"]
     with pytest.raises(SystemExit):
@@ -415,6 +415,7 @@ def test_stages_resume_the_last_weights_with_their_own_schedule(
     assert train_main([*common, "--resume", "--stage", "demos", "--steps", "3"]) == 0
     record = json.loads((out / "training.json").read_text())
     assert [s["stage"] for s in record["stages"]] == ["ground", "ground2", "demos"]
+    assert [s["gated"] for s in record["stages"]] == [True, False, False]
     assert [(s["first_step"], s["last_step"]) for s in record["stages"]] == [(0, 2), (2, 5), (5, 8)]
     lrs = [h["lr"] for h in record["history"]]
     assert lrs[2] == lrs[5] == lrs[0]  # each stage warms up from its own first step

@@ -56,15 +56,7 @@ def policy():
 @pytest.fixture(scope="module")
 def heldout_questions(policy) -> GroundingBatchMaker:
     scenes = render_scenes(PROBE_SEED0, PROBE_LAYOUTS, 5, views=VIEWS)
-    return GroundingBatchMaker(
-        scenes,
-        policy.config,
-        policy.tokenizer,
-        resolve_format("openpi_subtask"),
-        policy.prompt_state,
-        policy.image_slots,
-        policy.conventions.border,
-    )
+    return GroundingBatchMaker.for_policy(policy, scenes, resolve_format("openpi_subtask"))
 
 
 def test_the_subtask_question_is_the_prompt_the_node_decodes_its_subtask_in(

@@ -16,17 +16,23 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.ros.convert import seconds_to_duration, seconds_to_stamp
 from oxygen_ros.ros.trajectory_rules import TrajectoryRejected
 from oxygen_ros.sim.controller import REJECT_NON_FINITE, TrajectoryController
-from oxygen_ros.sim.episode import ARM_CONTROLLER, SUCCESS, Simulation
+from oxygen_ros.sim.episode import SUCCESS, Simulation
 from oxygen_ros.sim.expert import ArmPerturbation
 from oxygen_ros.sim.headless import run_expert_episode
 from oxygen_ros.sim.kinematics import Unreachable, tip_down_ik
-from oxygen_ros.sim.language import SceneFacts, current_phase, place_words, without_place
-from oxygen_ros.sim.scene import ARM_JOINTS, CUBE_SIZE, PAD_THICKNESS, scene_mjcf
+from oxygen_ros.sim.language import (
+    PLACES,
+    SceneFacts,
+    current_phase,
+    every_phase,
+    place_words,
+    without_place,
+)
+from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS, scene_mjcf
 from oxygen_ros.sim.tasks import (
     MIN_CUBE_GAP,
     PLACE,
     TOUCH,
-    TOUCH_DISTANCE,
     Task,
     TaskError,
     cube_on_pad,
@@ -197,47 +203,6 @@ def test_ik_puts_the_tip_where_asked_pointing_down_in_mujoco():
         tip_down_ik(np.array([0.6, 0.0, 0.0]), 0.0)
 
 
-def _tip_settled_over_cube(sim: Simulation, seed: int, sideways_m: float) -> float:
-    """The tip's distance to the red cube's centre after the arm is sent straight down to the
-    expert's touch point (1.7 cm above the centre) shifted ``sideways_m`` across the line from
-    the base, fingers aligned with the cube as the expert aligns them."""
-    sim.reset(parse_task("touch the red cube"), seed)
-    cube, yaw = sim.world.cube_position("red"), sim.world.cube_yaw("red")
-    radial = cube[:2] / np.linalg.norm(cube[:2])
-    xy = cube[:2] + sideways_m * np.array([-radial[1], radial[0]])
-    msg = JointTrajectory(joint_names=list(ARM_JOINTS))
-    msg.header.stamp = seconds_to_stamp(sim.now_s)
-    roll = float(sim.world.arm_positions()[4])
-    for k, z in enumerate((0.09, cube[2] + CUBE_SIZE / 2 + 0.002)):
-        msg.points.append(
-            JointTrajectoryPoint(
-                positions=[float(q) for q in tip_down_ik(np.r_[xy, z], yaw, roll_hint=roll)],
-                velocities=[0.0] * 5,
-                time_from_start=seconds_to_duration(1.0 + k),
-            )
-        )
-    sim.receive(ARM_CONTROLLER, msg)
-    for _ in range(round(3.0 / sim.control_dt)):
-        sim.control_step()
-    return float(np.linalg.norm(sim.world.tip_position() - cube))
-
-
-def test_touching_needs_the_tip_within_a_centimetre_and_a_half_sideways():
-    """Why the old tip rule (kept as sim-policy's ``touch_tip``) missed touches: 1 cm to the side
-    the tip gets down to 2 cm from the cube's centre, 2 cm to the side the hand rests on the
-    cube's top and the tip stays beyond the rule's 3 cm (measured: 3.1-3.3 cm). The contact rule
-    counts that hand as touching (test_sim_touch)."""
-    sim = Simulation(episode_timeout_s=0.5)  # the episode times out early; physics goes on
-    try:
-        for seed in (7000, 7001, 7002):
-            assert _tip_settled_over_cube(sim, seed, 0.0) < 0.018
-            assert _tip_settled_over_cube(sim, seed, 0.01) < TOUCH_DISTANCE - 0.005
-            assert _tip_settled_over_cube(sim, seed, 0.02) > TOUCH_DISTANCE
-            assert _tip_settled_over_cube(sim, seed, -0.02) > TOUCH_DISTANCE
-    finally:
-        sim.world.close()
-
-
 # -- language ------------------------------------------------------------------------------------
 def test_phases_name_the_object_and_follow_the_state():
     task = Task(PLACE, "red", "green")
@@ -274,7 +239,16 @@ def test_place_words_split_the_reach_into_sides_and_depths():
     # every layout the tasks draw gets words, and all six places occur
     rng = np.random.default_rng(0)
     said = {place_words(*random_layout(rng).cubes["red"][:2]) for _ in range(300)}
-    assert said == {f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right")}
+    assert said == set(PLACES)
+
+
+def test_every_phase_lists_each_phase_at_every_place():
+    touch = every_phase(Task(TOUCH, "red"))
+    assert {p.key for p in touch} == {"reach", "done"}
+    assert len(touch) == 1 + len(PLACES) + 1  # reach unplaced and at each place; done
+    place = every_phase(Task(PLACE, "red", "blue"))
+    assert {p.key for p in place} == {"reach", "grasp", "carry", "release", "done"}
+    assert "reach the red cube, far left" in {p.subtask for p in place}
 
 
 # -- the expert without ROS ----------------------------------------------------------------------

@@ -26,10 +26,11 @@ from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, Task
 NEAR_CUBE = 0.03  # the tip this close to the cube's centre is "at" the cube
 SIDE_ANGLE = PLACE_ANGLE[1] / 3  # rad from straight ahead: the outer thirds are left and right
 FAR_RADIUS = sum(PLACE_RADIUS) / 2  # m from the base: the outer half of the reach is far
+PLACES = tuple(f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right"))
 
 
 def place_words(x: float, y: float) -> str:
-    """Where a point on the table is, seen from the robot's base: "far left", "near centre"."""
+    """Where a point on the table is, seen from the robot's base: one of :data:`PLACES`."""
     angle = math.atan2(y, x)  # +y is the robot's left
     side = "left" if angle > SIDE_ANGLE else "right" if angle < -SIDE_ANGLE else "centre"
     depth = "far" if math.hypot(x, y) >= FAR_RADIUS else "near"
@@ -85,3 +86,19 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
     if facts.tip_to_cube <= NEAR_CUBE:
         return Phase("grasp", f"grasp {cube}", f"grasping {cube}")
     return Phase("reach", f"reach {cube}{where}", reaching)
+
+
+def every_phase(task: Task) -> list[Phase]:
+    """Every phase :func:`current_phase` can give for ``task``, with the cube at every place and
+    unplaced (a tokenizer's corpus must hold all their words)."""
+    phases: dict[Phase, None] = {}
+    for place in ("", *PLACES):
+        for facts in (
+            SceneFacts(False, None, math.inf, False, False, place),  # reach
+            SceneFacts(False, None, 0.0, False, False, place),  # grasp
+            SceneFacts(False, task.cube, 0.0, False, False, place),  # carry
+            SceneFacts(False, task.cube, 0.0, True, False, place),  # release
+            SceneFacts(True, None, 0.0, True, True, place),  # done
+        ):
+            phases[current_phase(task, facts)] = None
+    return list(phases)

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .language import SceneFacts, current_phase, place_words
+from .language import PLACES, every_phase, place_words
 from .scene import CUBE_COLORS, PAD_COLORS, PAD_HALF
 from .tasks import PLACE, TOUCH, Task, parse_task
 
-PLACES = tuple(f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right"))
 NO_CUBE = -1
 
 # question kinds (:func:`scene_questions`)
@@ -221,20 +220,9 @@ def question_sentences() -> list[str]:
 
 
 def task_sentences() -> list[str]:
-    """Every task and every subtask the sim says for it (`current_phase` over each phase's
-    facts), so that the subtask question's answers tokenise whatever the demonstrations hold."""
+    """Every task and every subtask the sim says for it, so that the subtask question's answers
+    tokenise whatever the demonstrations hold."""
     tasks = [Task(TOUCH, c) for c in CUBE_COLORS]
     tasks += [Task(PLACE, c, p) for c in CUBE_COLORS for p in PAD_COLORS]
-    sentences = {task.text for task in tasks}
-    for task in tasks:
-        for place in ("", *PLACES):
-            for success, grasped, near, over, on in (
-                (False, None, 1.0, False, False),  # reach
-                (False, None, 0.0, False, False),  # grasp
-                (False, task.cube, 0.0, False, False),  # carry
-                (False, task.cube, 0.0, True, False),  # release
-                (True, None, 0.0, True, True),  # done
-            ):
-                facts = SceneFacts(success, grasped, near, over, on, place)
-                sentences.add(current_phase(task, facts).subtask)
-    return sorted(sentences)
+    subtasks = {phase.subtask for task in tasks for phase in every_phase(task)}
+    return sorted(subtasks | {task.text for task in tasks})

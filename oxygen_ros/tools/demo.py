@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oxygen_ros.tools.cli import positive_float
+from oxygen_ros.tools.ros_graph import private_graph_environment
 
 NODE_NAME = "oxygen_node"
 QUESTION = "what is on the table?"
@@ -121,17 +121,6 @@ def write_overrides(path: Path, parameters: dict[str, object]) -> Path:
     """A ROS params file (JSON is valid YAML) applying ``parameters`` to any node name."""
     path.write_text(json.dumps({"/**": {"ros__parameters": parameters}}, indent=2))
     return path
-
-
-def ros_environment() -> dict[str, str]:
-    """This process's environment with an isolated, local ROS graph."""
-    env = os.environ
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    if env.get("ROS_DISTRO") == "humble":
-        env.setdefault("ROS_LOCALHOST_ONLY", "1")
-    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(1, 100)))
-    env["PYTHONUNBUFFERED"] = "1"
-    return dict(env)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     work = (args.work or cache_dir() / "demo").expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)
     checkpoint, bag = prepare_inputs(work, args.preset, args.duration)
-    env = ros_environment()
+    env = private_graph_environment()
     overrides = write_overrides(
         work / "demo_params.yaml",
         {

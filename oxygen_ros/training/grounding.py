@@ -26,6 +26,7 @@ kind over all scenes and split by pose: ``start/<kind>`` at the layouts' start p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,6 +50,9 @@ from oxygen_ros.sim.questions import (
 )
 
 from .batches import BatchError, TextLayout, collate, prompt_layout
+
+if TYPE_CHECKING:
+    from oxygen_ros.policy_io.policy import Pi05Policy
 
 ANSWER_KIND = "answer"
 VQA_PROMPT = "{question}\n"  # PaliGemma's VQA prefix: the question, then a newline
@@ -92,6 +96,22 @@ class GroundingBatchMaker:
         self.states = np.stack([normalize_state(s) for s in scenes.state]).astype(np.float32)
         self.border = border
         self._questions = [scene_questions(scenes, row) for row in range(len(scenes))]
+
+    @classmethod
+    def for_policy(
+        cls, policy: Pi05Policy, scenes: GroundingScenes, prompt_format: PromptFormat
+    ) -> GroundingBatchMaker:
+        """Questions on ``scenes`` as a loaded checkpoint sees them: its tokenizer, state
+        normalisation, camera slots and image border."""
+        return cls(
+            scenes,
+            policy.config,
+            policy.tokenizer,
+            prompt_format,
+            policy.prompt_state,
+            policy.image_slots,
+            policy.conventions.border,
+        )
 
     def questions(self, row: int) -> list[Question]:
         return self._questions[row]

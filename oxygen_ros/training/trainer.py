@@ -115,7 +115,6 @@ class TrainSettings:
 
 IMAGE_POSITIONS = ("learned", "sincos")
 RESUME_FILE = "resume.pt"
-GATES_MET = "gates met"  # how a stage that its gates ended says so
 
 
 def parse_gate(text: str) -> tuple[str, float]:
@@ -301,12 +300,13 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
             {
                 "stage": settings.stage,
                 "first_step": first_step,
-                "ended": "",
+                "gated": False,  # ended by its gates: never trained again
+                "ended": "",  # how it ended, in words
                 "command": settings.command,
             }
         )
     stage = stages[-1]
-    gated = stage["ended"].startswith(GATES_MET)
+    gated = stage.get("gated", False)
     if gated:  # the checkpoint is written again, the training not repeated
         log(f"stage {settings.stage!r} ended already ({stage['ended']})")
     else:
@@ -382,7 +382,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
             )
         if settings.probe_every and done % settings.probe_every == 0:
             if gates_met(settings.gates, run_probe(done)):
-                stage["ended"] = f"{GATES_MET} at step {done}"
+                stage["gated"] = True
+                stage["ended"] = f"gates met at step {done}"
                 log(f"stage {settings.stage!r}: {stage['ended']}")
                 break
         if time.monotonic() - last_save >= settings.resume_every_s:
@@ -398,7 +399,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     stage["last_step"] = len(history)
     if not probes or probes[-1]["step"] != len(history):
         run_probe(len(history))
-    if settings.gates and not stage["ended"].startswith(GATES_MET):
+    if settings.gates and not stage["gated"]:
         log(f"stage {settings.stage!r}: gates not met ({stage['ended']})")
     save_resume()
     result = _result_of(settings, history)

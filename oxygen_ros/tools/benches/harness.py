@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
 from oxygen_ros.tools.benches import common
 from oxygen_ros.tools.benches.closed_loop_ros import POLICY_NODE, BenchNode, wait_for
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+from oxygen_ros.tools.ros_graph import private_graph_environment
 
 CUBES = ("red", "green", "blue")
 PADS = ("green", "blue")
@@ -190,20 +190,6 @@ def report(
 
 
 # -- processes -------------------------------------------------------------------------------------
-def ros_environment() -> dict[str, str]:
-    """This process's environment for a private ROS graph: localhost discovery and a random
-    ROS_DOMAIN_ID (as test/conftest.py), unless already set. Call before rclpy starts."""
-    env = os.environ
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    if env.get("ROS_DISTRO") == "humble":
-        env.setdefault("ROS_LOCALHOST_ONLY", "1")
-    env.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(101, 200)))
-    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
-    if not env.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
-        env["AMENT_PREFIX_PATH"] = sys.prefix
-    return dict(env, PYTHONUNBUFFERED="1")
-
-
 class Process:
     """A subprocess with its log file; :meth:`stop` sends SIGINT, then kills after ``timeout``."""
 
@@ -379,7 +365,7 @@ class Rig:
         joint_names: Sequence[str] | None = None,
     ) -> None:
         self.work = work
-        self.env = ros_environment() | (env or {})  # before rclpy starts in this process
+        self.env = private_graph_environment() | (env or {})  # before rclpy starts in this process
         self._stops: list[Callable[[], Any]] = []
         self.bench = self.keep(BenchNode(namespaces, joint_names), BenchNode.close)
 

@@ -415,15 +415,7 @@ def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float
     from oxygen_ros.training.grounding import GroundingBatchMaker, probe
 
     scenes = render_scenes(HELDOUT_SEED0 + PROBE_OFFSET, layouts, 5, views=VIEWS)
-    maker = GroundingBatchMaker(
-        scenes,
-        policy.model.config,
-        policy.tokenizer,
-        resolve_format(prompt_format),
-        policy.prompt_state,
-        policy.image_slots,
-        policy.conventions.border,
-    )
+    maker = GroundingBatchMaker.for_policy(policy, scenes, resolve_format(prompt_format))
     return probe(policy.model, maker)
 
 
