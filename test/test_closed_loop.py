@@ -135,6 +135,11 @@ def test_an_episode_naming_the_right_cube_in_the_wrong_place_is_cube_right_place
     assert (row["subtask_ok"], row["subtask_place_ok"]) == (1.0, 0.0)
     assert (row["ask_ok"], row["ask_place_ok"]) == (1.0, 0.0)
     assert set(closed_loop.COLUMNS) <= set(row)
+    # an episode that ended before the question was asked is not judged as a wrong answer
+    unasked = closed_loop.measure(rec, task, 1) | {"setting": "ask", "wall_s": 1.0}
+    assert "answer_names_target" not in unasked
+    (row,) = closed_loop.summarise([Setting("ask")], [episode, unasked])
+    assert (row["n"], row["asked"], row["ask_ok"]) == (2, 1, 1.0)
     # the trained answer says no place: its cube is judged, its place is not
     plain = closed_loop.measure(rec, task, 1, answer=(4.0, "the red cube"))
     assert plain["answer_names_target"] and "answer_place_right" not in plain

@@ -83,6 +83,7 @@ COLUMNS = [
     "rate_hz",
     "narr_ok",
     "subtask_ok",
+    "asked",
     "ask_ok",
     "narr_place_ok",
     "subtask_place_ok",
@@ -114,7 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "30 %% and half of the 10-step chunk)",
     )
     parser.add_argument(
-        "--ask-after-s", type=float, default=2.0, help="ask setting: seconds into the episode"
+        "--ask-after-s",
+        type=float,
+        default=0.5,
+        help="ask setting: seconds into the episode (default 0.5: the shipped policy touches at "
+        "0.7-1.5 s; an episode that ends first is not asked, and not judged)",
     )
 
 
@@ -193,7 +198,8 @@ class EpisodeRunner:
 
     def _wait_episode(self, ns: str, index: int, ask: bool) -> tuple[float, str] | None:
         """Wait for the episode's end (asking the question on the way when ``ask``); the answer
-        and when it came (monotonic s; NaN and "" when none came)."""
+        and when it came (monotonic s; NaN and "" when the node refused the goal or no answer
+        came), None when nothing was asked (``ask`` off, or the episode ended first)."""
         bench, started = self.bench, time.monotonic()
         limit = episode_wall_limit(self.args.timeout_s)
         pending, answered = None, math.nan
@@ -203,8 +209,10 @@ class EpisodeRunner:
             if pending and math.isnan(answered) and pending.done():
                 answered = time.monotonic()
             time.sleep(0.05)
+        if pending is None:
+            return None
         if not pending:
-            return (math.nan, "") if ask else None
+            return (math.nan, "")
         if not wait_for(pending.done, 20.0):
             return (math.nan, "")
         answered = time.monotonic() if math.isnan(answered) else answered
@@ -320,7 +328,7 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
 
         n, wins = len(mine), sum(e["success"] for e in mine)
         low, high = m.wilson_interval(wins, n)
-        asked = [e for e in mine if "answer_names_target" in e]
+        asked = [e for e in mine if "answer_names_target" in e]  # ended before the ask: not
         placed = [e for e in mine if "answer_place_right" in e]
         rows.append(
             {
@@ -340,6 +348,7 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
                 "rate_hz": m.median_or_nan([e["chunk_rate_hz"] for e in mine]),
                 "narr_ok": share("narrations_right", "narrations"),
                 "subtask_ok": share("subtasks_right", "subtasks"),
+                "asked": len(asked),
                 "ask_ok": share("answer_names_target", among=asked),
                 "narr_place_ok": share("narrations_place_right", "narrations_placed"),
                 "subtask_place_ok": share("subtasks_place_right", "subtasks_placed"),
