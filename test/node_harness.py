@@ -41,8 +41,8 @@ from visualization_msgs.msg import Marker
 
 from oxygen_ros.action import Ask
 from oxygen_ros.msg import ActionChunk, Narration
-from oxygen_ros.tools.benches.closed_loop_ros import wait_for
 from oxygen_ros.tools.make_bag import camera_topic, joint_names
+from oxygen_ros.tools.processes import wait_for
 from oxygen_ros.tools.replay import BagPlayer
 
 NODE = "oxygen_node"

@@ -1,10 +1,12 @@
-"""argparse value types shared by the command-line tools, and ROS namespaces for bag topics."""
+"""argparse value types shared by the command-line tools, the split of a command line at
+``--ros-args``, and ROS namespaces for bag topics."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import re
+from collections.abc import Sequence
 
 
 def positive_float(text: str) -> float:
@@ -21,6 +23,13 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def split_ros_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``argv`` as (the tool's own arguments, ``--ros-args`` and all after it, for rclpy)."""
+    argv = list(argv)
+    split = argv.index("--ros-args") if "--ros-args" in argv else len(argv)
+    return argv[:split], argv[split:]
 
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oxygen_ros.tools.cli import positive_int
+from oxygen_ros.tools.cli import positive_int, split_ros_args
 
 TOPICS = (
     "camera/scene/image_raw",
@@ -111,11 +111,7 @@ def episode_task(args: argparse.Namespace, seed: int):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ros_args: list[str] = []
-    if "--ros-args" in argv:
-        split = argv.index("--ros-args")
-        argv, ros_args = argv[:split], argv[split:]
+    argv, ros_args = split_ros_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     from oxygen_ros.sim.tasks import TaskError

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oxygen_ros.tools.cli import positive_float
+from oxygen_ros.tools.processes import LoggedProcess
 from oxygen_ros.tools.ros_graph import private_graph_environment
 
 NODE_NAME = "oxygen_node"
@@ -189,11 +189,11 @@ def _subscribe(node, monitor: Monitor) -> None:
     node.create_subscription(DiagnosticArray, "/diagnostics", monitor.on_diagnostics, 10)
 
 
-def _wait_until_ready(node, player, process: subprocess.Popen, stop: threading.Event) -> bool:
+def _wait_until_ready(node, player, process: LoggedProcess, stop: threading.Event) -> bool:
     """Wait for the node to subscribe to every bag topic and to offer its action output."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline and not stop.is_set():
-        if process.poll() is not None:
+        if not process.alive():
             return False
         if node.count_publishers(f"/{NODE_NAME}/action_chunk") and player.wait_for_subscribers(
             0.05, stop
@@ -220,17 +220,6 @@ def _report(monitor: Monitor, started: float, stop: threading.Event) -> None:
             f"| {text[:60]!r}",
             flush=True,
         )
-
-
-def _stop_node(process: subprocess.Popen) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            return process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            return process.wait()
-    return process.returncode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,8 +266,7 @@ def run(args: argparse.Namespace) -> int:
     from oxygen_ros.ros.node import spin_forever
     from oxygen_ros.tools.replay import BagPlayer
 
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = LoggedProcess(command, env, log_path)
     context = rclpy.Context()
     rclpy.init(args=["oxygen-demo"], context=context)
     stop = threading.Event()  # after rclpy.init, so these handlers replace rclpy's
@@ -339,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"oxygen-demo: summary written to {args.json}")
         return 0 if monitor.chunk_times else 1
     finally:
-        code = _stop_node(process)
+        code = process.stop(15.0)
         print(f"oxygen-demo: node stopped (exit status {code})")
         executor.shutdown()
         # a spin thread still inside rcl at interpreter exit aborts the process

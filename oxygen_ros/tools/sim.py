@@ -21,6 +21,7 @@ import rclpy
 from rclpy.executors import MultiThreadedExecutor
 
 from oxygen_ros.ros.rclpy_compat import ExternalShutdownException, init_without_signal_handlers
+from oxygen_ros.tools.cli import split_ros_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,11 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ros_args: list[str] = []
-    if "--ros-args" in argv:
-        split = argv.index("--ros-args")
-        argv, ros_args = argv[:split], argv[split:]
+    argv, ros_args = split_ros_args(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
 
     from oxygen_ros.sim.expert import ExpertNode

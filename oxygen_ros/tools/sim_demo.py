@@ -21,9 +21,9 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
     DEACTIVATE,
     BenchNode,
     episode_wall_limit,
-    wait_for,
 )
 from oxygen_ros.tools.benches.harness import Rig, shipped
+from oxygen_ros.tools.processes import wait_for
 
 TASKS = ("touch the red cube", "touch the blue cube", "touch the green cube")
 SHIPPED_CHECKPOINT = "models/sim_so101"

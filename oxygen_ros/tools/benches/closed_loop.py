@@ -47,7 +47,6 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
     STATE_INACTIVE,
     Recording,
     episode_wall_limit,
-    wait_for,
 )
 from oxygen_ros.tools.benches.closed_loop_settings import (
     ASK_QUESTION,
@@ -66,6 +65,7 @@ from oxygen_ros.tools.benches.closed_loop_settings import (
     select,
 )
 from oxygen_ros.tools.benches.harness import Rig, Setup, round_task
+from oxygen_ros.tools.processes import wait_for
 
 HELP = "episodes on the simulated arm through the real node over DDS, per setting"
 COLUMNS = [

@@ -42,6 +42,7 @@ from oxygen_ros.ros.convert import stamp_to_seconds
 from oxygen_ros.sim.node import CAMERAS
 from oxygen_ros.sim.scene import ARM_JOINTS
 from oxygen_ros.tools.benches.closed_loop_metrics import Plan
+from oxygen_ros.tools.processes import wait_for
 
 POLICY_NODE = "oxygen_node"
 EXPERT_NAMESPACE = "expert"
@@ -55,16 +56,6 @@ RELIABLE = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 JOINT_STATES = "joint_states"  # the joint states' stream among the recorded inputs
 CONTROLLERS = ("arm_controller", "gripper_controller")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
 
 
 def digest(data: bytes) -> bytes:

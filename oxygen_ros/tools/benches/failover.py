@@ -75,9 +75,9 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
     BenchNode,
     Received,
     Recording,
-    wait_for,
 )
-from oxygen_ros.tools.benches.harness import Process, Rig, Servers, round_task
+from oxygen_ros.tools.benches.harness import Rig, Servers, round_task
+from oxygen_ros.tools.processes import LoggedProcess, wait_for
 
 HELP = "the sim arm through the node over two oxygen-serve processes: one dies mid-episode"
 LOG_FORMAT = "[{severity}] [{time}] [{name}]: {message}"  # the node's log, for the switch time
@@ -281,7 +281,7 @@ def failback(chunks: Sequence[Received], ready: Fault, back_wall: float | None) 
 # -- the bench -------------------------------------------------------------------------------------
 class FailoverRunner:
     def __init__(
-        self, bench: BenchNode, servers: Servers, policy: Process, args: argparse.Namespace
+        self, bench: BenchNode, servers: Servers, policy: LoggedProcess, args: argparse.Namespace
     ) -> None:
         self.bench, self.servers, self.policy, self.args = bench, servers, policy, args
 
@@ -307,10 +307,7 @@ class FailoverRunner:
             wait_for(lambda: any(t > fault.at for t in bench.chunk_times()), 60.0)
             if scenario.failback:  # restart it; the node is to come back by itself
                 servers.restore(hit, 120.0)
-                ready, hit = (
-                    ready_time(servers.processes[0].log_path.read_text(errors="replace")),
-                    None,
-                )
+                ready, hit = ready_time(servers.processes[0].log_text()), None
                 wait_for(lambda: self._back(fault.wall) is not None, 30.0)
                 wait_for(lambda: any(t > ready.at + 1.0 for t in bench.chunk_times()), 30.0)
             bench.wait_episode_end("", index, args.timeout_s)

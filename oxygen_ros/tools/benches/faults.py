@@ -72,9 +72,9 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
     Recording,
     digest,
     positions_digest,
-    wait_for,
 )
 from oxygen_ros.tools.benches.harness import InProcessPolicy, Rig, Setup, round_task
+from oxygen_ros.tools.processes import wait_for
 
 HELP = "faults in the loop on the simulated arm through the node: stale commands, hold, resume"
 STAMP_GRACE_S = 0.02  # /clock comes every 10 ms: the node's clock may lag a stamp by that much

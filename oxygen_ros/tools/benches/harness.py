@@ -20,7 +20,6 @@ import argparse
 import json
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,8 +33,9 @@ import yaml
 
 from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
 from oxygen_ros.tools.benches import common
-from oxygen_ros.tools.benches.closed_loop_ros import POLICY_NODE, BenchNode, wait_for
+from oxygen_ros.tools.benches.closed_loop_ros import POLICY_NODE, BenchNode
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
+from oxygen_ros.tools.processes import LoggedProcess, wait_for
 from oxygen_ros.tools.ros_graph import private_graph_environment
 
 CUBES = ("red", "green", "blue")
@@ -190,32 +190,6 @@ def report(
 
 
 # -- processes -------------------------------------------------------------------------------------
-class Process:
-    """A subprocess with its log file; :meth:`stop` sends SIGINT, then kills after ``timeout``."""
-
-    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as log:
-            self.popen = subprocess.Popen(list(args), env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 20.0) -> int:
-        if self.alive():
-            self.popen.send_signal(signal.SIGINT)
-            try:
-                return self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                return self.popen.wait()
-        return self.popen.returncode
-
-
 class Servers:
     """Two ``oxygen-serve`` processes of the checkpoint, each on its own port for the whole run;
     ready once ``/healthz`` says so (oxygen-serve pays its first-call costs before: 0.3-1 s here,
@@ -241,7 +215,7 @@ class Servers:
 
     def restore(self, hit: ServeProcess, timeout_s: float) -> None:
         """After a fault: continue a stopped server, start a killed one again on its port."""
-        if hit.process.poll() is None:
+        if hit.alive():
             hit.process.send_signal(signal.SIGCONT)
             return
         index = self.processes.index(hit)
@@ -250,7 +224,7 @@ class Servers:
 
     def stop(self) -> None:
         for process in self.processes:
-            if process.process.poll() is None:
+            if process.alive():
                 process.process.send_signal(signal.SIGCONT)  # a stopped one cannot take SIGTERM
             process.stop()
 
@@ -374,7 +348,7 @@ class Rig:
         self._stops.append(lambda: (stop or type(thing).stop)(thing))
         return thing
 
-    def sim(self, timeout_s: float, namespace: str = "", expert: bool = False) -> Process:
+    def sim(self, timeout_s: float, namespace: str = "", expert: bool = False) -> LoggedProcess:
         """``oxygen-sim`` (no episode until a reset), its /clock under its namespace when it has
         one (so the policy node's sim time follows the main sim only); not kept: the caller stops
         it (:meth:`start_sim` keeps it)."""
@@ -383,20 +357,21 @@ class Rig:
         args += ["-p", "autostart:=false", "-p", f"episode_timeout_s:={float(timeout_s)}"]
         if namespace:
             args += ["-r", f"__ns:=/{namespace}", "-r", f"/clock:=/{namespace}/clock"]
-        return Process(args, self.env, self.work / f"sim{'_' + namespace if namespace else ''}.log")
+        log = self.work / f"sim{'_' + namespace if namespace else ''}.log"
+        return LoggedProcess(args, self.env, log)
 
-    def start_sim(self, timeout_s: float) -> Process:
+    def start_sim(self, timeout_s: float) -> LoggedProcess:
         """The run's sim, stopped with the rig."""
         return self.keep(self.sim(timeout_s))
 
-    def start_policy(self, params_file: Path, checkpoint: Path | None = None) -> Process:
+    def start_policy(self, params_file: Path, checkpoint: Path | None = None) -> LoggedProcess:
         """The policy node as a process with ``params_file`` (and ``checkpoint`` when given),
         unconfigured; returns once its lifecycle services answer."""
         args = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
         args += ["--params-file", str(params_file), "-p", "autostart:=false", *REMAPS]
         if checkpoint is not None:
             args += ["-p", f"checkpoint_dir:={checkpoint}"]
-        policy = self.keep(Process(args, self.env, self.work / "policy_node.log"))
+        policy = self.keep(LoggedProcess(args, self.env, self.work / "policy_node.log"))
         self.bench.wait_for_policy()
         return policy
 
@@ -409,12 +384,12 @@ class Rig:
         :meth:`Servers.wait_ready`)."""
         return self.keep(Servers(checkpoint, self.work, args))
 
-    def start_busy(self) -> Process:
+    def start_busy(self) -> LoggedProcess:
         """A competing process that keeps one core busy until stopped (the caller stops it)."""
         code = (
             "import signal,sys\nsignal.signal(signal.SIGINT, lambda *a: sys.exit(0))\nwhile 1: pass"
         )
-        return Process([sys.executable, "-c", code], self.env, self.work / "busy.log")
+        return LoggedProcess([sys.executable, "-c", code], self.env, self.work / "busy.log")
 
     def write_parameters(self, name: str, parameters: dict) -> Path:
         """A parameters file for a node in the work folder (JSON is YAML)."""

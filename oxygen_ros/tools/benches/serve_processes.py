@@ -8,12 +8,12 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from oxygen_ros.tools.processes import LoggedProcess, wait_for
 
 
 def free_port() -> int:
@@ -23,29 +23,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class ServeProcess:
+class ServeProcess(LoggedProcess):
     """``python -m oxygen_ros.tools.serve --checkpoint CHECKPOINT --port PORT ARGS...``, its
     output appended to ``log``."""
 
     def __init__(self, checkpoint: Path, port: int, log: Path, args: Sequence[str] = ()) -> None:
         self.port = port
-        self.log_path = log
-        with open(log, "a") as out:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "oxygen_ros.tools.serve",
-                    "--checkpoint",
-                    str(checkpoint),
-                    "--port",
-                    str(port),
-                    *args,
-                ],
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        command = [sys.executable, "-m", "oxygen_ros.tools.serve", "--checkpoint", str(checkpoint)]
+        command += ["--port", str(port), *args]
+        super().__init__(command, dict(os.environ, PYTHONUNBUFFERED="1"), log, append=True)
 
     @property
     def uri(self) -> str:
@@ -57,10 +43,10 @@ class ServeProcess:
         Raises:
             RuntimeError: the process has exited (with the end of its log).
         """
-        if self.process.poll() is not None:
+        if not self.alive():
             raise RuntimeError(
                 f"oxygen-serve on port {self.port} exited with {self.process.returncode}: "
-                f"{self.log_path.read_text(errors='replace')[-2000:]}"
+                f"{self.log_text()[-2000:]}"
             )
         with contextlib.suppress(OSError):
             url = f"http://127.0.0.1:{self.port}/healthz"
@@ -70,14 +56,11 @@ class ServeProcess:
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Raises RuntimeError when it exits or is not healthy within ``timeout_s``."""
-        end = time.monotonic() + timeout_s
-        while not self.healthy():
-            if time.monotonic() > end:
-                raise RuntimeError(
-                    f"oxygen-serve on port {self.port} not healthy within {timeout_s:g} s: "
-                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
-                )
-            time.sleep(0.2)
+        if not wait_for(self.healthy, timeout_s, interval=0.2):
+            raise RuntimeError(
+                f"oxygen-serve on port {self.port} not healthy within {timeout_s:g} s: "
+                f"{self.log_text()[-2000:]}"
+            )
 
     def rss_bytes(self) -> int:
         """Resident memory now (Linux /proc; 0 where it cannot be read)."""
@@ -90,12 +73,6 @@ class ServeProcess:
                 return int(line.split()[1]) * 1024
         return 0
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s`` (idempotent)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+    def stop(self, timeout: float = 30.0, signum: int = signal.SIGTERM) -> int:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` s (idempotent)."""
+        return super().stop(timeout, signum)
