@@ -20,6 +20,7 @@ import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from node_harness import stamp_ns, wait_for
+from rclpy.clock import ClockType
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock as ClockMsg
@@ -140,7 +141,9 @@ def test_stamps_and_ages_are_sim_time_and_frame_times_are_steady(sim):
 
 def test_the_loop_runs_on_steady_time_while_sim_time_crawls(sim):
     """In 4 s of steady time the simulated clock advances 1 s. A timer on the ROS clock could
-    tick at most ~1 s x the effective rate; the steady one ticks about four times as often."""
+    tick at most ~1 s x the effective rate; the steady one ticks about four times as often on an
+    idle machine, and still well over half again as often on one running two test suites
+    (measured 65 chunks against at most 35)."""
     node, clock, chunks, _ = sim
     rate = node._loop.governor.effective_hz
     sim_before, since = clock.now_ns(), time.monotonic()
@@ -148,7 +151,8 @@ def test_the_loop_runs_on_steady_time_while_sim_time_crawls(sim):
     sim_elapsed_s = (clock.now_ns() - sim_before) / 1e9
     published = len([1 for t, _ in list(chunks) if t >= since])
     assert sim_elapsed_s == pytest.approx(SIM_SPEED * 4.0, rel=0.2)
-    assert published > 2 * (sim_elapsed_s * rate + 1), (published, rate)
+    assert node._timer.clock.clock_type == ClockType.STEADY_TIME
+    assert published > 1.5 * (sim_elapsed_s * rate + 1), (published, rate)
 
 
 def test_an_infeasible_rate_is_reported_with_its_measured_cost(sim):
