@@ -163,5 +163,7 @@ def test_an_infeasible_rate_is_reported_with_its_measured_cost(sim):
     assert values["rate_feasible"] == "false"
     assert float(values["warmup_tick_ms"]) > MARGIN_MS > 1e3 / RATE_HZ
     assert float(values["requested_rate_hz"]) == RATE_HZ
-    assert float(values["effective_rate_hz"]) <= float(values["warmup_holdable_rate_hz"]) < RATE_HZ
+    assert float(values["warmup_holdable_rate_hz"]) < RATE_HZ
+    # the governor follows the ticks measured since warm-up, which may run faster or slower
+    assert float(values["effective_rate_hz"]) < RATE_HZ
     assert level == DiagnosticStatus.WARN and f"of the requested {RATE_HZ:g} Hz" in message
