@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 
 import msgpack
 import numpy as np
 import websockets.sync.client
+
+from oxygen_ros.tools import processes
 
 
 def openpi_pack(obj) -> bytes:
@@ -130,9 +131,4 @@ def infer_together(clients: list[OpenpiClient], observations: list[dict]) -> lis
 def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False): for what the
     server does after a client has gone, which no reply announces."""
-    end = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
+    return processes.wait_for(condition, timeout_s, interval=0.02)

@@ -152,7 +152,7 @@ def bench(tmp_path_factory):
 def test_no_command_is_computed_from_a_stale_input(bench, key):
     row = bench[key]
     assert row["cmds"] > 0, _full(row)
-    assert row["untraced"] <= row["cmds"] // 10, row  # the check saw (nearly) every input
+    assert row["untraced"] <= row["cmds"] // 10, _full(row)  # the check saw (nearly) every input
     assert row["stale"] == 0, row["stale_by_stream"]
 
 
@@ -166,9 +166,9 @@ def test_the_node_keeps_running_and_moves_again(bench, key):
     if key == "scene_camera":  # the other camera is enough: the scene camera is masked
         assert row["hold_s"] is None and row["counters"].get("camera_masked", 0) > 0, _full(row)
         return
-    assert row["resume_s"] is not None, row  # a current trajectory after the input came back
+    assert row["resume_s"] is not None, _full(row)  # a current trajectory after the input came back
     if key in STOPS_ALL_INPUT:
-        assert row["hold_s"] is not None, row  # and none for a while before: the arm held
+        assert row["hold_s"] is not None, _full(row)  # and none for a while before: the arm held
 
 
 @pytest.mark.ros

@@ -102,12 +102,11 @@ def prepare_inputs(work: Path, preset: str, duration: float) -> tuple[Path, Path
 
 
 def find_config(name: str = "oxygen.yaml") -> Path | None:
-    """config/<name> from the source tree, else from the installed package's share directory."""
+    """config/<name> from the source tree, else from the installed package's share directory
+    (found through AMENT_PREFIX_PATH, which :func:`private_graph_environment` sets in a venv)."""
     source = Path(__file__).resolve().parents[2] / "config" / name
     if source.is_file():
         return source
-    if not os.environ.get("AMENT_PREFIX_PATH") and sys.prefix != sys.base_prefix:
-        os.environ["AMENT_PREFIX_PATH"] = sys.prefix  # a venv install keeps share/ under its prefix
     try:
         from ament_index_python.packages import get_package_share_directory
 

@@ -328,7 +328,8 @@ def summarise(settings: list[Setting], episodes: list[dict]) -> list[dict[str, A
 
         n, wins = len(mine), sum(e["success"] for e in mine)
         low, high = m.wilson_interval(wins, n)
-        asked = [e for e in mine if "answer_names_target" in e]  # ended before the ask: not
+        # an episode over before the question went out is not judged
+        asked = [e for e in mine if "answer_names_target" in e]
         placed = [e for e in mine if "answer_place_right" in e]
         rows.append(
             {
