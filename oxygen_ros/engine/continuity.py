@@ -26,6 +26,7 @@ import torch
 
 from ..model.rtc import GUIDANCE, RTCGuidance, TrainedPrefix, prefix_weights
 from ..policy_io.policy import Pi05Policy
+from .settings import EngineConfig
 from .types import ActionChunk, Observation
 
 LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's delay
@@ -253,3 +254,20 @@ class ChunkContinuity:
     def reset(self) -> None:
         """Forget the executed chunk (the next one starts free); the delay estimates stay."""
         self._latest = self._published = None
+
+
+def build_continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | None:
+    """The continuity ``config`` asks for (None: ``chunk_continuity`` none); training-time RTC
+    only where `EngineConfig.continuity_mode` says trained."""
+    if config.chunk_continuity != "rtc":
+        return None
+    trained = config.continuity_mode == "trained"
+    return ChunkContinuity(
+        policy,
+        config.action_dt,
+        config.rtc_execution_horizon,
+        config.rtc_max_guidance_weight,
+        config.rtc_schedule,
+        config.rtc_guidance,
+        config.rtc_training_max_delay if trained else 0,
+    )

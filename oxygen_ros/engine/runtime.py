@@ -82,10 +82,21 @@ def build_engine(
     in a pool of its own or in ``share``'s beside other robots' engines.
 
     A checkpoint that declares ``rtc_training_max_delay`` (`Pi05Policy.rtc_training_max_delay`)
-    sets it in the config, so ``chunk_continuity: rtc`` runs training-time RTC.
+    sets it in the config, so ``chunk_continuity: rtc`` runs training-time RTC (``rtc_mode``
+    auto or trained).
+
+    Raises:
+        ValueError: ``rtc_mode`` trained for a checkpoint that declares no training-time RTC.
     """
     if policy.rtc_training_max_delay and not config.rtc_training_max_delay:
         config = dataclasses.replace(config, rtc_training_max_delay=policy.rtc_training_max_delay)
+    if config.chunk_continuity == "rtc" and config.rtc_mode == "trained":
+        if not config.rtc_training_max_delay:
+            raise ValueError(
+                "rtc_mode trained needs a checkpoint trained with a clean action prefix (its "
+                "config.json declares rtc_training_max_delay > 0); this one does not: use "
+                "rtc_mode guided or auto"
+            )
     return OxygenEngine(policy, config, clock=clock, share=share)
 
 

@@ -50,7 +50,7 @@ from .base import (
     subtask_token_limit,
     warm_up_kind,
 )
-from .continuity import ChunkContinuity
+from .continuity import build_continuity
 from .faults import NO_FAULTS, FaultInjector, stage_of, tag_stage
 from .frames import FrameJob, FramePrefix, max_prefix_tokens, timed_action, timed_actions
 from .kv_cache import KVInvariantError, KVPool
@@ -60,20 +60,6 @@ from .requests import LanguageRequest, RequestState, SamplingParams
 from .settings import EngineConfig
 from .subtasks import SubtaskLoop
 from .types import ActionChunk, Clock, Observation, TextDelta
-
-
-def _continuity(policy: Pi05Policy, config: EngineConfig) -> ChunkContinuity | None:
-    if config.chunk_continuity != "rtc":
-        return None
-    return ChunkContinuity(
-        policy,
-        config.action_dt,
-        config.rtc_execution_horizon,
-        config.rtc_max_guidance_weight,
-        config.rtc_schedule,
-        config.rtc_guidance,
-        config.rtc_training_max_delay,
-    )
 
 
 class PoolShare:
@@ -132,7 +118,7 @@ class OxygenEngine(EngineBase):
         self._frame: FramePrefix | None = None  # newest frame; the engine holds one reference
         self._active: list[LanguageRequest] = []
         self._prefix_blocks = self.pool.blocks_for(max_prefix_tokens(policy))
-        self.continuity = _continuity(policy, self.config)
+        self.continuity = build_continuity(policy, self.config)
         fmt = self.config.format
         if not policy.robot.discrete_state_input:
             fmt.template(self.config.hierarchy, has_state=False)  # raises when it needs state bins

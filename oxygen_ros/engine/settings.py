@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..model.rtc import CONTINUITY_MODES, GUIDANCE, SCHEDULES
+from ..model.rtc import CONTINUITY_MODES, GUIDANCE, RTC_MODES, SCHEDULES
 from ..policy_io.prompts import KindFormat, PromptFormat, check_conditioning, preset
 
 
@@ -46,9 +46,10 @@ class EngineConfig:
     gpu_preprocess: bool = False  # resize/scale images on the model device (static paths only)
     context_bucket: int = 128  # static action/text contexts are padded to a multiple of this
     # Continuous chunks (engine/continuity.py, model/rtc.py). "rtc": each chunk continues the
-    # previous one: training-time RTC when the checkpoint declares rtc_training_max_delay, else
-    # guided RTC with rtc_guidance (see `continuity_mode`).
+    # previous one: rtc_mode auto runs training-time RTC when the checkpoint declares
+    # rtc_training_max_delay, else guided RTC with rtc_guidance (see `continuity_mode`).
     chunk_continuity: str = "none"  # "none" | "rtc"
+    rtc_mode: str = "auto"  # "auto" | "trained" | "guided"
     action_dt: float = 0.02  # seconds between consecutive actions of a chunk (the controller step)
     rtc_execution_horizon: int = 0  # guided steps of a new chunk at most; 0: the whole overlap
     rtc_max_guidance_weight: float = 5.0  # beta: clip of the guidance weight
@@ -93,6 +94,10 @@ class EngineConfig:
             raise ValueError(
                 f"rtc_guidance must be one of {', '.join(GUIDANCE)}, got {self.rtc_guidance!r}"
             )
+        if self.rtc_mode not in RTC_MODES:
+            raise ValueError(
+                f"rtc_mode must be one of {', '.join(RTC_MODES)}, got {self.rtc_mode!r}"
+            )
         if self.rtc_training_max_delay < 0:
             raise ValueError(
                 f"rtc_training_max_delay must be >= 0, got {self.rtc_training_max_delay}"
@@ -131,11 +136,12 @@ class EngineConfig:
 
     @property
     def continuity_mode(self) -> str:
-        """What continues a chunk: ``none``, ``trained`` (rtc with a checkpoint trained for it) or
-        the guidance, ``identity`` | ``vjp``."""
+        """What continues a chunk: ``none``, ``trained`` (rtc with a checkpoint trained for it,
+        unless rtc_mode is guided) or the guidance, ``identity`` | ``vjp``."""
         if self.chunk_continuity == "none":
             return "none"
-        return "trained" if self.rtc_training_max_delay > 0 else self.rtc_guidance
+        trained = self.rtc_training_max_delay > 0 and self.rtc_mode != "guided"
+        return "trained" if trained else self.rtc_guidance
 
     @property
     def format(self) -> PromptFormat:

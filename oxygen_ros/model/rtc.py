@@ -72,6 +72,9 @@ from torch import Tensor
 SCHEDULES = ("exp", "linear")
 CONTINUITY_MODES = ("none", "rtc")
 GUIDANCE = ("identity", "vjp")  # how guided RTC corrects the velocity (see the module docstring)
+# which RTC continues a chunk: the checkpoint's training-time RTC when it declares one (auto),
+# always that (trained: refused for a checkpoint without it), or guided RTC on any checkpoint
+RTC_MODES = ("auto", "trained", "guided")
 
 
 def prefix_weights(horizon: int, frozen: int, end: int, schedule: str = "exp") -> Tensor:

@@ -57,6 +57,7 @@ CHUNK_CONTINUITY_MODES = (
 )  # as model.rtc.CONTINUITY_MODES (this module stays torch-free)
 RTC_SCHEDULES = ("exp", "linear")  # as model.rtc.SCHEDULES
 RTC_GUIDANCE = ("identity", "vjp")  # as model.rtc.GUIDANCE
+RTC_MODES = ("auto", "trained", "guided")  # as model.rtc.RTC_MODES
 OVERRUN_POLICIES = ("adapt", "skip")
 ENGINES = ("local", "remote")  # the model in this process | in oxygen-serve (ros/remote_engine.py)
 LEROBOT_VERSIONS = ("auto", "0.4", "main")  # as checkpoints.conventions.LEROBOT_VERSIONS
@@ -409,6 +410,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         CONFIGURE,
     ),
     ParamSpec(
+        "rtc_mode",
+        _T.PARAMETER_STRING,
+        "auto",
+        "chunk_continuity rtc: auto: training-time RTC when the checkpoint declares "
+        "rtc_training_max_delay, else guided | trained: always training-time RTC (refused for a "
+        "checkpoint that declares none) | guided: guided RTC on any checkpoint (rtc_guidance)",
+        CONFIGURE,
+    ),
+    ParamSpec(
         "rtc_guidance",
         _T.PARAMETER_STRING,
         "identity",
@@ -736,6 +746,8 @@ def check_value(name: str, value: Any) -> None:
         raise SettingsError(
             f"chunk_continuity must be one of {', '.join(CHUNK_CONTINUITY_MODES)}, got {value!r}"
         )
+    if name == "rtc_mode" and value not in RTC_MODES:
+        raise SettingsError(f"rtc_mode must be one of {', '.join(RTC_MODES)}, got {value!r}")
     if name == "rtc_guidance" and value not in RTC_GUIDANCE:
         raise SettingsError(f"rtc_guidance must be one of {', '.join(RTC_GUIDANCE)}, got {value!r}")
     if name == "rtc_schedule" and value not in RTC_SCHEDULES:
@@ -850,6 +862,7 @@ class NodeSettings:
     rtc_execution_horizon: int
     rtc_max_guidance_weight: float
     rtc_schedule: str
+    rtc_mode: str
     rtc_guidance: str
     autostart: bool
     # -- robot adapter and action space ----------------------------------------------------------

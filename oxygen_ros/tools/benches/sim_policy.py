@@ -45,6 +45,18 @@ Measured (summary keys of ``--json``):
   from one decoded frame to the next while the sim's stayed the same (a subtask flipping
   mid-reach, which the expert follows).
 
+Real-time chunking under delay (``--continuity none | guided | trained``, ``--delay-steps D``,
+``--execute-steps S``): a chunk reaches the controllers ``D`` frames after its observation (sent
+then, stamped with the observation's time, so the controller takes it up at its step ``D``) and
+the arm runs on through the chunk it executes meanwhile; a new observation is taken every ``S``
+frames (default ``max(1, D)``: as soon as the last chunk arrived, as a node whose inference takes
+the whole delay). ``guided`` and ``trained`` continue the executed chunk through the engine's own
+`ChunkContinuity`, told the delay (``D`` frozen steps). Measured besides: ``switch_jump_rad``
+(p50 and p95 over every chunk switch: the commanded reference's jump, as ``closed-loop``
+measures it), ``jerk_rms`` (median over episodes of the executed arm's RMS jerk), ``timeouts``
+and, per episode, ``last_second_motion_rad`` (the arm's largest joint travel over the episode's
+last second: a stalled arm's is near 0).
+
 ``--probe-layouts N`` also asks the checkpoint the grounding questions
 (`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,100,000, never trained on nor
 read by a training run's gates), each at its start pose and four moments of a view's
@@ -55,6 +67,7 @@ episode, and reports the share answered exactly per question kind, also split by
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -63,9 +76,16 @@ from typing import Any
 import numpy as np
 
 from oxygen_ros.tools.benches.closed_loop import round_task
-from oxygen_ros.tools.benches.closed_loop_metrics import mean_or_nan, wilson_interval
+from oxygen_ros.tools.benches.closed_loop_metrics import (
+    Plan,
+    mean_or_nan,
+    rms_jerk,
+    switch_jumps,
+    wilson_interval,
+)
 from oxygen_ros.tools.benches.common import print_table, write_json
 from oxygen_ros.tools.benches.subtask_modes import (
+    CONTINUITY,
     MODES,
     ChunkSource,
     chunk_source,
@@ -81,6 +101,23 @@ TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim seconds per episode, by task ki
 SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
 # the probe's layouts: past the held-out block's first seeds, which training runs' gates read
 PROBE_OFFSET = 100_000
+LAST_SECOND_S = 1.0  # the window of ``last_second_motion_rad``
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """When chunks reach the arm: ``delay`` frames after their observation, a new observation
+    every ``every`` frames (at least ``delay``: one inference in flight)."""
+
+    delay: int = 0
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.delay < 0 or self.every < max(1, self.delay):
+            raise ValueError(
+                f"a chunk every {self.every} frames cannot arrive {self.delay} frames late: "
+                "the execute steps must be >= max(1, delay steps)"
+            )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +148,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"sim seconds per episode (default: touch {TIMEOUT_S['touch']:g}, "
         f"place {TIMEOUT_S['place']:g})",
+    )
+    parser.add_argument(
+        "--continuity",
+        default="none",
+        choices=CONTINUITY,
+        help="each chunk continues the executed one: no, guided RTC (identity), the checkpoint's "
+        "training-time RTC",
+    )
+    parser.add_argument(
+        "--delay-steps",
+        type=int,
+        default=0,
+        help="a chunk reaches the arm this many frames after its observation (default 0)",
+    )
+    parser.add_argument(
+        "--execute-steps",
+        type=int,
+        default=0,
+        help="a new observation every this many frames, >= the delay (0: max(1, delay))",
     )
     parser.add_argument("--action-dt", type=float, default=0.1, help="the dataset's 1/fps")
     parser.add_argument("--prompt-format", default="openpi_subtask")
@@ -145,6 +201,12 @@ def check_arguments(args: argparse.Namespace) -> None:
             ("action_dt", "> 0", args.action_dt > 0),
             ("noise_layouts", ">= 0", args.noise_layouts >= 0),
             ("noise_draws", "at least 2", args.noise_layouts == 0 or args.noise_draws >= 2),
+            ("delay_steps", ">= 0", args.delay_steps >= 0),
+            (
+                "execute_steps",
+                "0 or >= max(1, --delay-steps)",
+                args.execute_steps == 0 or args.execute_steps >= max(1, args.delay_steps),
+            ),
         )
         if not ok
     ]
@@ -152,8 +214,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SystemExit("oxygen-bench sim-policy: " + "; ".join(problems))
 
 
+def timing(args: argparse.Namespace) -> Timing:
+    """The ``--delay-steps`` / ``--execute-steps`` timing."""
+    return Timing(args.delay_steps, args.execute_steps or max(1, args.delay_steps))
+
+
 def make_source(args: argparse.Namespace) -> ChunkSource:
-    """Load the checkpoint as the node does and wrap it in the ``--subtask`` mode's source."""
+    """Load the checkpoint as the node does and wrap it in the ``--subtask`` mode's source,
+    continuing chunks as ``--continuity`` says."""
     from oxygen_ros.engine.runtime import ModelSpec, load_policy
     from oxygen_ros.policy_io.prompts import PromptFormatError, check_conditioning, resolve_format
 
@@ -166,14 +234,28 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
         except PromptFormatError as exc:
             raise SystemExit(f"oxygen-bench sim-policy: --subtask {args.subtask}: {exc}") from None
     policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
-    return chunk_source(
-        args.subtask,
-        policy,
-        prompt_format,
-        args.num_steps,
-        args.subtask_every,
-        args.action_dt,
-    )
+    plan = timing(args)
+    horizon = policy.config.action_horizon
+    if plan.delay + plan.every > horizon:
+        raise SystemExit(
+            f"oxygen-bench sim-policy: --delay-steps {plan.delay} + execute steps {plan.every} run "
+            f"past the checkpoint's {horizon}-step chunk"
+        )
+    try:
+        return chunk_source(
+            args.subtask,
+            policy,
+            prompt_format,
+            args.num_steps,
+            args.subtask_every,
+            args.action_dt,
+            args.continuity,
+            plan.delay * args.action_dt,
+        )
+    except ValueError as exc:
+        raise SystemExit(
+            f"oxygen-bench sim-policy: --continuity {args.continuity}: {exc}"
+        ) from None
 
 
 def observe(sim):
@@ -186,13 +268,14 @@ def observe(sim):
     return Observation(images, state, sim.task.text, sim.now_s)
 
 
-def send(sim, actions: np.ndarray, action_dt: float) -> None:
-    """A chunk to the two controllers as the node sends it (arm joints, then the gripper)."""
+def send(sim, actions: np.ndarray, action_dt: float, stamp_s: float | None = None) -> None:
+    """A chunk to the two controllers as the node sends it (arm joints, then the gripper),
+    stamped with its observation's time (default: now)."""
     from oxygen_ros.ros.convert import chunk_to_joint_trajectory, seconds_to_stamp
     from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER
     from oxygen_ros.sim.scene import ARM_JOINTS, GRIPPER_JOINT
 
-    stamp = seconds_to_stamp(sim.now_s)
+    stamp = seconds_to_stamp(sim.now_s if stamp_s is None else stamp_s)
     arm = len(ARM_JOINTS)
     sim.receive(
         ARM_CONTROLLER, chunk_to_joint_trajectory(actions[:, :arm], ARM_JOINTS, action_dt, stamp)
@@ -236,10 +319,43 @@ class SubtaskTally:
         }
 
 
-def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> dict[str, Any]:
+class Delivery:
+    """Chunks in flight to the controllers, and what each switch did to the arm's reference."""
+
+    def __init__(self, action_dt: float) -> None:
+        from oxygen_ros.sim.scene import ARM_JOINTS
+
+        self.action_dt, self.arm = action_dt, len(ARM_JOINTS)
+        self.in_flight: tuple[int, float, np.ndarray] | None = None  # due frame, stamp, actions
+        self.plans: list[Plan] = []
+        self.arrivals: list[float] = []
+
+    def start(self, frame: int, delay: int, stamp_s: float, actions: np.ndarray) -> None:
+        self.in_flight = (frame + delay, stamp_s, actions)
+
+    def arrive(self, sim, source: ChunkSource, frame: int) -> None:
+        """Send the chunk in flight when it is due at ``frame``, and tell the source."""
+        if self.in_flight is None or self.in_flight[0] != frame:
+            return
+        _, stamp_s, actions = self.in_flight
+        self.in_flight = None
+        send(sim, actions, self.action_dt, stamp_s)
+        source.published()
+        times = stamp_s + self.action_dt * np.arange(1, len(actions) + 1)
+        self.plans.append(Plan(times, actions[:, : self.arm].astype(np.float64)))
+        self.arrivals.append(sim.now_s)
+
+    def jumps(self) -> list[float]:
+        return switch_jumps(self.plans, self.arrivals)
+
+
+def run_episode(
+    sim, source: ChunkSource, task, seed: int, action_dt: float, plan: Timing = Timing()
+) -> dict[str, Any]:
     """One episode: its status, the tip's start / closest / final distance to the task's cube,
     the first chunk's heading and the words that conditioned it, the trajectories the controllers
-    refused (per controller/reason), and for ``predicted`` how its subtasks compare. Touch: also
+    refused (per controller/reason), the chunk switches' jumps and the arm's jerk, and for
+    ``predicted`` how its subtasks compare. Chunks reach the arm as ``plan`` says. Touch: also
     the old tip rule's verdict; the policy drives on past the episode's end until it is decided
     (the closest and final distances are over that whole run)."""
     from oxygen_ros.sim.episode import RUNNING
@@ -252,22 +368,33 @@ def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> 
     cube = sim.world.cube_position(task.cube)
     first = None
     tally = SubtaskTally()
+    delivery = Delivery(action_dt)
+    times, arm = [], []
     try:
         while sim.status == RUNNING or sim.tip_rule_pending():
             if step % steps_per_frame == 0:
-                truth = sim.phase.subtask
-                chunk = source.chunk(sim, observe(sim))
-                if chunk.decoded is not None and sim.status == RUNNING:
-                    tally.add(chunk.decoded, truth)
-                if first is None:
-                    first = chunk
-                send(sim, chunk.actions, action_dt)
+                frame = step // steps_per_frame
+                delivery.arrive(sim, source, frame)
+                if frame % plan.every == 0:
+                    truth = sim.phase.subtask
+                    chunk = source.chunk(sim, observe(sim))
+                    if chunk.decoded is not None and sim.status == RUNNING:
+                        tally.add(chunk.decoded, truth)
+                    if first is None:
+                        first = chunk
+                    delivery.start(frame, plan.delay, sim.now_s, chunk.actions)
+                    delivery.arrive(sim, source, frame)  # no delay: sent at once
             sim.control_step()
             step += 1
             closest = min(closest, sim.facts().tip_to_cube)
+            times.append(sim.now_s)
+            arm.append(sim.world.arm_positions())
     finally:
         source.close()
     words_azimuth = named_azimuth(first.subtask)
+    jumps = delivery.jumps()
+    arm_path = np.asarray(arm)
+    recent = arm_path[np.asarray(times) >= times[-1] - LAST_SECOND_S]
     record = {
         "task": task.text,
         "seed": seed,
@@ -281,6 +408,9 @@ def run_episode(sim, source: ChunkSource, task, seed: int, action_dt: float) -> 
         "cube_azimuth_rad": round(float(np.arctan2(cube[1], cube[0])), 4),
         "first_subtask": first.subtask,
         "words_azimuth_rad": None if words_azimuth is None else round(words_azimuth, 4),
+        "switch_jumps_rad": [round(j, 4) for j in jumps],
+        "jerk_rms": round(rms_jerk(times, arm_path), 1),
+        "last_second_motion_rad": round(float(np.ptp(recent, axis=0).max()), 4),
         "wall_s": round(time.perf_counter() - started, 3),
     }
     if task.kind == "touch":
@@ -374,6 +504,18 @@ def subtask_shares(episodes: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def switch_summary(episodes: list[dict[str, Any]]) -> dict[str, float]:
+    """p50 / p95 of every episode's chunk-switch jumps, the median episode's jerk."""
+    jumps = [j for e in episodes for j in e.get("switch_jumps_rad", [])]
+    jerks = [e["jerk_rms"] for e in episodes if np.isfinite(e.get("jerk_rms", np.nan))]
+    nan = float("nan")
+    return {
+        "switch_jump_rad_p50": float(np.percentile(jumps, 50)) if jumps else nan,
+        "switch_jump_rad_p95": float(np.percentile(jumps, 95)) if jumps else nan,
+        "jerk_rms": float(np.median(jerks)) if jerks else nan,
+    }
+
+
 def summarise(
     episodes: list[dict[str, Any]], mode: str = "flat", noise: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -391,6 +533,8 @@ def summarise(
         "heading_noise_share": noise["share"] if noise else float("nan"),
     }
     summary["wrong_cube"] = sum(e["status"] == "wrong_cube" for e in episodes)
+    summary["timeouts"] = sum(e["status"] == "timeout" for e in episodes)
+    summary.update(switch_summary(episodes))
     touches = [e for e in episodes if "touch_tip" in e]
     if touches:  # both touch rules side by side
         tip = sum(e["touch_tip"] for e in touches)
@@ -424,20 +568,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     check_arguments(args)
     source = make_source(args)
+    plan = timing(args)
     timeout_s = args.timeout_s if args.timeout_s is not None else TIMEOUT_S[args.tasks]
     sim = Simulation(episode_timeout_s=timeout_s)
     episodes, headings = [], []
     try:
         for index in range(args.episodes):
             task, seed = round_task(index, args.seed, args.tasks)
-            episodes.append(run_episode(sim, source, task, seed, args.action_dt))
+            episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan))
         for index in range(args.noise_layouts):
             task, seed = round_task(index, args.seed, args.tasks)
             headings.append(start_pose_headings(sim, source, task, seed, args.noise_draws))
     finally:
         sim.world.close()
     summary = summarise(episodes, args.subtask, heading_noise(headings) if headings else None)
-    summary["timeout_s"] = timeout_s
+    summary.update(
+        timeout_s=timeout_s,
+        continuity=args.continuity,
+        delay_steps=plan.delay,
+        execute_steps=plan.every,
+    )
     if args.probe_layouts > 0:
         summary["probe"] = grounding_probe(source.policy, args.prompt_format, args.probe_layouts)
     print_summary(args, summary)
@@ -452,8 +602,11 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         "checkpoint": str(args.checkpoint),
         "tasks": args.tasks,
         "subtask": args.subtask,
+        "continuity": f"{args.continuity} d{summary['delay_steps']} s{summary['execute_steps']}",
         "success": f"{summary['successes']}/{summary['episodes']} ({low:.2f}-{high:.2f})",
         "wrong cube": str(summary["wrong_cube"]),
+        "timeouts": str(summary["timeouts"]),
+        "switch jump p50": f"{summary['switch_jump_rad_p50']:.3f}",
         "time to success s": f"{summary['time_to_success_s']:.2f}",
         **(
             {"tip rule": f"{summary['touch_tip_successes']}/{summary['episodes']}"}

@@ -17,6 +17,10 @@ A source of chunks is started on a layout (`start`) and then asked for one chunk
 (`chunk`). flat, oracle and lying draw a frame's start noise as the engine does
 (`oxygen_ros.engine.frames.frame_noise` of the episode's noise seed and the frame's number), so on
 the same layout they start from the same noise and differ only by their prompt.
+
+Each chunk can continue the one the arm executes (``continuity``, `CONTINUITY`): ``guided`` or
+``trained`` real-time chunking through the engine's own `ChunkContinuity`, which the source tells
+what was sent and after what delay (`published`), as the node tells the engine.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from oxygen_ros.engine.continuity import ChunkContinuity, build_continuity
 from oxygen_ros.engine.frames import frame_noise
 from oxygen_ros.engine.runtime import build_engine
 from oxygen_ros.engine.scheduler import OxygenEngine
 from oxygen_ros.engine.settings import EngineConfig
-from oxygen_ros.engine.types import Observation
+from oxygen_ros.engine.types import ActionChunk, Observation
 from oxygen_ros.policy_io.policy import Pi05Policy
 from oxygen_ros.policy_io.prompts import FramePrompt, PromptFormat, SubtaskText
 from oxygen_ros.policy_io.robots import DELTA_POSITION
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
     from oxygen_ros.sim.episode import Simulation  # MuJoCo: imported where an episode runs
 
 MODES = ("flat", "oracle", "lying", "predicted")
+# how a chunk continues the executed one: not at all, guided RTC (identity), training-time RTC
+CONTINUITY = ("none", "guided", "trained")
 # the side a lying subtask names instead of the true one (the depth is kept)
 LIE_SIDE = {"left": "right", "right": "left", "centre": "left"}
 # a side's nominal azimuth from the base (rad, +: the robot's left): the middle of its third of
@@ -61,6 +68,24 @@ def joint_targets(policy: Pi05Policy, actions: np.ndarray, state: np.ndarray) ->
     relative = np.ones(actions.shape[1], dtype=bool)
     relative[list(policy.robot.gripper_dims)] = False
     return np.where(relative, actions + state[: actions.shape[1]], actions).astype(np.float32)
+
+
+def continuity_settings(continuity: str) -> dict[str, str]:
+    """The `EngineConfig` fields of a `CONTINUITY` mode."""
+    if continuity not in CONTINUITY:
+        raise ValueError(f"continuity must be one of {', '.join(CONTINUITY)}, got {continuity!r}")
+    if continuity == "none":
+        return {"chunk_continuity": "none"}
+    return {"chunk_continuity": "rtc", "rtc_mode": continuity, "rtc_guidance": "identity"}
+
+
+def check_continuity(policy: Pi05Policy, continuity: str) -> None:
+    """Raise ValueError for ``trained`` on a checkpoint that declares no training-time RTC."""
+    if continuity == "trained" and not policy.rtc_training_max_delay:
+        raise ValueError(
+            "continuity trained needs a checkpoint whose config.json declares "
+            "rtc_training_max_delay > 0"
+        )
 
 
 def place_of(subtask: str) -> str | None:
@@ -112,6 +137,9 @@ class ChunkSource(Protocol):
     def chunk(self, sim: Simulation, observation: Observation) -> ConditionedChunk:
         """The chunk for ``observation`` (the sim's present frame)."""
 
+    def published(self) -> None:
+        """The newest chunk reached the controller (after the source's delay)."""
+
     def close(self) -> None:
         """Let go of what the last episode held."""
 
@@ -120,15 +148,33 @@ class PromptedChunks:
     """flat, oracle and lying: the bench lays out each frame's prompt and samples the chunk."""
 
     def __init__(
-        self, policy: Pi05Policy, prompt_format: PromptFormat, mode: str, num_steps: int
+        self,
+        policy: Pi05Policy,
+        prompt_format: PromptFormat,
+        mode: str,
+        num_steps: int,
+        continuity: str = "none",
+        action_dt: float = 0.1,
+        delay_s: float = 0.0,
     ) -> None:
         if mode not in ("flat", "oracle", "lying"):
             raise ValueError(f"PromptedChunks serves flat, oracle and lying, not {mode!r}")
+        check_continuity(policy, continuity)
         self.policy, self.format, self.mode, self.num_steps = policy, prompt_format, mode, num_steps
+        self.config = EngineConfig(
+            action_dt=action_dt,
+            rtc_training_max_delay=policy.rtc_training_max_delay,
+            **continuity_settings(continuity),
+        )
+        self.delay_s = delay_s
         self.noise_seed, self.frames = 0, 0
+        self.continuity: ChunkContinuity | None = None
+        self._newest: np.ndarray | None = None  # the newest chunk, robot units
 
     def start(self, sim: Simulation, noise_seed: int) -> None:
         self.noise_seed, self.frames = noise_seed, 0
+        self.continuity = build_continuity(self.policy, self.config)  # an episode starts free
+        self._newest = None
 
     def subtask(self, sim: Simulation) -> str | None:
         """The subtask this mode puts in the present frame's prompt (None: flat)."""
@@ -154,14 +200,23 @@ class PromptedChunks:
         prompt = self.frame_prompt(observation, subtask)
         inputs = policy.encode(observation.images, observation.state, observation.prompt, prompt)
         noise = frame_noise(policy.config, self.noise_seed, self.frames, policy.device)
+        continuity = self.continuity
+        guidance = continuity.guidance(observation) if continuity else None
         with torch.inference_mode():
             prefix = model.prefill(
                 inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks,
                 inputs.token_causal,
             )  # fmt: skip
-            actions = model.sample_actions(prefix, noise, self.num_steps)
+            actions = model.sample_actions(prefix, noise, self.num_steps, guidance)
         robot = policy.robot_actions(actions[0], observation.state)
+        if continuity:
+            continuity.record(observation, ActionChunk(self.frames, observation.stamp, robot, 0, 0))
+        self._newest = robot
         return ConditionedChunk(joint_targets(policy, robot, observation.state), subtask or "")
+
+    def published(self) -> None:
+        if self.continuity and self._newest is not None:
+            self.continuity.published(self.frames, self._newest, self.delay_s)
 
     def close(self) -> None:
         pass
@@ -187,13 +242,18 @@ class EngineChunks:
         num_steps: int,
         subtask_every: int,
         action_dt: float,
+        continuity: str = "none",
+        delay_s: float = 0.0,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
+        check_continuity(policy, continuity)
         self.policy, self.format, self.num_steps = policy, prompt_format, num_steps
         self.subtask_every, self.action_dt = subtask_every, action_dt
+        self.continuity, self.delay_s = continuity, delay_s
         self.engine: OxygenEngine | None = None
         self._primed = False
+        self._newest: tuple[int, np.ndarray] | None = None  # frame id, robot units
 
     def start(self, sim: Simulation, noise_seed: int) -> None:
         self.close()
@@ -206,9 +266,11 @@ class EngineChunks:
             subtask_conditioning="same_frame",
             subtask_period_s=period_s,
             action_dt=self.action_dt,
+            **continuity_settings(self.continuity),
         )
         self.engine = build_engine(self.policy, config, clock=lambda: sim.now_s)
         self._primed = False
+        self._newest = None
 
     def chunk(self, sim: Simulation, observation: Observation) -> ConditionedChunk:
         if self.engine is None:
@@ -217,6 +279,7 @@ class EngineChunks:
             return self._frame(observation)
         # the start pose's subtask: decoded from a first frame whose unconditioned chunk is dropped
         start = self._frame(observation)
+        self.engine.chunk_published(self._newest[0], None, self.delay_s)  # it never ran
         self._primed = True
         return dataclasses.replace(self._frame(observation), decoded=start.decoded)
 
@@ -234,7 +297,12 @@ class EngineChunks:
         current = loop.current
         decoded = current.text.text if current and current.frame_id == chunk.frame_id else None
         targets = joint_targets(self.policy, chunk.actions, observation.state)
+        self._newest = (chunk.frame_id, chunk.actions)
         return ConditionedChunk(targets, chunk.subtask, decoded)
+
+    def published(self) -> None:
+        if self.engine is not None and self._newest is not None:
+            self.engine.chunk_published(*self._newest, self.delay_s)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -249,10 +317,16 @@ def chunk_source(
     num_steps: int,
     subtask_every: int,
     action_dt: float,
+    continuity: str = "none",
+    delay_s: float = 0.0,
 ) -> PromptedChunks | EngineChunks:
-    """The chunk source of ``--subtask`` ``mode``."""
+    """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
+    ``continuity`` says (`CONTINUITY`), the chunks reaching the arm ``delay_s`` after their
+    observation."""
     if mode == "predicted":
-        return EngineChunks(policy, prompt_format, num_steps, subtask_every, action_dt)
+        return EngineChunks(
+            policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s
+        )
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
-    return PromptedChunks(policy, prompt_format, mode, num_steps)
+    return PromptedChunks(policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s)
