@@ -343,6 +343,10 @@ def test_config_and_parameter_checks():
         EngineConfig(rtc_training_max_delay=-1)
     with pytest.raises(SettingsError, match="rtc_guidance"):
         check_value("rtc_guidance", "exact")
+    with pytest.raises(ValueError, match="rtc_mode"):
+        EngineConfig(rtc_mode="always")
+    with pytest.raises(SettingsError, match="rtc_mode"):
+        check_value("rtc_mode", "always")
     assert EngineConfig().continuity_mode == "none"
     assert EngineConfig(chunk_continuity="rtc").continuity_mode == "identity"
     assert EngineConfig(chunk_continuity="rtc", rtc_guidance="vjp").continuity_mode == "vjp"
@@ -593,6 +597,13 @@ def test_checkpoint_declared_max_delay_selects_trained_rtc(tiny_checkpoint, tmp_
     assert engine.config.continuity_mode == "trained"
     assert engine.continuity.training_max_delay == 4
     engine.close()
+    # rtc_mode guided: guided RTC on the checkpoint trained for RTC; trained: refused without it
+    guided = build_engine(policy, EngineConfig(chunk_continuity="rtc", rtc_mode="guided"))
+    assert guided.config.continuity_mode == "identity"
+    assert guided.continuity.training_max_delay == 0 and guided.continuity.mode == "identity"
+    guided.close()
+    with pytest.raises(ValueError, match="rtc_mode trained needs a checkpoint"):
+        build_engine(plain, EngineConfig(chunk_continuity="rtc", rtc_mode="trained"))
     for bad in (-1, 2.5, True, policy.config.action_horizon):
         config_json.write_text(json.dumps(written | {"rtc_training_max_delay": bad}))
         with pytest.raises(CheckpointError, match="rtc_training_max_delay"):

@@ -27,7 +27,9 @@ from oxygen_ros.model.objectives import (
     flow_matching_loss,
     noisy_actions,
     sample_clean_prefix,
+    sample_flow,
     sample_flow_time,
+    slowed_prefix,
     training_losses,
 )
 from oxygen_ros.model.rtc import TrainedPrefix
@@ -46,7 +48,13 @@ from oxygen_ros.training.dataset import (
     load_training_frames,
 )
 from oxygen_ros.training.normalization import dataset_norms
-from oxygen_ros.training.trainer import TrainSettings, model_config, new_model, train
+from oxygen_ros.training.trainer import (
+    TrainSettings,
+    load_weights,
+    model_config,
+    new_model,
+    train,
+)
 
 JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 CAMERAS = ("observation.images.scene", "observation.images.wrist")
@@ -489,3 +497,53 @@ def test_relative_actions_round_trip_through_the_lerobot_folder(dataset, tokeniz
     )
     with pytest.raises(ValueError, match="one flag per action dim"):
         dataset_norms(frames, (True,) * 3, 4)
+
+
+def test_a_slowed_prefix_starts_where_the_chunk_does_and_moves_less(maker):
+    batch = maker.batch([3, 10, 20, 30], np.random.default_rng(0))
+    actions = batch.actions.float()
+    generator = torch.Generator().manual_seed(4)
+    assert torch.equal(slowed_prefix(actions, 0.0, generator), actions)
+    slowed = slowed_prefix(actions, 1.0, generator)
+    assert torch.equal(slowed[:, 0], actions[:, 0])  # every prefix starts at the chunk's start
+    travel = (actions - actions[:, :1]).abs().amax(dim=(1, 2))
+    slowed_travel = (slowed - actions[:, :1]).abs().amax(dim=(1, 2))
+    moving = travel > 0
+    assert bool(moving.any()) and bool((slowed_travel[moving] < travel[moving]).all())
+    assert bool((slowed_travel <= travel).all()), (slowed_travel, travel)
+    with pytest.raises(ValueError, match="share"):
+        slowed_prefix(actions, 1.5, generator)
+
+
+def test_the_clean_prefix_shows_the_slowed_start_and_the_target_stays_the_demonstration(maker):
+    batch = maker.batch([3], np.random.default_rng(0))
+    horizon, delay = maker.config.action_horizon, 3
+    clean = (torch.arange(horizon) < delay)[None]
+    generator = torch.Generator().manual_seed(1)
+    prefix = slowed_prefix(batch.actions.float(), 1.0, generator)
+    noise = torch.randn(batch.actions.shape, generator=generator)
+    sample = FlowSample(noise, torch.full((1,), 0.5), clean, prefix)
+    x_t, token_time = noisy_actions(batch.actions, sample)
+    assert torch.equal(x_t[:, :delay], prefix[:, :delay])
+    assert torch.allclose(x_t[:, delay:], 0.5 * noise[:, delay:] + 0.5 * batch.actions[:, delay:])
+    assert bool((token_time[:, :delay] == 0).all())
+    # sample_flow draws it per example: a share of 1 slows every prefix, 0 none
+    drawn = sample_flow(batch.actions, 3, torch.Generator().manual_seed(2), slowed_share=1.0)
+    assert drawn.prefix is not None and not torch.equal(drawn.prefix, batch.actions)
+    assert sample_flow(batch.actions, 3, torch.Generator().manual_seed(2)).prefix is None
+
+
+def test_a_run_starts_from_a_checkpoints_weights(trained, dataset, tokenizer_path, tmp_path):
+    settings, result = trained
+    source = load_policy(result.out).model
+    model = new_model(source.config, seed=99)
+    assert not torch.equal(model.state_dict()["action_out_proj.weight"],
+                           source.state_dict()["action_out_proj.weight"])  # fmt: skip
+    load_weights(model, result.out)
+    for name, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    other = new_model(
+        dataclasses.replace(source.config, action_dim=source.config.action_dim + 2), 0
+    )
+    with pytest.raises(ValueError, match="does not fit"):
+        load_weights(other, result.out)

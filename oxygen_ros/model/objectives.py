@@ -103,6 +103,9 @@ class FlowSample:
     noise: Tensor  # [B, horizon, action_dim]
     time: Tensor  # [B], in [0.001, 1]
     clean: Tensor  # bool [B, horizon]: the training-time RTC prefix (all False without RTC)
+    # [B, horizon, action_dim]: what the clean prefix shows instead of the actions themselves
+    # (a slowed prefix, `slowed_prefix`); None: the actions
+    prefix: Tensor | None = None
 
 
 def sample_flow_time(batch: int, generator: torch.Generator, device=None) -> Tensor:
@@ -134,24 +137,52 @@ def sample_clean_prefix(
     return (torch.arange(horizon)[None, :] < delays[:, None]).to(device)
 
 
-def sample_flow(actions: Tensor, max_delay: int, generator: torch.Generator) -> FlowSample:
+def slowed_prefix(actions: Tensor, share: float, generator: torch.Generator) -> Tensor:
+    """``actions`` [B, horizon, dim] where a ``share`` of the examples (drawn per example) show a
+    slowed start instead: ``a_0 + u * (a_i - a_0)`` with ``u`` uniform in [0, 1) (0: an arm held
+    still). Used as the clean prefix with the demonstration's own continuation as the target, it
+    teaches a checkpoint with training-time RTC that a slow or stalled prefix is not the end of
+    the motion: what follows is what the scene calls for. (The demonstrations' still prefixes are
+    nearly all in a touch's settle tail, followed by stillness, so a checkpoint trained on them
+    alone continues a slowing approach into a stall.)
+
+    Raises:
+        ValueError: ``share`` outside [0, 1].
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the slowed-prefix share must be in [0, 1], got {share}")
+    b = actions.shape[0]
+    slowed = (torch.rand(b, generator=generator) < share).to(actions.device)[:, None, None]
+    speed = torch.rand(b, generator=generator).to(actions.device)[:, None, None]
+    start = actions[:, :1]
+    return torch.where(slowed, start + speed * (actions - start), actions)
+
+
+def sample_flow(
+    actions: Tensor, max_delay: int, generator: torch.Generator, slowed_share: float = 0.0
+) -> FlowSample:
     """Noise, times and clean prefix for ``actions`` [B, horizon, dim], drawn from ``generator``
-    (a CPU generator: the draws do not depend on the device)."""
+    (a CPU generator: the draws do not depend on the device); with ``slowed_share`` > 0, that
+    share of the examples shows a slowed prefix (`slowed_prefix`)."""
     b, horizon = actions.shape[:2]
     noise = torch.randn(actions.shape, generator=generator, dtype=torch.float32)
     time = sample_flow_time(b, generator)
     clean = sample_clean_prefix(b, horizon, max_delay, generator)
     device = actions.device
-    return FlowSample(noise.to(device), time.to(device), clean.to(device))
+    prefix = slowed_prefix(actions.float(), slowed_share, generator) if slowed_share > 0 else None
+    return FlowSample(noise.to(device), time.to(device), clean.to(device), prefix)
 
 
 def noisy_actions(actions: Tensor, sample: FlowSample) -> tuple[Tensor, Tensor]:
     """``x_t`` [B, H, D] and the per-token time [B, H]: ``t * noise + (1 - t) * actions`` with
-    time 0 (the actions themselves) on the clean prefix."""
+    time 0 on the clean prefix, which shows the actions themselves (or ``sample.prefix``)."""
     token_time = sample.time[:, None].expand(-1, actions.shape[1])
     token_time = torch.where(sample.clean, torch.zeros_like(token_time), token_time)
     t = token_time[..., None]
-    return t * sample.noise + (1 - t) * actions.float(), token_time
+    x_t = t * sample.noise + (1 - t) * actions.float()
+    if sample.prefix is not None:
+        x_t = torch.where(sample.clean[..., None], sample.prefix.float(), x_t)
+    return x_t, token_time
 
 
 def flow_matching_loss(velocity: Tensor, target: Tensor, clean: Tensor) -> Tensor:

@@ -96,6 +96,20 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="training-time RTC: clean action prefixes of 0..D steps (0: off)",
     )
+    parser.add_argument(
+        "--rtc-slowed-prefix",
+        type=float,
+        default=0.0,
+        help="training-time RTC: this share of the examples shows a slowed or still prefix "
+        "before the demonstration's own continuation (a stalled arm is not the motion's end)",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="a checkpoint folder whose weights a new run starts from (same preset; give its "
+        "tokenizer with --tokenizer)",
+    )
     parser.add_argument("--time-budget-min", type=positive_float, default=None)
     parser.add_argument("--prompt-format", default="openpi_subtask", choices=list(PROMPT_FORMATS))
     parser.add_argument(
@@ -251,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             data_seed=args.data_seed,
             rtc_training_max_delay=args.rtc_training_max_delay,
+            rtc_slowed_prefix=args.rtc_slowed_prefix,
+            init_from=args.init_from,
             time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
             prompt_format=args.prompt_format,
             max_token_len=args.max_token_len,

@@ -78,6 +78,8 @@ class TrainSettings:
     seed: int = 0
     data_seed: int | None = None  # None: the seed
     rtc_training_max_delay: int = 0
+    rtc_slowed_prefix: float = 0.0  # share of examples whose RTC prefix is slowed (objectives)
+    init_from: Path | None = None  # a checkpoint folder whose weights a new run starts from
     time_budget_s: float | None = None
     prompt_format: str = "openpi_subtask"
     max_token_len: int | None = None  # None: the preset's
@@ -174,6 +176,21 @@ def new_model(config: Pi05Config, seed: int) -> Pi05Model:
     model = build_model(config, "cpu", torch.float32)
     init_random_weights(model, seed)
     return model.train().requires_grad_(True)
+
+
+def load_weights(model: Pi05Model, checkpoint_dir: Path) -> None:
+    """``model``'s weights from a checkpoint folder the loader reads (any layout it reads).
+
+    Raises:
+        ValueError: the checkpoint's model is not ``model``'s shape (another preset).
+    """
+    from oxygen_ros.engine.runtime import ModelSpec, load_policy
+
+    source = load_policy(ModelSpec(checkpoint_dir=str(checkpoint_dir))).model
+    try:
+        model.load_state_dict(source.state_dict())
+    except RuntimeError as exc:
+        raise ValueError(f"{checkpoint_dir} does not fit the model being trained: {exc}") from None
 
 
 def _names(paths: tuple[Path, ...]) -> str:
@@ -291,6 +308,9 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         first_step = len(history)
         seconds_before = history[-1].seconds if history else 0.0
         log(f"resumed from {resume_path} at step {first_step}")
+    elif settings.init_from is not None:
+        load_weights(model, settings.init_from)
+        log(f"weights from {settings.init_from}")
     names = [s["stage"] for s in stages]
     if settings.stage in names[:-1]:
         log(f"stage {settings.stage!r} is over: later stages ({names[-1]!r}) ran; nothing to do")
@@ -454,7 +474,12 @@ def _step_losses(
     tokens = 0
     if step >= settings.grounding_only_steps or questions is None:
         batch = maker.batch(maker.sample_indices(settings.batch_size, rng), rng, augment_generator)
-        sample = sample_flow(batch.actions, settings.rtc_training_max_delay, flow_generator)
+        sample = sample_flow(
+            batch.actions,
+            settings.rtc_training_max_delay,
+            flow_generator,
+            settings.rtc_slowed_prefix,
+        )
         losses: Losses = training_losses(
             model, batch, sample, settings.text_weight, settings.knowledge_insulation
         )
