@@ -47,7 +47,7 @@ from oxygen_ros.training.dataset import (
     held_narrations,
     load_training_frames,
 )
-from oxygen_ros.training.normalization import dataset_norms
+from oxygen_ros.training.normalization import checkpoint_norms, dataset_norms
 from oxygen_ros.training.trainer import (
     TrainSettings,
     load_weights,
@@ -542,6 +542,14 @@ def test_a_run_starts_from_a_checkpoints_weights(trained, dataset, tokenizer_pat
     load_weights(model, result.out)
     for name, value in source.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
+    # and normalises as it did: the statistics the checkpoint was written with
+    written = dataset_norms(load_training_frames(dataset))
+    norms = checkpoint_norms(result.out)
+    for mine, theirs in ((norms.state, written.state), (norms.action, written.action)):
+        for q in ("q01", "q99"):
+            assert np.array_equal(mine.stats[q], theirs.stats[q])
+    with pytest.raises(ValueError, match="normaliser file"):
+        checkpoint_norms(tmp_path)
     other = new_model(
         dataclasses.replace(source.config, action_dim=source.config.action_dim + 2), 0
     )

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from oxygen_ros.checkpoints.lerobot import FeatureNorm
 from oxygen_ros.data.stats import vector_stats
@@ -24,6 +26,7 @@ NORM_MODE = "QUANTILES"
 NORM_EPS = 1e-8  # LeRobot's normaliser eps
 # the statistics a LeRobot normaliser file holds per feature
 WRITTEN_STATS = ("mean", "std", "min", "max", "q01", "q10", "q50", "q90", "q99")
+NORMALIZER_FILES = "policy_preprocessor_step_*_normalizer_processor.safetensors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +74,39 @@ def dataset_norms(
     else:
         actions = frames.actions
     stats = {STATE_KEY: feature_stats(frames.states), ACTION_KEY: feature_stats(actions)}
+    return DatasetNorms(
+        stats,
+        _quantile_norm(STATE_KEY, stats),
+        _quantile_norm(ACTION_KEY, stats),
+        tuple(bool(m) for m in mask),
+    )
 
-    def norm(key: str) -> FeatureNorm:
-        kept = {s: stats[key][s] for s in ("q01", "q99")}
-        return FeatureNorm(key, NORM_MODE, NORM_EPS, kept, int(stats[key]["q01"].size))
 
-    return DatasetNorms(stats, norm(STATE_KEY), norm(ACTION_KEY), tuple(bool(m) for m in mask))
+def checkpoint_norms(folder: Path) -> DatasetNorms:
+    """The statistics a checkpoint written by ``oxygen-train`` (a LeRobot folder) normalises
+    with, so that a run starting from its weights sees the same normalised values.
+
+    Raises:
+        ValueError: no single normaliser file in ``folder``, or one without the state's and the
+            action's quantiles.
+    """
+    files = sorted(Path(folder).glob(NORMALIZER_FILES))
+    if len(files) != 1:
+        raise ValueError(
+            f"{folder}: expected one LeRobot normaliser file ({NORMALIZER_FILES}), found "
+            f"{len(files)}"
+        )
+    values = load_file(str(files[0]))
+    stats = {
+        key: {s: values[f"{key}.{s}"] for s in WRITTEN_STATS if f"{key}.{s}" in values}
+        for key in (STATE_KEY, ACTION_KEY)
+    }
+    missing = [f"{k}.{q}" for k in stats for q in ("q01", "q99") if q not in stats[k]]
+    if missing:
+        raise ValueError(f"{files[0]}: no {', '.join(missing)}")
+    return DatasetNorms(stats, _quantile_norm(STATE_KEY, stats), _quantile_norm(ACTION_KEY, stats))
+
+
+def _quantile_norm(key: str, stats: dict[str, dict[str, np.ndarray]]) -> FeatureNorm:
+    kept = {s: stats[key][s] for s in ("q01", "q99")}
+    return FeatureNorm(key, NORM_MODE, NORM_EPS, kept, int(stats[key]["q01"].size))

@@ -54,7 +54,7 @@ from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
 from .dataset import TrainingFrames, concatenate_frames, load_training_frames
 from .grounding import GroundingBatchMaker, probe
-from .normalization import RELATIVE_EXCLUDE, dataset_norms
+from .normalization import RELATIVE_EXCLUDE, checkpoint_norms, dataset_norms
 from .schedule import learning_rate
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,14 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         if settings.relative_actions
         else ()
     )
-    norms = dataset_norms(frames, relative, config.action_horizon)
+    if settings.init_from is not None and relative:
+        raise ValueError("--init-from keeps the checkpoint's absolute-action statistics: drop "
+                         "--relative-actions")  # fmt: skip
+    norms = (
+        checkpoint_norms(settings.init_from)
+        if settings.init_from is not None
+        else dataset_norms(frames, relative, config.action_horizon)
+    )
     tokenizer = Pi05Tokenizer(settings.tokenizer)
     prompt_format = resolve_format(settings.prompt_format)
     conventions = lerobot_conventions("main", ["written by oxygen-train"], 32)
