@@ -15,6 +15,7 @@ overload, and a long soak. Every subcommand prints a table; ``--json`` writes th
     oxygen-bench closed-loop --episodes 50 --json cl.json
                                                    # the sim arm through the node over DDS
     oxygen-bench sim-policy --episodes 100         # a checkpoint drives the sim directly
+    oxygen-bench rtc-curve --plot rtc.png          # success vs delay per RTC mode (sim-policy)
     oxygen-bench serve --clients 1,2,4,8           # robots on one oxygen-serve vs one server each
     oxygen-bench faults --json faults.json         # stopped inputs, clock jumps: hold, resume
     oxygen-bench failover --json failover.json     # two oxygen-serve, the serving one dies
@@ -47,6 +48,7 @@ from oxygen_ros.tools.benches import (
     model,
     overload,
     realtime,
+    rtc_curve,
     serve,
     sim_policy,
     soak,
@@ -66,6 +68,7 @@ BENCHES = {
     "summary": summary,
     "closed-loop": closed_loop,
     "sim-policy": sim_policy,
+    "rtc-curve": rtc_curve,
     "serve": serve,
     "faults": faults,
     "failover": failover,

@@ -1,11 +1,13 @@
-"""oxygen-plot-closed-loop: success and jerk against injected inference delay, one line per chunk
-continuity mode, from an ``oxygen-bench closed-loop --json`` file (the RTC paper's figure).
+"""oxygen-plot-closed-loop: success, chunk-switch jump and jerk against inference delay, one line
+per chunk continuity mode, from an ``oxygen-bench closed-loop --json`` or ``oxygen-bench
+rtc-curve --json`` file (the RTC paper's figure).
 
     oxygen-plot-closed-loop BENCH.json --out success_vs_delay.png
 
 Left: success rate with its Wilson 95 % interval as error bars (the expert and the random-weight
-floor, when the bench ran them, as dashed lines). Right: RMS jerk of the executed arm trajectory.
-Delays are in controller steps (action_dt).
+floor, when the bench ran them, as dashed lines). Middle: the commanded reference's jump at a
+chunk switch. Right: RMS jerk of the executed arm trajectory. Delays are in controller steps
+(action_dt).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-MODES = ("none", "identity", "trained")  # the bench's continuity rows, in legend order
+# the benches' continuity rows, in legend order (closed-loop's identity is rtc-curve's guided)
+MODES = ("none", "identity", "guided", "trained")
 
 
 def curves(rows: list[dict]) -> dict[str, list[dict]]:
@@ -44,7 +47,7 @@ def plot(data: dict, out: Path) -> Path:
         raise ValueError(
             "no continuity rows with a delay in the bench JSON (run none/identity/...)"
         )
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     for index, (mode, points) in enumerate(lines.items()):
         dodge = 0.06 * (index - (len(lines) - 1) / 2)  # overlapping points stay visible
         delays = [p["delay_steps"] + dodge for p in points]
@@ -52,17 +55,20 @@ def plot(data: dict, out: Path) -> Path:
         below = [p["success"] - p["ci_low"] for p in points]
         above = [p["ci_high"] - p["success"] for p in points]
         left.errorbar(delays, success, yerr=[below, above], marker="o", capsize=3, label=mode)
+        middle.plot(delays, [p["switch_jump_rad"] for p in points], marker="o", label=mode)
         right.plot(delays, [p["jerk_rms"] for p in points], marker="o", label=mode)
     for row in rows:
         if row["setting"] in ("expert", "random"):
             left.axhline(row["success"], linestyle="--", linewidth=1, color="grey")
             left.annotate(row["setting"], (0, row["success"]), fontsize=8, color="grey")
     n = data.get("episodes_per_setting", "?")
-    left.set(xlabel="injected delay (controller steps)", ylabel="success rate", ylim=(-0.05, 1.05))
+    left.set(xlabel="inference delay (controller steps)", ylabel="success rate", ylim=(-0.05, 1.05))
     left.set_title(f"success vs delay (N = {n} per point, 95 % Wilson CI)")
-    right.set(xlabel="injected delay (controller steps)", ylabel="RMS jerk (rad/s³)")
+    middle.set(xlabel="inference delay (controller steps)", ylabel="mean switch jump (rad)")
+    middle.set_title("commanded jump at a chunk switch")
+    right.set(xlabel="inference delay (controller steps)", ylabel="RMS jerk (rad/s³)")
     right.set_title("jerk of the executed trajectory")
-    for ax in (left, right):
+    for ax in (left, middle, right):
         ax.grid(alpha=0.3)
         ax.legend(title="chunk continuity")
     fig.tight_layout()

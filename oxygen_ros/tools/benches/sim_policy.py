@@ -505,11 +505,14 @@ def subtask_shares(episodes: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def switch_summary(episodes: list[dict[str, Any]]) -> dict[str, float]:
-    """p50 / p95 of every episode's chunk-switch jumps, the median episode's jerk."""
+    """The chunk-switch jumps (the mean over episodes of each one's mean, as ``closed-loop``
+    reports it, and p50 / p95 over every switch) and the median episode's jerk."""
     jumps = [j for e in episodes for j in e.get("switch_jumps_rad", [])]
     jerks = [e["jerk_rms"] for e in episodes if np.isfinite(e.get("jerk_rms", np.nan))]
     nan = float("nan")
+    means = [np.mean(e["switch_jumps_rad"]) for e in episodes if e.get("switch_jumps_rad")]
     return {
+        "switch_jump_rad": float(np.mean(means)) if means else nan,  # closed-loop's figure
         "switch_jump_rad_p50": float(np.percentile(jumps, 50)) if jumps else nan,
         "switch_jump_rad_p95": float(np.percentile(jumps, 95)) if jumps else nan,
         "jerk_rms": float(np.median(jerks)) if jerks else nan,
@@ -563,19 +566,33 @@ def grounding_probe(policy, prompt_format: str, layouts: int) -> dict[str, float
     return probe(policy.model, maker)
 
 
+def run_rounds(
+    sim, source: ChunkSource, args: argparse.Namespace, plan: Timing
+) -> list[dict[str, Any]]:
+    """``--episodes`` episodes on closed-loop's rounds of ``--seed`` (the same layouts and noise
+    for every source)."""
+    episodes = []
+    for index in range(args.episodes):
+        task, seed = round_task(index, args.seed, args.tasks)
+        episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan))
+    return episodes
+
+
+def episode_timeout_s(args: argparse.Namespace) -> float:
+    return args.timeout_s if args.timeout_s is not None else TIMEOUT_S[args.tasks]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from oxygen_ros.sim.episode import Simulation
 
     check_arguments(args)
     source = make_source(args)
     plan = timing(args)
-    timeout_s = args.timeout_s if args.timeout_s is not None else TIMEOUT_S[args.tasks]
+    timeout_s = episode_timeout_s(args)
     sim = Simulation(episode_timeout_s=timeout_s)
-    episodes, headings = [], []
+    headings = []
     try:
-        for index in range(args.episodes):
-            task, seed = round_task(index, args.seed, args.tasks)
-            episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan))
+        episodes = run_rounds(sim, source, args, plan)
         for index in range(args.noise_layouts):
             task, seed = round_task(index, args.seed, args.tasks)
             headings.append(start_pose_headings(sim, source, task, seed, args.noise_draws))
