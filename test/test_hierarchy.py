@@ -5,6 +5,7 @@ refuse robots without them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -424,3 +425,35 @@ def test_the_static_paths_run_the_subtask_loop_as_the_eager_ones(policy):
         assert id_a == id_b
         # padded prompt buckets reorder the sums; the scaled weights and robot units amplify it
         np.testing.assert_allclose(a, b, atol=5e-4, rtol=1e-4)
+
+
+def test_a_changed_subtask_conditions_the_chunks_only_once_decoded_k_times_in_a_row(policy):
+    loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=2)
+    loop.observe_task("put the red cube on the green pad")
+    ids = itertools.count(1)
+
+    def decode(text: str, now: float) -> str:
+        request = finished_request(policy, next(ids), text)
+        loop.submitted(request, now - 0.1)
+        loop.finished([request.finish("eos")], now)
+        return loop.conditioning().text
+
+    reach, grasp = "reach the red cube, far left", "grasp the red cube"
+    assert decode(reach, 1.0) == reach  # the task's first: at once
+    assert decode(grasp, 2.0) == reach  # a change decoded once is held back ...
+    assert loop.latest.text.text == grasp and loop.changes_held == 1
+    assert decode(reach, 3.0) == reach  # ... and forgotten when the decode flickers back
+    assert decode(grasp, 4.0) == reach
+    assert decode(grasp, 5.0) == grasp  # twice in a row: adopted, a new subtask id
+    assert loop.current.text.subtask_id == 2 and loop.changes_held == 2
+    assert loop.stats(5.0)["subtask_changes_held"] == 2
+    # one confirmation: every decoded change at once, as before
+    eager = SubtaskLoop(preset("openpi_subtask"), period_s=1.0)
+    eager.observe_task("put the red cube on the green pad")
+    for text, now in ((reach, 1.0), (grasp, 2.0)):
+        request = finished_request(policy, next(ids), text)
+        eager.submitted(request, now)
+        eager.finished([request.finish("eos")], now)
+    assert eager.conditioning().text == grasp and eager.changes_held == 0
+    with pytest.raises(ValueError, match="confirmations"):
+        SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=0)

@@ -123,7 +123,9 @@ class OxygenEngine(EngineBase):
         if not policy.robot.discrete_state_input:
             fmt.template(self.config.hierarchy, has_state=False)  # raises when it needs state bins
         self.subtasks = (
-            SubtaskLoop(fmt, self.config.subtask_period_s) if self.config.hierarchy else None
+            SubtaskLoop(fmt, self.config.subtask_period_s, self.config.subtask_confirmations)
+            if self.config.hierarchy
+            else None
         )
         self._last_prompt: tuple[np.ndarray, str] = (np.zeros(0), "")  # the newest frame's
         if self.pool.num_blocks < 2 * self._prefix_blocks:

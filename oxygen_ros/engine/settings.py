@@ -39,6 +39,8 @@ class EngineConfig:
     subtask_conditioning: str = "none"
     subtask_period_s: float = 1.0  # a new subtask is decoded this often (and when the task changes)
     subtask_max_tokens: int = 0  # 0: the format's limit for its subtask kind
+    # a changed subtask conditions the chunks once decoded this many times in a row (1: at once)
+    subtask_confirmations: int = 1
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
     # capture those steps in CUDA graphs; implies static_shapes, CUDA only
@@ -74,6 +76,7 @@ class EngineConfig:
             "default_max_tokens",
             "context_bucket",
             "max_stall_frames",
+            "subtask_confirmations",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

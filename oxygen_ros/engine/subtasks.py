@@ -11,6 +11,10 @@
   conditioned prompt, ``same_frame`` appends its ids causally on top of the frame's shared prefix;
   both in the frame's one prefill, see `frames.prefill_frame`); a frame never carries a subtask
   that finished after its own action;
+* a subtask that differs from the current one is adopted only once ``confirmations`` requests in
+  a row decoded it (1: at once), so a decode that flickers for one refresh (a cube near a place
+  word's edge, a guess ahead of the scene) never reaches the actions; the task's first subtask is
+  adopted at once (there is nothing to hold);
 * with formats that keep a memory (PI052), a changed subtask asks for a memory note chained with
   the previous one.
 
@@ -43,16 +47,24 @@ class Subtask:
 class SubtaskLoop:
     """The subtask kind's schedule and the current subtask of an engine (one thread)."""
 
-    def __init__(self, prompt_format: PromptFormat, period_s: float) -> None:
+    def __init__(
+        self, prompt_format: PromptFormat, period_s: float, confirmations: int = 1
+    ) -> None:
+        if confirmations < 1:
+            raise ValueError(f"subtask confirmations must be >= 1, got {confirmations}")
         self.format = prompt_format
         self.period_s = period_s
+        self.confirmations = confirmations
         self.reset()
 
     def reset(self) -> None:
         """Forget everything (a new run)."""
         self.current: Subtask | None = None
+        self.latest: Subtask | None = None  # the newest decoded, adopted or not
         self.task: str | None = None
         self.refreshes = 0  # subtasks that finished
+        self.changes_held = 0  # decoded changes not (yet) confirmed: the current one kept
+        self._candidate: tuple[tuple[int, ...], int] | None = None  # a change's ids, its count
         self.empty_subtasks = 0  # finished with no words (only spaces or control text)
         self.chunks_by_subtask: collections.Counter[int] = collections.Counter()
         self.unconditioned_chunks = 0  # chunks of a task before its first subtask
@@ -78,6 +90,7 @@ class SubtaskLoop:
             "subtask_age_s": now_s - current.born_s if current else 0.0,
             "subtask_decode_ms": current.decode_ms if current else 0.0,
             "subtask_refreshes": self.refreshes,
+            "subtask_changes_held": self.changes_held,
             "subtasks_empty": self.empty_subtasks,
             "subtask_in_flight": self._request is not None,
             "chunks_unconditioned": self.unconditioned_chunks,
@@ -93,6 +106,7 @@ class SubtaskLoop:
             return []
         stale = [r for r in (self._request, self._memory) if r is not None]
         self.task, self.current, self._request, self._memory = task, None, None, None
+        self.latest = self._candidate = None
         self._due_s, self.memory_note = None, ""
         return stale
 
@@ -146,18 +160,26 @@ class SubtaskLoop:
         # A subtask of only spaces or control text (an untrained model's) still conditions the
         # chunks, as the model said it; diagnostics count it, so a user sees why ~/subtask is ''.
         self.empty_subtasks += not request.text.strip()
+        self.refreshes += 1
         previous = self.current
-        same = previous is not None and tuple(request.tokens) == previous.text.ids
-        subtask_id = previous.text.subtask_id if same else self._next_id
-        self._next_id += not same
-        self.current = Subtask(
-            SubtaskText(tuple(request.tokens), request.text.strip(), subtask_id),
+        ids = tuple(request.tokens)
+        same = previous is not None and ids == previous.text.ids
+        decoded = Subtask(
+            SubtaskText(ids, request.text.strip(), previous.text.subtask_id if same else 0),
             self.task or "",
             request.frame_id or 0,
             self._frame_start.get(request.frame_id or 0, self._submitted_s),
             (now_s - self._submitted_s) * 1e3,
         )
-        self.refreshes += 1
+        self.latest = decoded
+        if not self._confirmed(ids, same, previous is None):
+            self.changes_held += 1
+            return None
+        if not same:
+            text = dataclasses.replace(decoded.text, subtask_id=self._next_id)
+            decoded = dataclasses.replace(decoded, text=text)
+            self._next_id += 1
+        self.current = decoded
         if (
             same
             or previous is None
@@ -167,6 +189,19 @@ class SubtaskLoop:
         ):
             return None
         return {"task": self.task or "", "memory": self.memory_note, "previous": previous.text.text}
+
+    def _confirmed(self, ids: tuple[int, ...], same: bool, first: bool) -> bool:
+        """Whether a decoded subtask (token ids) conditions the chunks from now on: the current
+        one again, the task's first, or a change decoded ``confirmations`` times in a row."""
+        if same or first:
+            self._candidate = None
+            return True
+        count = self._candidate[1] + 1 if self._candidate and self._candidate[0] == ids else 1
+        self._candidate = (ids, count)
+        if count < self.confirmations:
+            return False
+        self._candidate = None
+        return True
 
     def memory_submitted(self, request: LanguageRequest) -> None:
         self._memory = request

@@ -577,6 +577,16 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         (0.0, 86_400.0),
     ),
     ParamSpec(
+        "subtask_confirmations",
+        _T.PARAMETER_INTEGER,
+        1,
+        "a decoded subtask that differs from the current one conditions the chunks only once "
+        "this many refreshes in a row decoded it (1: at once; the task's first at once): a "
+        "subtask that flickers for one refresh never reaches the actions",
+        CONFIGURE,
+        (1, 100),
+    ),
+    ParamSpec(
         "subtask_max_tokens",
         _T.PARAMETER_INTEGER,
         0,
@@ -881,6 +891,7 @@ class NodeSettings:
     subtask_conditioning: str
     subtask_period_s: float
     subtask_max_tokens: int
+    subtask_confirmations: int
     # text in rviz
     narration_marker: bool
     narration_marker_frame: str

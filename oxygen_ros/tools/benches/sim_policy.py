@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="predicted: decode a subtask from every Nth frame (0: once per episode)",
     )
     parser.add_argument(
+        "--subtask-confirmations",
+        type=int,
+        default=1,
+        help="predicted: a changed subtask conditions the chunks once decoded this many times "
+        "in a row (the node's subtask_confirmations)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=None,
@@ -197,6 +205,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         for name, rule, ok in (
             ("episodes", "at least 1", args.episodes >= 1),
             ("subtask_every", ">= 0", args.subtask_every >= 0),
+            ("subtask_confirmations", ">= 1", args.subtask_confirmations >= 1),
             ("timeout_s", "> 0", args.timeout_s is None or args.timeout_s > 0),
             ("action_dt", "> 0", args.action_dt > 0),
             ("noise_layouts", ">= 0", args.noise_layouts >= 0),
@@ -251,6 +260,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             args.action_dt,
             args.continuity,
             plan.delay * args.action_dt,
+            args.subtask_confirmations,
         )
     except ValueError as exc:
         raise SystemExit(
@@ -367,7 +377,7 @@ def run_episode(
     closest, step, started = np.inf, 0, time.perf_counter()
     cube = sim.world.cube_position(task.cube)
     first = None
-    tally = SubtaskTally()
+    tally, conditioning = SubtaskTally(), SubtaskTally()
     delivery = Delivery(action_dt)
     times, arm = [], []
     try:
@@ -380,6 +390,7 @@ def run_episode(
                     chunk = source.chunk(sim, observe(sim))
                     if chunk.decoded is not None and sim.status == RUNNING:
                         tally.add(chunk.decoded, truth)
+                        conditioning.add(chunk.subtask, truth)
                     if first is None:
                         first = chunk
                     delivery.start(frame, plan.delay, sim.now_s, chunk.actions)
@@ -424,6 +435,7 @@ def run_episode(
         )
     if source.mode == "predicted":
         record.update(tally.record())
+        record.update({f"conditioning_{k}": v for k, v in conditioning.record().items()})
     return record
 
 
@@ -487,20 +499,25 @@ def heading_follows_words(episodes: list[dict[str, Any]]) -> float:
     )
 
 
-def subtask_shares(episodes: list[dict[str, Any]]) -> dict[str, float]:
-    """predicted: ``subtask_exact`` and ``subtask_place_right`` over all episodes' frames."""
-    frames = sum(e["subtask_frames"] for e in episodes)
-    reaching = sum(e["reaching_frames"] for e in episodes)
+def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str, float]:
+    """predicted: ``subtask_exact`` and ``subtask_place_right`` over all episodes' frames, the
+    flips per episode; of the decoded subtasks, or with ``prefix`` "conditioning_" of those that
+    conditioned the chunks (after the holding rule)."""
+
+    def total(key: str) -> int:
+        return sum(e[prefix + key] for e in episodes)
+
+    frames, reaching = total("subtask_frames"), total("reaching_frames")
     return {
-        "subtask_frames": frames,
-        "subtask_exact": sum(e["subtask_exact_frames"] for e in episodes) / frames
-        if frames
-        else float("nan"),
-        "subtask_place_right": sum(e["place_right_frames"] for e in episodes) / reaching
+        prefix + "subtask_frames": frames,
+        prefix + "subtask_exact": total("subtask_exact_frames") / frames if frames else math.nan,
+        prefix + "subtask_place_right": total("place_right_frames") / reaching
         if reaching
-        else float("nan"),
-        "subtask_flips_per_episode": mean_or_nan([e["subtask_flips"] for e in episodes]),
-        "episodes_with_flips": sum(e["subtask_flips"] > 0 for e in episodes),
+        else math.nan,
+        prefix + "subtask_flips_per_episode": mean_or_nan(
+            [e[prefix + "subtask_flips"] for e in episodes]
+        ),
+        prefix + "episodes_with_flips": sum(e[prefix + "subtask_flips"] > 0 for e in episodes),
     }
 
 
@@ -552,6 +569,7 @@ def summarise(
         summary["heading_follows_lie"] = heading_follows_words(episodes)
     if mode == "predicted":
         summary.update(subtask_shares(episodes))
+        summary.update(subtask_shares(episodes, "conditioning_"))
     return summary
 
 
@@ -640,6 +658,8 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         row["subtask exact"] = f"{summary['subtask_exact']:.2f}"
         row["place right"] = f"{summary['subtask_place_right']:.2f}"
         row["flipped episodes"] = str(summary["episodes_with_flips"])
+        row["conditioning flips/ep"] = f"{summary['conditioning_subtask_flips_per_episode']:.2f}"
+        row["conditioning exact"] = f"{summary['conditioning_subtask_exact']:.2f}"
     if "probe" in summary:
         row["probe"] = f"{summary['probe']['all']:.3f}"
     print_table([row], list(row))

@@ -244,6 +244,7 @@ class EngineChunks:
         action_dt: float,
         continuity: str = "none",
         delay_s: float = 0.0,
+        confirmations: int = 1,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
@@ -251,6 +252,7 @@ class EngineChunks:
         self.policy, self.format, self.num_steps = policy, prompt_format, num_steps
         self.subtask_every, self.action_dt = subtask_every, action_dt
         self.continuity, self.delay_s = continuity, delay_s
+        self.confirmations = confirmations
         self.engine: OxygenEngine | None = None
         self._primed = False
         self._newest: tuple[int, np.ndarray] | None = None  # frame id, robot units
@@ -265,6 +267,7 @@ class EngineChunks:
             prompt_format=self.format,
             subtask_conditioning="same_frame",
             subtask_period_s=period_s,
+            subtask_confirmations=self.confirmations,
             action_dt=self.action_dt,
             **continuity_settings(self.continuity),
         )
@@ -294,8 +297,8 @@ class EngineChunks:
             engine.decode()
         else:
             raise RuntimeError(f"a subtask was still decoding after {self.MAX_DECODE_CALLS} calls")
-        current = loop.current
-        decoded = current.text.text if current and current.frame_id == chunk.frame_id else None
+        latest = loop.latest
+        decoded = latest.text.text if latest and latest.frame_id == chunk.frame_id else None
         targets = joint_targets(self.policy, chunk.actions, observation.state)
         self._newest = (chunk.frame_id, chunk.actions)
         return ConditionedChunk(targets, chunk.subtask, decoded)
@@ -319,14 +322,16 @@ def chunk_source(
     action_dt: float,
     continuity: str = "none",
     delay_s: float = 0.0,
+    confirmations: int = 1,
 ) -> PromptedChunks | EngineChunks:
     """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
     ``continuity`` says (`CONTINUITY`), the chunks reaching the arm ``delay_s`` after their
-    observation."""
+    observation; predicted: a changed subtask adopted after ``confirmations`` decodes in a row."""
     if mode == "predicted":
         return EngineChunks(
-            policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s
-        )
+            policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s,
+            confirmations,
+        )  # fmt: skip
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
     return PromptedChunks(policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s)
