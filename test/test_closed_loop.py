@@ -23,7 +23,6 @@ from oxygen_ros.tools.benches.closed_loop_ros import Recording
 from oxygen_ros.tools.benches.closed_loop_settings import (
     Setting,
     all_settings,
-    guided_variant,
     parse_delays,
     random_variant,
     select,
@@ -155,6 +154,10 @@ def test_settings_delays_and_selection():
         select(settings, "bogus")
     with_trained = all_settings(parse_delays("0", 0.1), trained_rtc=True)
     assert "trained/d0" in [s.name for s in with_trained]
+    # guided and trained RTC on the same weights, told apart by rtc_mode
+    modes = {s.name: s.configure.get("rtc_mode") for s in with_trained if s.continuity}
+    assert modes == {"none/d0": None, "identity/d0": "guided", "trained/d0": "trained"}
+    assert {s.checkpoint for s in with_trained if s.continuity} == {"trained"}
 
 
 def test_checkpoint_variants(tmp_path: Path):
@@ -168,13 +171,6 @@ def test_checkpoint_variants(tmp_path: Path):
     shuffled = load_file(str(random_variant(src, tmp_path / "random") / "model.safetensors"))["w"]
     assert shuffled.shape == (3, 4) and sorted(shuffled.flatten().tolist()) == list(range(12))
     assert shuffled.flatten().tolist() != list(range(12))
-    guided = guided_variant(src, tmp_path / "guided")
-    assert json.loads((guided / "config.json").read_text())["rtc_training_max_delay"] == 0
-    assert (guided / "tokenizer.model").read_text() == "t"
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "config.json").write_text("{}")
-    assert guided_variant(plain, tmp_path / "unused") == plain
 
 
 # -- the node's clock during a tick --------------------------------------------------------------

@@ -51,7 +51,6 @@ from oxygen_ros.tools.benches.closed_loop_ros import (
 from oxygen_ros.tools.benches.closed_loop_settings import (
     ASK_QUESTION,
     EXPERT,
-    GUIDED,
     PLACE_TASK,
     RANDOM,
     TOUCH_TASK,
@@ -59,7 +58,6 @@ from oxygen_ros.tools.benches.closed_loop_settings import (
     Setting,
     all_settings,
     declares_trained_rtc,
-    guided_variant,
     parse_delays,
     random_variant,
     select,
@@ -156,6 +154,7 @@ class EpisodeRunner:
         values = {
             "checkpoint_dir": str(self.checkpoints[setting.checkpoint]),
             "chunk_continuity": self.base.get("chunk_continuity", "none"),
+            "rtc_mode": self.base.get("rtc_mode", "auto"),
             "rtc_guidance": self.base.get("rtc_guidance", "identity"),
             "subtask_conditioning": self.base.get("subtask_conditioning", "none"),
             **setting.configure,
@@ -372,8 +371,6 @@ def _ordered(settings: list[Setting], round_index: int) -> list[Setting]:
 def _checkpoints(checkpoint: Path, settings: list[Setting], work: Path) -> dict[str, Path]:
     needed = {s.checkpoint for s in settings if s.driver != EXPERT}
     paths = {TRAINED: checkpoint}
-    if GUIDED in needed:
-        paths[GUIDED] = guided_variant(checkpoint, work / "checkpoint_guided")
     if RANDOM in needed:
         paths[RANDOM] = random_variant(checkpoint, work / "checkpoint_random")
     return paths

@@ -17,7 +17,7 @@ from oxygen_ros.checkpoints.rtc_metadata import FIELD as RTC_FIELD
 from oxygen_ros.sim.questions import TARGET_QUESTION
 
 EXPERT, POLICY = "expert", "policy"
-TRAINED, RANDOM, GUIDED = "trained", "random", "guided"  # checkpoint variants
+TRAINED, RANDOM = "trained", "random"  # checkpoint variants: the one given, its shuffled floor
 TOUCH_TASK, PLACE_TASK, ANY_TASK = "touch", "place", "any"  # any: as --tasks says
 ASK_QUESTION = TARGET_QUESTION  # the grounding co-training asks it too
 
@@ -69,11 +69,11 @@ def all_settings(
         Setting("random", checkpoint=RANDOM, configure={"chunk_continuity": "none"}),
     ]
     modes = [
-        ("none", GUIDED, {"chunk_continuity": "none"}),  # the same weights; no RTC
-        ("identity", GUIDED, {"chunk_continuity": "rtc", "rtc_guidance": "identity"}),
+        ("none", TRAINED, {"chunk_continuity": "none"}),
+        ("identity", TRAINED, {"chunk_continuity": "rtc", "rtc_mode": "guided"}),
     ]
     if trained_rtc:
-        modes.append(("trained", TRAINED, {"chunk_continuity": "rtc"}))
+        modes.append(("trained", TRAINED, {"chunk_continuity": "rtc", "rtc_mode": "trained"}))
     for mode, checkpoint, configure in modes:
         for steps, ms in delays:
             settings.append(
@@ -88,21 +88,21 @@ def all_settings(
             )
     flat = {"chunk_continuity": "none", "subtask_conditioning": "none"}
     settings += [
-        Setting("flat", checkpoint=GUIDED, configure=flat, task_kind=PLACE_TASK),
+        Setting("flat", checkpoint=TRAINED, configure=flat, task_kind=PLACE_TASK),
         Setting(
             "same_frame",
-            checkpoint=GUIDED,
+            checkpoint=TRAINED,
             configure={**flat, "subtask_conditioning": "same_frame"},
             task_kind=PLACE_TASK,
         ),
         Setting(
             "contention",
-            checkpoint=GUIDED,
+            checkpoint=TRAINED,
             configure={"chunk_continuity": "none"},
             runtime={"overrun_policy": contention_overrun},
             contention=True,
         ),
-        Setting("ask", checkpoint=GUIDED, configure={"chunk_continuity": "none"}, ask=True),
+        Setting("ask", checkpoint=TRAINED, configure={"chunk_continuity": "none"}, ask=True),
     ]
     return settings
 
@@ -138,19 +138,6 @@ def _linked_copy(src: Path, dst: Path, except_names: set[str]) -> None:
             link = dst / entry.name
             if not link.exists():
                 link.symlink_to(entry.resolve())
-
-
-def guided_variant(checkpoint: Path, out: Path) -> Path:
-    """The checkpoint as one without training-time RTC (its config.json says
-    rtc_training_max_delay 0), so ``chunk_continuity: rtc`` runs guided RTC on the same weights.
-    The checkpoint itself when it declares none."""
-    if not declares_trained_rtc(checkpoint):
-        return checkpoint
-    _linked_copy(checkpoint, out, {"config.json"})
-    config = json.loads((checkpoint / "config.json").read_text())
-    config[RTC_FIELD] = 0
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
 
 
 def random_variant(checkpoint: Path, out: Path, seed: int = 0) -> Path:
