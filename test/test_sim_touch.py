@@ -155,6 +155,9 @@ class _TipAtCentre:
     def start(self, sim: Simulation, noise_seed: int) -> None:
         pass
 
+    def published(self) -> None:
+        pass
+
     def chunk(self, sim: Simulation, observation) -> ConditionedChunk:
         cube = sim.world.cube_position(sim.task.cube)
         target = np.r_[cube[:2], cube[2] + CUBE_SIZE / 2 + 0.002]

@@ -41,6 +41,7 @@ import torch
 
 from oxygen_ros.checkpoints.conventions import lerobot_conventions
 from oxygen_ros.checkpoints.core import build_model, init_random_weights
+from oxygen_ros.checkpoints.loader import load_checkpoint
 from oxygen_ros.checkpoints.lerobot import relative_action_mask
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.objectives import Losses, sample_flow, text_only_loss, training_losses
@@ -184,9 +185,7 @@ def load_weights(model: Pi05Model, checkpoint_dir: Path) -> None:
     Raises:
         ValueError: the checkpoint's model is not ``model``'s shape (another preset).
     """
-    from oxygen_ros.engine.runtime import ModelSpec, load_policy
-
-    source = load_policy(ModelSpec(checkpoint_dir=str(checkpoint_dir))).model
+    source = load_checkpoint(checkpoint_dir).model
     try:
         model.load_state_dict(source.state_dict())
     except RuntimeError as exc:
