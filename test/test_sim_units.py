@@ -82,6 +82,20 @@ def test_interpolates_from_the_state_at_receipt_to_the_first_point():
     assert v == pytest.approx([1.0, 1.0])
 
 
+def test_a_point_due_at_receipt_is_on_the_clocks_nanosecond_grid():
+    """A chunk arriving one step after its observation has its first point due at the receipt;
+    sim time summed in floats lands a hair before it (0.1 + 0.2 < 0.3 is false, 0.3 - 1e-17 is
+    not). On a ROS clock (nanoseconds) the point is due now: the reference is the point, not the
+    state at receipt."""
+    controller = controller_at()
+    stamp, step = 0.1 + 0.2, 0.1  # 0.30000000000000004
+    msg = trajectory([(step, [1.0, 1.0]), (2 * step, [2.0, 2.0])], stamp_s=stamp)
+    receipt = 0.4 - 1e-15  # the sim clock's float sum for "0.4"
+    controller.receive(msg, receipt, np.array([0.5, 0.5]), np.zeros(2))
+    q, _ = controller.sample(receipt)
+    assert q == pytest.approx([1.0, 1.0])  # the first point, not the state at receipt (0.5)
+
+
 def test_zero_stamp_starts_at_the_first_control_step():
     controller = controller_at()
     controller.receive(trajectory([(1.0, [1.0, 1.0])]), 10.0, np.zeros(2), np.zeros(2))

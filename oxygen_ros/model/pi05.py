@@ -568,12 +568,12 @@ class Pi05Model(nn.Module):
             for t, weight, conditioning in zip(times, weights, conditionings, strict=True):
                 step = functools.partial(velocity, conditioning=conditioning)
                 x_t = x_t + dt * guidance.velocity(step, x_t, t, weight)
-            return x_t
+            return guidance.settle(x_t)
         if guidance is not None and guidance.active:  # vjp
             for t, conditioning in zip(times.tolist(), conditionings, strict=True):
                 step = functools.partial(velocity, conditioning=conditioning)
                 x_t = x_t + dt * guidance.velocity(step, x_t, t)
-            return x_t
+            return guidance.settle(x_t)
         for conditioning in conditionings:  # openpi's float32 loop condition decided the count
             x_t = x_t + dt * velocity(x_t, conditioning)
         return x_t

@@ -163,6 +163,12 @@ class RTCGuidance:
         """Whether the fixed-shape path can run it (identity: no backward pass, no host sync)."""
         return self.jacobian == "identity"
 
+    def settle(self, actions: Tensor) -> Tensor:
+        """The denoised ``actions`` with the frozen steps (weight 1) set to the target: those steps
+        fall due before the chunk takes over, so, as in the paper's executor, the robot runs the
+        executed chunk's there and the switch lands on it exactly; guidance shapes the rest."""
+        return torch.where(self.weights >= 1.0, self.target, actions)
+
     def velocity(
         self,
         velocity_fn: Callable[[Tensor], Tensor],

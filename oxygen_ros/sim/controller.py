@@ -144,11 +144,12 @@ class TrajectoryController:
         active = self._active
         if active is None:
             return self._reference
+        now_s = round(now_s, 9)  # a ROS clock ticks in nanoseconds: a point due now is due now
         if active.start_s is None:  # a zero stamp starts at the first control step after receipt
             active.start_s = now_s
         if now_s < active.received_s:
             return self._reference
-        point_times = active.start_s + active.times
+        point_times = np.round(active.start_s + active.times, 9)
         velocities = active.velocities
         if now_s >= point_times[-1]:
             last = active.positions[-1]

@@ -41,8 +41,8 @@ import torch
 
 from oxygen_ros.checkpoints.conventions import lerobot_conventions
 from oxygen_ros.checkpoints.core import build_model, init_random_weights
-from oxygen_ros.checkpoints.loader import load_checkpoint
 from oxygen_ros.checkpoints.lerobot import relative_action_mask
+from oxygen_ros.checkpoints.loader import load_checkpoint
 from oxygen_ros.model.config import Pi05Config, get_preset
 from oxygen_ros.model.objectives import Losses, sample_flow, text_only_loss, training_losses
 from oxygen_ros.model.pi05 import Pi05Model

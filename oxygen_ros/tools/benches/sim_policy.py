@@ -165,6 +165,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "training-time RTC",
     )
     parser.add_argument(
+        "--rtc-guidance-weight",
+        type=float,
+        default=5.0,
+        help="guided: the guidance weight's clip (the node's rtc_max_guidance_weight, beta)",
+    )
+    parser.add_argument(
         "--delay-steps",
         type=int,
         default=0,
@@ -261,6 +267,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             args.continuity,
             plan.delay * args.action_dt,
             args.subtask_confirmations,
+            args.rtc_guidance_weight,
         )
     except ValueError as exc:
         raise SystemExit(

@@ -70,13 +70,19 @@ def joint_targets(policy: Pi05Policy, actions: np.ndarray, state: np.ndarray) ->
     return np.where(relative, actions + state[: actions.shape[1]], actions).astype(np.float32)
 
 
-def continuity_settings(continuity: str) -> dict[str, str]:
-    """The `EngineConfig` fields of a `CONTINUITY` mode."""
+def continuity_settings(continuity: str, guidance_weight: float = 5.0) -> dict[str, object]:
+    """The `EngineConfig` fields of a `CONTINUITY` mode (guided: clipped at ``guidance_weight``,
+    the engine's ``rtc_max_guidance_weight``)."""
     if continuity not in CONTINUITY:
         raise ValueError(f"continuity must be one of {', '.join(CONTINUITY)}, got {continuity!r}")
     if continuity == "none":
         return {"chunk_continuity": "none"}
-    return {"chunk_continuity": "rtc", "rtc_mode": continuity, "rtc_guidance": "identity"}
+    return {
+        "chunk_continuity": "rtc",
+        "rtc_mode": continuity,
+        "rtc_guidance": "identity",
+        "rtc_max_guidance_weight": guidance_weight,
+    }
 
 
 def check_continuity(policy: Pi05Policy, continuity: str) -> None:
@@ -156,6 +162,7 @@ class PromptedChunks:
         continuity: str = "none",
         action_dt: float = 0.1,
         delay_s: float = 0.0,
+        guidance_weight: float = 5.0,
     ) -> None:
         if mode not in ("flat", "oracle", "lying"):
             raise ValueError(f"PromptedChunks serves flat, oracle and lying, not {mode!r}")
@@ -164,7 +171,7 @@ class PromptedChunks:
         self.config = EngineConfig(
             action_dt=action_dt,
             rtc_training_max_delay=policy.rtc_training_max_delay,
-            **continuity_settings(continuity),
+            **continuity_settings(continuity, guidance_weight),
         )
         self.delay_s = delay_s
         self.noise_seed, self.frames = 0, 0
@@ -245,6 +252,7 @@ class EngineChunks:
         continuity: str = "none",
         delay_s: float = 0.0,
         confirmations: int = 1,
+        guidance_weight: float = 5.0,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
@@ -252,7 +260,7 @@ class EngineChunks:
         self.policy, self.format, self.num_steps = policy, prompt_format, num_steps
         self.subtask_every, self.action_dt = subtask_every, action_dt
         self.continuity, self.delay_s = continuity, delay_s
-        self.confirmations = confirmations
+        self.confirmations, self.guidance_weight = confirmations, guidance_weight
         self.engine: OxygenEngine | None = None
         self._primed = False
         self._newest: tuple[int, np.ndarray] | None = None  # frame id, robot units
@@ -269,7 +277,7 @@ class EngineChunks:
             subtask_period_s=period_s,
             subtask_confirmations=self.confirmations,
             action_dt=self.action_dt,
-            **continuity_settings(self.continuity),
+            **continuity_settings(self.continuity, self.guidance_weight),
         )
         self.engine = build_engine(self.policy, config, clock=lambda: sim.now_s)
         self._primed = False
@@ -323,15 +331,19 @@ def chunk_source(
     continuity: str = "none",
     delay_s: float = 0.0,
     confirmations: int = 1,
+    guidance_weight: float = 5.0,
 ) -> PromptedChunks | EngineChunks:
     """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
-    ``continuity`` says (`CONTINUITY`), the chunks reaching the arm ``delay_s`` after their
-    observation; predicted: a changed subtask adopted after ``confirmations`` decodes in a row."""
+    ``continuity`` says (`CONTINUITY`; guided clipped at ``guidance_weight``), the chunks reaching
+    the arm ``delay_s`` after their observation; predicted: a changed subtask adopted after
+    ``confirmations`` decodes in a row."""
     if mode == "predicted":
         return EngineChunks(
             policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s,
-            confirmations,
+            confirmations, guidance_weight,
         )  # fmt: skip
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
-    return PromptedChunks(policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s)
+    return PromptedChunks(
+        policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s, guidance_weight
+    )
