@@ -96,6 +96,38 @@ def test_skip_keeps_rate_hz_and_reset_starts_at_the_warm_up_rate():
     assert governor.effective_hz == 1.0
 
 
+def test_an_injected_delay_plans_the_rate_as_a_slower_model_would():
+    """The warm-up measured the model without the bench's injected delay; the rate is planned
+    with it, so a delayed node starts at a rate that leaves language its quarter of the period
+    (not at rate_hz, starving every subtask until a window of late ticks has passed)."""
+    import logging
+
+    from oxygen_ros.engine.counters import Counters
+    from oxygen_ros.engine.faults import NO_FAULTS
+    from oxygen_ros.ros.params import PARAMETERS, NodeSettings
+    from oxygen_ros.ros.tick import TickLoop
+
+    loop = TickLoop(
+        Counters(),
+        lambda key, message: None,
+        logging.getLogger("test"),
+        NO_FAULTS,
+        lambda: 0,
+        lambda: None,
+        lambda started, period: started + period,
+        10.0,
+    )
+    loop.warm_up_cost = _cost(45)  # 45 ms + a 2 ms step + 3 ms margin: 16 Hz holds at 10 Hz
+    defaults = {spec.name: spec.default for spec in PARAMETERS}
+    values = {**defaults, "rate_hz": 10.0, "overrun_policy": "adapt"}
+    loop.plan_rate(NodeSettings.from_values(values))
+    assert loop.governor.effective_hz == 10.0
+    # 300 ms more: the action path 345 ms is 3/4 of a 460 ms period: 2.17 Hz, rounded down
+    loop.plan_rate(NodeSettings.from_values({**values, "inject_inference_delay_ms": 300.0}))
+    assert loop.governor.effective_hz == pytest.approx(2.1)
+    assert loop.warm_up_cost == _cost(45)  # the measurement itself is kept as measured
+
+
 def test_publish_cost_is_cost_per_delta_times_deltas_per_tick():
     cost = PublishCost(alpha=0.2)
     assert cost.expected_s() == 0.0

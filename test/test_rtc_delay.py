@@ -59,8 +59,13 @@ def test_engine_delay_is_its_own_time_until_the_node_reports_the_robot_seen_one(
     assert engine.continuity.frozen_steps() == 3  # ceil(45 / 20)
     engine.chunk_published(first.frame_id, first.actions, 0.095)  # EMA: 45 + 0.2 * 50 = 55 ms
     assert engine.continuity.delay_s == pytest.approx(0.055)
-    assert engine.continuity.frozen_steps() == 3
-    engine.set_action_dt(0.01)  # the node's runtime action_dt reaches RTC: 55 ms = 6 steps
+    # it varies: deviation 0.25 * |95 - 45| = 12.5 ms; the bound 55 + 2 * 12.5 = 80 ms = 4 steps
+    assert engine.continuity.delay_deviation_s == pytest.approx(0.0125)
+    assert engine.continuity.frozen_steps() == 4
+    engine.set_action_dt(0.01)  # the node's runtime action_dt reaches RTC: 80 ms = 8 steps
+    assert engine.continuity.frozen_steps() == 8
+    for _ in range(40):  # steady at 55 ms: the deviation decays, the bound is the EMA
+        engine.chunk_published(first.frame_id, first.actions, 0.055)
     assert engine.continuity.frozen_steps() == 6
     with pytest.raises(ValueError, match="action_dt"):
         engine.set_action_dt(0.0)

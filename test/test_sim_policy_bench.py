@@ -13,17 +13,21 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import, as oxygen_ros.sim does
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from sim_policy_helpers import (  # noqa: E402
+    CHECKPOINT,
+    FORMAT,
+    HELDOUT_SEED,
+    bench_args,
+    touch_simulation,
+)
 
 from oxygen_ros.engine.runtime import ModelSpec, load_policy  # noqa: E402
-from oxygen_ros.policy_io.prompts import resolve_format  # noqa: E402
 from oxygen_ros.tools.benches import sim_policy  # noqa: E402
 from oxygen_ros.tools.benches.closed_loop import round_task  # noqa: E402
 from oxygen_ros.tools.benches.subtask_modes import (  # noqa: E402
@@ -35,9 +39,6 @@ from oxygen_ros.tools.benches.subtask_modes import (  # noqa: E402
     place_of,
 )
 
-CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "sim_so101"
-HELDOUT_SEED = 4242  # closed-loop round seed whose layouts no shipped demonstration used
-FORMAT = resolve_format("openpi_subtask")
 NUM_STEPS = 10
 # The shipped checkpoint follows its place words: a lie turns the first chunk's heading towards
 # the side it names (measured: ~1 rad between the two sides; 0.012 rad before it was trained on
@@ -52,17 +53,9 @@ def policy():
 
 @pytest.fixture()
 def sim():
-    from oxygen_ros.sim.episode import Simulation
-
-    sim = Simulation(episode_timeout_s=8.0)
+    sim = touch_simulation()
     yield sim
     sim.world.close()
-
-
-def bench_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    sim_policy.add_arguments(parser)
-    return parser.parse_args(["--checkpoint", str(CHECKPOINT), *argv])
 
 
 # -- the words ---------------------------------------------------------------------------------

@@ -10,8 +10,11 @@ chunk takes over — the delay ``d``, ``ceil(delay / action_dt)`` — are frozen
 overlap is softly guided (``model.rtc``), and steps beyond the previous chunk's end are free.
 
 The delay is what the robot sees: from the observation's stamp to the chunk published (its age at
-the tick, prefill, action, limits and publishing), an EMA over the node's reports
-(`ChunkContinuity.published`). Without reports (the benches, a script) it is the engine's own
+the tick, prefill, action, limits and publishing), over the node's reports
+(`ChunkContinuity.published`): an EMA plus twice the EMA of its deviation, as TCP bounds a round
+trip (RFC 6298), because a chunk that arrives later than its frozen steps reach lands its switch on
+a step that was only softly guided, while one frozen step too many only follows the executed chunk
+a step longer. A steady delay has no deviation: then it is the EMA itself. Without reports (the benches, a script) it is the engine's own
 prefill + action time, and every computed chunk counts as executed; with them, the guidance
 follows the chunk actually published, after the safety limits, converted back to model space.
 """
@@ -30,6 +33,8 @@ from .settings import EngineConfig
 from .types import ActionChunk, Observation
 
 LATENCY_SMOOTHING = 0.2  # EMA weight of the newest frame's delay
+DEVIATION_SMOOTHING = 0.25  # EMA weight of the newest frame's deviation from the delay's EMA
+DELAY_BOUND_DEVIATIONS = 2.0  # the frozen delay: its EMA + this many deviations
 
 
 def resample_previous(
@@ -129,6 +134,7 @@ class ChunkContinuity:
         self.training_max_delay = training_max_delay
         self.latency_s: float | None = None  # EMA of the engine's prefill + action time
         self.delay_s: float | None = None  # EMA of the robot-seen delay the node reports
+        self.delay_deviation_s = 0.0  # EMA of |report - delay_s|
         self.non_finite_chunks = 0  # chunks not kept as guidance because they hold NaN/Inf
         self.trained_fallbacks = 0  # chunks whose delay exceeded training_max_delay: guided
         self._latest: PreviousChunk | None = None  # the newest chunk computed
@@ -153,8 +159,13 @@ class ChunkContinuity:
         self.action_dt = float(action_dt)
 
     def frozen_steps(self) -> int:
-        """The delay ``d`` in controller steps: the new chunk's steps due before it takes over."""
-        delay = self.delay_s if self.delay_s is not None else self.latency_s
+        """The delay ``d`` in controller steps: the new chunk's steps due before it takes over
+        (the reported delay's EMA + `DELAY_BOUND_DEVIATIONS` deviations; without reports the
+        engine's own time)."""
+        if self.delay_s is not None:
+            delay = self.delay_s + DELAY_BOUND_DEVIATIONS * self.delay_deviation_s
+        else:
+            delay = self.latency_s
         if delay is None:
             return 0
         return max(0, math.ceil(delay / self.action_dt - 1e-9))
@@ -235,6 +246,9 @@ class ChunkContinuity:
         latest = self._latest
         self._reports = True
         if math.isfinite(delay_s) and delay_s >= 0:
+            if self.delay_s is not None:
+                deviation = abs(delay_s - self.delay_s)
+                self.delay_deviation_s += DEVIATION_SMOOTHING * (deviation - self.delay_deviation_s)
             self.delay_s = smoothed(self.delay_s, delay_s)
         if actions is None:
             return

@@ -405,8 +405,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "robot executes before it arrives (the delay from the observation's stamp to the "
         "publication, in action_dt steps): a checkpoint that declares rtc_training_max_delay runs "
         "training-time RTC (that prefix frozen, no guidance; a longer delay falls back to guided "
-        "RTC), any other guided RTC (frozen prefix, soft decay over the rest of the overlap, see "
-        "rtc_guidance)",
+        "RTC), any other guided RTC (the frozen prefix set to the published chunk, a soft decay "
+        "over the rest of the overlap, see rtc_guidance); the shipped configs run rtc, guided",
         CONFIGURE,
     ),
     ParamSpec(
@@ -415,7 +415,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "auto",
         "chunk_continuity rtc: auto: training-time RTC when the checkpoint declares "
         "rtc_training_max_delay, else guided | trained: always training-time RTC (refused for a "
-        "checkpoint that declares none) | guided: guided RTC on any checkpoint (rtc_guidance)",
+        "checkpoint that declares none) | guided: guided RTC on any checkpoint (rtc_guidance; "
+        "what the shipped configs use: docs/rtc.md)",
         CONFIGURE,
     ),
     ParamSpec(

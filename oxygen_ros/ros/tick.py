@@ -13,6 +13,7 @@ lifecycle or the timer directly: the node passes ``restart_timer`` and ``next_ti
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 import traceback
@@ -465,6 +466,10 @@ class TickLoop:
         """Check ``rate_hz`` against the warm-up tick (a WARN when it cannot be held with room for
         language) and start the governor: at rate_hz, or with ``adapt`` at the rate that fits."""
         cost = self.warm_up_cost
+        if cost is not None and settings.inject_inference_delay_ms > 0:
+            # the injected delay is a slower model's: its ticks cost that much more from the start
+            extra_s = settings.inject_inference_delay_ms * 1e-3
+            cost = dataclasses.replace(cost, action_s=cost.action_s + extra_s)
         adapt = settings.overrun_policy == "adapt"
         holdable = cost.holdable_hz() if cost is not None else float("inf")
         feasible = holdable >= settings.rate_hz

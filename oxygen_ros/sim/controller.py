@@ -147,7 +147,7 @@ class TrajectoryController:
         now_s = round(now_s, 9)  # a ROS clock ticks in nanoseconds: a point due now is due now
         if active.start_s is None:  # a zero stamp starts at the first control step after receipt
             active.start_s = now_s
-        if now_s < active.received_s:
+        if now_s < round(active.received_s, 9):
             return self._reference
         point_times = np.round(active.start_s + active.times, 9)
         velocities = active.velocities
