@@ -14,9 +14,10 @@ the tick, prefill, action, limits and publishing), over the node's reports
 (`ChunkContinuity.published`): an EMA plus twice the EMA of its deviation, as TCP bounds a round
 trip (RFC 6298), because a chunk that arrives later than its frozen steps reach lands its switch on
 a step that was only softly guided, while one frozen step too many only follows the executed chunk
-a step longer. A steady delay has no deviation: then it is the EMA itself. Without reports (the benches, a script) it is the engine's own
-prefill + action time, and every computed chunk counts as executed; with them, the guidance
-follows the chunk actually published, after the safety limits, converted back to model space.
+a step longer. A steady delay has no deviation: then it is the EMA itself. Without reports (the
+benches, a script) it is the engine's own prefill + action time, and every computed chunk counts
+as executed; with them, the guidance follows the chunk actually published, after the safety
+limits, converted back to model space.
 """
 
 from __future__ import annotations
