@@ -126,6 +126,11 @@ class World:
         """The gripper as published: 0 = open .. 1 = closed (the fingers' mean travel)."""
         return float(np.mean(self.data.qpos[self._finger_qpos]) / FINGER_TRAVEL)
 
+    @property
+    def gripper_closing(self) -> bool:
+        """Whether the gripper is commanded to close (its reference past :data:`CLOSE_COMMAND`)."""
+        return self._gripper_reference > CLOSE_COMMAND
+
     def gripper_velocity(self) -> float:
         return float(np.mean(self.data.qvel[self._finger_dof]) / FINGER_TRAVEL)
 
@@ -167,7 +172,7 @@ class World:
 
     # -- grasp assist -----------------------------------------------------------------------------
     def _update_grasp(self) -> None:
-        closing = self._gripper_reference > CLOSE_COMMAND
+        closing = self.gripper_closing
         if self.grasped is not None:
             if not closing:
                 self.data.eq_active[self._weld[self.grasped]] = 0

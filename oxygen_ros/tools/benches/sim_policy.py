@@ -57,6 +57,11 @@ measures it), ``jerk_rms`` (median over episodes of the executed arm's RMS jerk)
 and, per episode, ``last_second_motion_rad`` (the arm's largest joint travel over the episode's
 last second: a stalled arm's is near 0).
 
+Place, stage by stage (`place_stages`; per episode ``stages``, summed in ``place_stages``): the
+furthest phase reached, every close of the gripper (the tip's height above the cube's centre,
+its distance beside it and its speed at the close; the most fingers on the cube and whether it
+was held within a second), and whether the held cube was let go over the pad.
+
 ``--probe-layouts N`` also asks the checkpoint the grounding questions
 (`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,100,000, never trained on nor
 read by a training run's gates), each at its start pose and four moments of a view's
@@ -76,6 +81,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.tools.benches import place_stages
 from oxygen_ros.tools.benches.closed_loop import round_task
 from oxygen_ros.tools.benches.closed_loop_metrics import (
     Plan,
@@ -85,6 +91,7 @@ from oxygen_ros.tools.benches.closed_loop_metrics import (
     wilson_interval,
 )
 from oxygen_ros.tools.benches.common import print_table, write_json
+from oxygen_ros.tools.benches.place_stages import PlaceStages
 from oxygen_ros.tools.benches.subtask_modes import (
     CONTINUITY,
     MODES,
@@ -386,6 +393,7 @@ def run_episode(
     first = None
     tally, conditioning = SubtaskTally(), SubtaskTally()
     delivery = Delivery(action_dt)
+    stages = PlaceStages(task) if task.kind == "place" else None
     times, arm = [], []
     try:
         while sim.status == RUNNING or sim.tip_rule_pending():
@@ -404,6 +412,8 @@ def run_episode(
                     delivery.arrive(sim, source, frame)  # no delay: sent at once
             sim.control_step()
             step += 1
+            if stages is not None:
+                stages.observe(sim)
             closest = min(closest, sim.facts().tip_to_cube)
             times.append(sim.now_s)
             arm.append(sim.world.arm_positions())
@@ -440,6 +450,8 @@ def run_episode(
             touched_first=report["touched_first"],
             reason=report["reason"],
         )
+    if stages is not None:
+        record["stages"] = stages.record()
     if source.mode == "predicted":
         record.update(tally.record())
         record.update({f"conditioning_{k}": v for k, v in conditioning.record().items()})
@@ -570,6 +582,9 @@ def summarise(
             touch_tip=tip / len(touches),
             touch_tip_successes=tip,
         )
+    places = [e["stages"] for e in episodes if "stages" in e]
+    if places:
+        summary["place_stages"] = place_stages.summarise(places)
     if noise:
         summary["heading_noise"] = noise
     if mode == "lying":
@@ -638,6 +653,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def print_place_stages(stages: dict[str, Any]) -> None:
+    reached = ", ".join(f"{phase} {n}" for phase, n in stages["reached_phase"].items())
+    print(
+        f"place stages: reached {reached} (of {stages['episodes']}); held in "
+        f"{stages['held_episodes']}, let go over the pad in "
+        f"{stages['released_over_pad_episodes']}; "
+        f"{stages['closes']} closes: both fingers {stages['closes_both_fingers']}, held "
+        f"{stages['closes_held']}, tip at the close {stages['close_tip_above_cube_m_p50']:.3f} m "
+        f"above the cube's centre, {stages['close_tip_beside_cube_m_p50']:.3f} m beside it, "
+        f"{stages['close_tip_speed_m_s_p50']:.3f} m/s (medians)"
+    )
+
+
 def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     low, high = summary["ci95"]
     row = {
@@ -670,5 +698,7 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     if "probe" in summary:
         row["probe"] = f"{summary['probe']['all']:.3f}"
     print_table([row], list(row))
+    if "place_stages" in summary:
+        print_place_stages(summary["place_stages"])
     if "probe" in summary:
         print("probe per question kind: " + json.dumps(summary["probe"]))

@@ -1,0 +1,66 @@
+"""Place, stage by stage (`oxygen_ros.tools.benches.place_stages`), on the real sim: the scripted
+expert's place goes through every phase with one close that holds the cube on both fingers and
+one release over the pad; a gripper closed high above the cube holds nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oxygen_ros.ros.convert import chunk_to_joint_trajectory, seconds_to_stamp
+from oxygen_ros.sim.episode import GRIPPER_CONTROLLER, Simulation
+from oxygen_ros.sim.headless import drive_expert
+from oxygen_ros.sim.scene import GRIPPER_JOINT
+from oxygen_ros.sim.tasks import Task
+from oxygen_ros.tools.benches import place_stages
+from oxygen_ros.tools.benches.place_stages import PlaceStages
+
+TASK = Task("place", "red", "green")
+
+
+@pytest.fixture(scope="module")
+def sim():
+    simulation = Simulation(episode_timeout_s=20.0)
+    yield simulation
+    simulation.world.close()
+
+
+def test_the_experts_place_goes_through_every_stage(sim):
+    sim.reset(TASK, 3)
+    stages = PlaceStages(TASK)
+    for _ in drive_expert(sim):
+        if sim.now_s > 0:
+            stages.observe(sim)
+    stages.observe(sim)
+    record = stages.record()
+    assert sim.status == "success"
+    assert record["furthest_phase"] == "done"
+    assert record["held"]
+    holding = [close for close in record["closes"] if close["held"]]
+    assert len(holding) == 1 and holding[0]["fingers_touching"] == 2
+    assert abs(holding[0]["tip_above_cube_m"]) < 0.01  # the expert closes at the cube's centre
+    assert holding[0]["tip_speed_m_s"] < 0.05  # ... at rest
+    assert record["releases"] == 1 and record["releases_over_pad"] == 1
+    summary = place_stages.summarise([record])
+    assert summary["reached_phase"] == {p: 1 for p in place_stages.PHASES}
+    assert summary["held_episodes"] == 1 and summary["released_over_pad_episodes"] == 1
+
+
+def test_a_gripper_closed_above_the_cube_holds_nothing(sim):
+    sim.reset(TASK, 3)
+    stages = PlaceStages(TASK)
+    closed = np.ones((3, 1))
+    close = chunk_to_joint_trajectory(closed, [GRIPPER_JOINT], 0.1, seconds_to_stamp(sim.now_s))
+    sim.receive(GRIPPER_CONTROLLER, close)
+    for _ in range(150):
+        sim.control_step()
+        stages.observe(sim)
+    record = stages.record()
+    assert record["furthest_phase"] == "reach"
+    assert not record["held"] and record["releases"] == 0
+    assert len(record["closes"]) == 1
+    assert record["closes"][0]["fingers_touching"] == 0
+    assert record["closes"][0]["tip_above_cube_m"] > 0.05  # the arm's start pose, far above
+    summary = place_stages.summarise([record])
+    assert summary["reached_phase"]["reach"] == 1 and summary["reached_phase"]["grasp"] == 0
+    assert summary["closes"] == 1 and summary["closes_held"] == 0
