@@ -117,4 +117,4 @@ def test_the_written_dataset_trains_as_recorded(tmp_path, sim):
 def test_the_command_refuses_nothing_to_do(capsys):
     with pytest.raises(SystemExit):
         sim_dataset_main(["demos", "--out", "/nonexistent/x", "--touch", "0", "--place", "0"])
-    assert "not both 0" in capsys.readouterr().err
+    assert "not all 0" in capsys.readouterr().err

@@ -12,6 +12,15 @@ the gripper (a finger or the hand) and any cube decides it. The old rule (the ti
 :data:`.tasks.TOUCH_DISTANCE` of the cube's centre) is still tracked, past the episode's end
 while the sim is stepped and the timeout has not passed, so benches can report it beside the
 contact rule (:meth:`Simulation.tip_rule_pending`).
+
+A two-step task is worked on one step at a time (:attr:`Simulation.step`): the current step is
+judged by its own rule, on what happens while it is the current step (a touch step by the first
+contact it makes, contacts already there when it began not counting until they end; a place
+step by a result that was missing at some moment since it began, so a second place done before
+the first counts only once redone), and once done the next step begins. The episode succeeds
+when the last step succeeds while the first step's cube still rests on its pad; that cube
+leaving its pad after it was placed ends the episode at once with ``undone``. :meth:`facts` and
+:attr:`phase` describe the current step, so the subtask and narration follow it.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from .scene import ARM_JOINTS, CUBE_COLORS, GRIPPER_JOINT, HOME, PAD_COLORS, PAD
 from .tasks import (
     PLACE,
     TOUCH,
+    TWO_STEP,
     Task,
+    cube_left_pad,
     cube_on_pad,
     random_layout,
     random_task,
@@ -37,6 +48,7 @@ from .world import World
 
 RUNNING, SUCCESS, TIMEOUT = "running", "success", "timeout"
 WRONG_CUBE = "wrong_cube"  # a touch task's gripper touched another cube first
+UNDONE = "undone"  # a two-step task's first cube left its pad after it was placed
 ARM_CONTROLLER, GRIPPER_CONTROLLER = "arm_controller", "gripper_controller"
 RELEASED_GRIPPER = 0.45  # a gripper opened past this has let go of a cube (~0.5 holding one)
 
@@ -56,6 +68,7 @@ class PrivilegedState:
     cube_yaws: dict[str, float]
     pads: dict[str, tuple[float, float]]
     grasped: str | None
+    step: int = 0  # the current step of a two-step task (0-based)
 
 
 class Simulation:
@@ -93,12 +106,22 @@ class Simulation:
         self.phase: Phase | None = None
         self.touched_first: frozenset[str] = frozenset()  # touch: the cubes of the first contact
         self.tip_touch_s: float | None = None  # touch: when the old tip rule first held
+        self.step = 0  # the current step of the task's steps (two-step: 0, then 1)
+        self.steps_done_s: list[float] = []  # when each finished step was done, episode seconds
+        self.episode_limit_s = self.episode_timeout_s  # this episode's timeout
+        self._contacts_before_step: frozenset[str] = frozenset()  # touch step: not its contacts
+        self._step_result_absent = True  # place step: its result was missing since it began
         self._rejected_at_start = self._rejected_totals()
 
     # -- episodes ---------------------------------------------------------------------------------
-    def reset(self, task: Task | None = None, seed: int | None = None) -> Task:
+    def reset(
+        self, task: Task | None = None, seed: int | None = None, timeout_s: float | None = None
+    ) -> Task:
         """Start the next episode: ``task`` (random from the seed when None) on a layout drawn
-        from ``seed`` (the episode's index when None). Returns the episode's task."""
+        from ``seed`` (the episode's index when None), timing out after ``timeout_s`` sim
+        seconds (None: ``episode_timeout_s``). Returns the episode's task."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.episode += 1
         self.seed = self.episode if seed is None else int(seed)
         rng = np.random.default_rng(self.seed)
@@ -110,6 +133,10 @@ class Simulation:
         self.episode_start_s = self.now_s
         self.episode_end_s = None
         self.touched_first, self.tip_touch_s = frozenset(), None
+        self.step, self.steps_done_s = 0, []
+        self.episode_limit_s = self.episode_timeout_s if timeout_s is None else float(timeout_s)
+        self._contacts_before_step = frozenset()
+        self._step_result_absent = True
         self._rejected_at_start = self._rejected_totals()
         self.phase = current_phase(self.task, self.facts())
         return self.task
@@ -154,19 +181,71 @@ class Simulation:
                 self.tip_touch_s = self.now_s - self.episode_start_s
         if self.status != RUNNING:
             return
-        facts = self.facts()
-        if self.task.kind == TOUCH:  # the first contact with any cube decides
-            self.touched_first = self.touched_first or self.world.cubes_touched()
-            verdict = touch_verdict(self.task.cube, self.touched_first)
+        facts, index = self.facts(), self.step
+        step = self.step_task
+        if self._first_step_undone():
+            self.status = UNDONE
+        elif step.kind == TOUCH:  # the step's first contact with any cube decides
+            self.touched_first = self.touched_first or self._step_contacts()
+            verdict = touch_verdict(step.cube, self.touched_first)
             if verdict is not None:
-                self.status = SUCCESS if verdict else WRONG_CUBE
-        elif facts.success:
-            self.status = SUCCESS
-        if self.status == RUNNING and self.elapsed_s >= self.episode_timeout_s:
+                self.status = self._step_succeeded() if verdict else WRONG_CUBE
+        elif facts.success and self._step_result_absent:
+            self.status = self._step_succeeded()
+        else:
+            self._step_result_absent = self._step_result_absent or not facts.success
+        if self.status == RUNNING and self.elapsed_s >= self.episode_limit_s:
             self.status = TIMEOUT
         if self.status != RUNNING:
             self.episode_end_s = self.now_s
+        if self.step != index:  # a new step began: its facts, not the last one's
+            facts = self.facts()
         self.phase = current_phase(self.task, facts)
+
+    # -- steps ------------------------------------------------------------------------------------
+    @property
+    def step_task(self) -> Task:
+        """The task of the current step (the episode's task unless it is two-step)."""
+        if self.task is None:
+            raise RuntimeError("no episode has started (call reset first)")
+        return self.task.steps[self.step]
+
+    def _step_succeeded(self) -> str:
+        """The current step is done: the episode's status after it (the next step begins, or
+        the last step succeeds once the earlier steps' results still hold)."""
+        if self.step + 1 < len(self.task.steps):
+            self.steps_done_s.append(self.now_s - self.episode_start_s)
+            self.step += 1
+            self.touched_first = frozenset()
+            self._contacts_before_step = self.world.cubes_touched()
+            self._step_result_absent = False  # a result already there is not this step's doing
+            return RUNNING
+        if not self._first_step_holds():
+            return RUNNING  # the first cube is still settling on its pad: judged again next step
+        self.steps_done_s.append(self.now_s - self.episode_start_s)
+        return SUCCESS
+
+    def _step_contacts(self) -> frozenset[str]:
+        """The cubes the gripper touches now, less those it has touched without a break since
+        the current step began (a touch step after a place starts by the cube just let go)."""
+        touched = self.world.cubes_touched()
+        self._contacts_before_step &= touched
+        return touched - self._contacts_before_step
+
+    def _first_step_undone(self) -> bool:
+        """A two-step task past its first step whose placed cube has left its pad."""
+        if self.task is None or self.task.kind != TWO_STEP or self.step == 0:
+            return False
+        first = self.task.steps[0]
+        return cube_left_pad(self.world.cube_position(first.cube), self.world.pad_center(first.pad))
+
+    def _first_step_holds(self) -> bool:
+        """The first step's cube still rests on its pad (true unless two-step)."""
+        if self.task is None or self.task.kind != TWO_STEP:
+            return True
+        first, world = self.task.steps[0], self.world
+        cube, pad = world.cube_position(first.cube), world.pad_center(first.pad)
+        return cube_on_pad(cube, world.cube_speed(first.cube), pad)
 
     # -- scoring ----------------------------------------------------------------------------------
     def tip_rule_pending(self) -> bool:
@@ -174,13 +253,11 @@ class Simulation:
         still judges it (the old rule's episode ran on while under its timeout)."""
         if self.task is None or self.task.kind != TOUCH or self.tip_touch_s is not None:
             return False
-        return self.now_s - self.episode_start_s < self.episode_timeout_s
+        return self.now_s - self.episode_start_s < self.episode_limit_s
 
     def facts(self) -> SceneFacts:
-        """The scene as the task's success and language labels see it."""
-        task, world = self.task, self.world
-        if task is None:
-            raise RuntimeError("no episode has started (call reset first)")
+        """The scene as the current step's success and language labels see it."""
+        task, world = self.step_task, self.world
         cube = world.cube_position(task.cube)
         tip = world.tip_position()
         over_pad = on_pad = False
@@ -199,6 +276,7 @@ class Simulation:
             cube_over_pad=over_pad,
             cube_on_pad=on_pad,
             cube_place=place_words(float(cube[0]), float(cube[1])),
+            step=self.step,
         )
 
     def privileged_state(self) -> PrivilegedState:
@@ -215,6 +293,7 @@ class Simulation:
             cube_yaws={c: world.cube_yaw(c) for c in CUBE_COLORS},
             pads={c: world.pad_center(c) for c in PAD_COLORS},
             grasped=world.grasped,
+            step=self.step,
         )
 
     def episode_report(self) -> dict:
@@ -227,6 +306,7 @@ class Simulation:
             "status": self.status,
             "elapsed_s": round(self.elapsed_s, 4),
             **(self._touch_report() if self.task and self.task.kind == TOUCH else {}),
+            **(self._two_step_report() if self.task and self.task.kind == TWO_STEP else {}),
             "rejected": {
                 key: totals[key] - self._rejected_at_start.get(key, 0)
                 for key in totals
@@ -244,6 +324,27 @@ class Simulation:
             reason = f"touched the {' and '.join(first)} cube before the {self.task.cube} cube"
         tip_s = None if self.tip_touch_s is None else round(self.tip_touch_s, 4)
         return {"touched_first": first, "reason": reason, "tip_rule_s": tip_s}
+
+    def _two_step_report(self) -> dict:
+        """Two-step: the step reached (1-based), when each finished step was done (episode
+        seconds), why the episode failed (if it did) and, in a touch step, its first contact."""
+        step, first = self.step_task, self.task.steps[0]
+        reason = ""
+        if self.status == UNDONE:
+            reason = f"the {first.cube} cube left the {first.pad} pad after it was placed"
+        elif self.status == WRONG_CUBE:
+            touched = " and ".join(sorted(self.touched_first))
+            reason = f"touched the {touched} cube before the {step.cube} cube"
+        report = {
+            "step": self.step + 1,
+            "steps": len(self.task.steps),
+            "step_task": step.text,
+            "steps_done_s": [round(t, 4) for t in self.steps_done_s],
+            "reason": reason,
+        }
+        if step.kind == TOUCH:
+            report["touched_first"] = sorted(self.touched_first)
+        return report
 
     def _rejected_totals(self) -> dict[str, int]:
         return {

@@ -12,7 +12,9 @@ few points :data:`POINT_DT` apart from "now" (analytic IK per point, velocities 
 differences, zero at the last point, so a stock controller accepts it), and sends the gripper's
 opening as a one-point trajectory. Each step's end is read from the state (the tip reached its
 target, the cube is held, the gripper is open); a cube that slips out sends it back to the
-approach, a close that grasps nothing is retried.
+approach, a close that grasps nothing is retried. A two-step task is done one step after the
+other: once the sim counts the first step (a place) done and the expert has opened and retreated
+above the pad, it starts the second step from its approach.
 
 :class:`ExpertNode` runs it as a ROS 2 node beside the sim (in the same process: it reads the
 privileged state through a Python callable, never from a topic) and publishes to the same
@@ -154,6 +156,7 @@ class ScriptedExpert:
     def __init__(self) -> None:
         self.episode = -1
         self.step = APPROACH
+        self.task_step = 0  # which of the task's steps it carries out (two-step: 0, then 1)
         self._step_since_s = 0.0
         self._tip_offset = np.zeros(3)  # the held cube's centre to the tip
 
@@ -163,8 +166,26 @@ class ScriptedExpert:
             return None
         if state.episode != self.episode:
             self.episode, self.step, self._step_since_s = state.episode, APPROACH, state.time_s
-        target, gripper = self._advance(state.task, state)
-        return self._arm_trajectory(state, target), self._gripper_trajectory(state, gripper)
+            self.task_step = 0
+        self._next_task_step(state)
+        task = state.task.steps[self.task_step]
+        target, gripper = self._advance(task, state)
+        yaw = state.cube_yaws[task.cube]
+        return self._arm_trajectory(state, target, yaw), self._gripper_trajectory(state, gripper)
+
+    def _next_task_step(self, state: PrivilegedState) -> None:
+        """Go on to the task's next step once the sim has counted this one done and, after a
+        place, the hand is back above the pad (so it does not sweep the placed cube away)."""
+        if self.task_step + 1 >= len(state.task.steps) or state.step <= self.task_step:
+            return
+        task = state.task.steps[self.task_step]
+        if task.kind == PLACE:
+            pad_x, pad_y = state.pads[task.pad]
+            if self.step != RETREAT or not self._reached(state, np.array([pad_x, pad_y, HOVER_Z])):
+                return
+        self.task_step += 1
+        self._tip_offset = np.zeros(3)
+        self._go(APPROACH, state)
 
     # -- the task's steps -------------------------------------------------------------------------
     def _go(self, step: str, state: PrivilegedState) -> None:
@@ -227,15 +248,15 @@ class ScriptedExpert:
         return float(np.linalg.norm(state.tip - target)) <= REACHED
 
     # -- messages ---------------------------------------------------------------------------------
-    def _finger_yaw(self, state: PrivilegedState) -> float:
-        return state.cube_yaws[state.task.cube] if state.task else 0.0
-
-    def _arm_trajectory(self, state: PrivilegedState, target: np.ndarray) -> JointTrajectory:
-        """A straight tip path towards ``target``, POINTS points POINT_DT apart."""
+    def _arm_trajectory(
+        self, state: PrivilegedState, target: np.ndarray, yaw: float
+    ) -> JointTrajectory:
+        """A straight tip path towards ``target``, POINTS points POINT_DT apart, the fingers
+        aligned with ``yaw`` (the step's cube's)."""
         offset = target - state.tip
         distance = float(np.linalg.norm(offset))
         direction = offset / distance if distance > 1e-9 else np.zeros(3)
-        yaw, roll = self._finger_yaw(state), float(state.arm[4])
+        roll = float(state.arm[4])
         positions = []
         for k in range(1, POINTS + 1):
             tip = state.tip + direction * min(TIP_SPEED * POINT_DT * k, distance)

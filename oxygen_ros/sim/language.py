@@ -7,7 +7,10 @@ slips out of the gripper puts a place task back to "reach", whoever drives the a
   (the task's contact rule), then ``done``;
 * place: ``reach`` the cube, ``grasp`` it once the tip is at it, ``carry`` it while it is held
   away from the pad, ``release`` it once it is held over the pad (or lies on it, not yet let go),
-  ``done`` when the task succeeded.
+  ``done`` when the task succeeded;
+* two-step: the phases of its current step (``SceneFacts.step``), so the first step's place
+  phases (reach .. release) run into the second step's (its reach: "touch the blue cube, near
+  left") and end in the second step's ``done``.
 
 While reaching, the subtask and the narration also say where the cube is, as the robot sees it
 ("touch the red cube, far left", "reaching for the red cube, far left"): words a policy can only
@@ -21,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, Task
+from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, TWO_STEP, Task
 
 NEAR_CUBE = 0.03  # the tip this close to the cube's centre is "at" the cube
 SIDE_ANGLE = PLACE_ANGLE[1] / 3  # rad from straight ahead: the outer thirds are left and right
@@ -55,6 +58,7 @@ class SceneFacts:
     cube_over_pad: bool  # the task's cube is within the pad's edges, at any height
     cube_on_pad: bool  # ... and rests on it
     cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
+    step: int = 0  # a two-step task's current step (0 or 1), which the other facts are about
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class Phase:
 
 
 def current_phase(task: Task, facts: SceneFacts) -> Phase:
-    """The phase ``task`` is in, given ``facts``."""
+    """The phase ``task`` is in, given ``facts`` (a two-step task: its current step's)."""
+    if task.kind == TWO_STEP:
+        return current_phase(task.steps[facts.step], facts)
     cube = f"the {task.cube} cube"
     where = f", {facts.cube_place}" if facts.cube_place else ""
     reaching = f"reaching for {cube}{where}"
@@ -90,7 +96,10 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
 
 def every_phase(task: Task) -> list[Phase]:
     """Every phase :func:`current_phase` can give for ``task``, with the cube at every place and
-    unplaced (a tokenizer's corpus must hold all their words)."""
+    unplaced (a tokenizer's corpus must hold all their words); a two-step task's are those of
+    both its steps."""
+    if task.kind == TWO_STEP:
+        return list(dict.fromkeys(phase for step in task.steps for phase in every_phase(step)))
     phases: dict[Phase, None] = {}
     for place in ("", *PLACES):
         for facts in (

@@ -49,15 +49,17 @@ ROBOT_TYPE = "so101_sim"
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
-    """One demonstration to record: a task kind ('touch' / 'place'), a layout seed, the
-    standard deviation of the DART drift on the executed arm plan (0: the clean expert), and how
-    long the recording goes on past a success (``settle_s``: the expert keeps heading for its
-    goal, the frames keep the labels the scene had just before it counted as a success)."""
+    """One demonstration to record: a task kind ('touch' / 'place' / 'two_step'), a layout
+    seed, the standard deviation of the DART drift on the executed arm plan (0: the clean
+    expert), how long the recording goes on past a success (``settle_s``: the expert keeps
+    heading for its goal, the frames keep the labels the scene had just before it counted as a
+    success) and the episode's timeout (None: the sim's)."""
 
     kind: str
     seed: int
     perturbation_rad: float = 0.0
     settle_s: float = 0.0
+    timeout_s: float | None = None
 
 
 @dataclasses.dataclass
@@ -95,7 +97,7 @@ def record_episode(
 ) -> RecordedEpisode:
     """Run one expert episode of ``spec`` and return its frames (whatever its outcome)."""
     task = episode_task(spec)
-    sim.reset(task, spec.seed)
+    sim.reset(task, spec.seed, spec.timeout_s)
     steps_per_frame = steps_per_plan(sim, fps)
     frames: dict[str, list] = {key: [] for key in dataset_features(camera_px)}
     said, said_at = "", -np.inf
@@ -193,16 +195,17 @@ def demonstration_specs(
     perturbed_share: float,
     perturbation_rad: float,
     settle_s: float = 0.0,
+    timeout_s: float | None = None,
 ) -> list[EpisodeSpec]:
     """``count`` episodes of ``kind`` on seeds ``seed0 ...``; every 1/``perturbed_share``-th one
     (evenly spread) with DART drift ``perturbation_rad``; each recorded ``settle_s`` past its
-    success."""
+    success, timing out after ``timeout_s`` (None: the sim's timeout)."""
     if not 0.0 <= perturbed_share <= 1.0:
         raise ValueError(f"perturbed_share must be in [0, 1], got {perturbed_share}")
     perturbed = np.floor((np.arange(count) + 1) * perturbed_share) > np.floor(
         np.arange(count) * perturbed_share
     )
     return [
-        EpisodeSpec(kind, seed0 + i, perturbation_rad if perturbed[i] else 0.0, settle_s)
+        EpisodeSpec(kind, seed0 + i, perturbation_rad if perturbed[i] else 0.0, settle_s, timeout_s)
         for i in range(count)
     ]

@@ -10,6 +10,18 @@ Two kinds, each decided by its text alone:
   the cube's top (tip ~3.1-3.3 cm away) and passes a tip beside the cube that touches nothing;
 * ``put the {color} cube on the {color} pad``: the cube rests on the pad (its centre above the
   pad within the pad's edges, its bottom on the pad's top, not moving) and the gripper has let go.
+
+And one kind made of two of them, done in order (:data:`TWO_STEP`, never drawn by
+:func:`random_task` without a kind, so seeds drawn before it keep their tasks):
+
+* ``put the {c1} cube on the {p1} pad, then touch the {c2} cube`` (c1 != c2);
+* ``put the {c1} cube on the {p1} pad, then put the {c2} cube on the {p2} pad`` (c1 != c2,
+  p1 != p2).
+
+A two-step task's first step is a place (``cube``, ``pad``), its second (``then``) a touch or a
+place; :attr:`Task.steps` gives both as ordinary tasks. The episode scores them in order
+(:mod:`.episode`): the second counts only once the first has, and the first cube must stay on
+its pad (:func:`cube_left_pad`).
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ from .scene import CUBE_COLORS, CUBE_SIZE, PAD_COLORS, PAD_HALF, PAD_THICKNESS
 
 TOUCH = "touch"
 PLACE = "place"
-TASK_KINDS = (TOUCH, PLACE)
+TASK_KINDS = (TOUCH, PLACE)  # what random_task draws without a kind
+TWO_STEP = "two_step"
+ALL_TASK_KINDS = (*TASK_KINDS, TWO_STEP)
 
 TOUCH_DISTANCE = 0.03  # old rule: tip to the cube's centre (the cube's half edge is 0.015)
 RESTING_SPEED = 0.02  # m/s: a cube slower than this rests
@@ -40,6 +54,7 @@ MIN_CUBE_PAD_GAP = 0.075  # cube centre to pad centre: no cube starts on a pad
 
 _TOUCH_RE = re.compile(r"touch the (\w+) cube")
 _PLACE_RE = re.compile(r"put the (\w+) cube on the (\w+) pad")
+_TWO_STEP_RE = re.compile(r"(put the \w+ cube on the \w+ pad),? then (.+)")
 
 
 class TaskError(ValueError):
@@ -48,22 +63,59 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    """One task: its kind, the cube it is about and, to place, the pad."""
+    """One task: its kind, the cube it is about and, to place, the pad. A two-step task's
+    ``cube`` and ``pad`` are its first step's (a place) and ``then`` is its second step."""
 
     kind: str
     cube: str
     pad: str = ""
+    then: Task | None = None  # two-step only: the step after the first
 
     @property
     def text(self) -> str:
         if self.kind == TOUCH:
             return f"touch the {self.cube} cube"
+        if self.kind == TWO_STEP and self.then is not None:
+            return f"{self.steps[0].text}, then {self.then.text}"
         return f"put the {self.cube} cube on the {self.pad} pad"
+
+    @property
+    def steps(self) -> tuple[Task, ...]:
+        """The ordinary tasks done one after the other: the task itself unless two-step."""
+        if self.kind == TWO_STEP and self.then is not None:
+            return (Task(PLACE, self.cube, self.pad), self.then)
+        return (self,)
+
+
+def two_step(first: Task, then: Task) -> Task:
+    """The two-step task ``first`` (a place), then ``then`` (a touch or a place).
+
+    Raises:
+        TaskError: not one of the two forms, the same cube twice or the same pad twice.
+    """
+    if first.kind != PLACE or then.kind not in TASK_KINDS:
+        raise TaskError(
+            f"a two-step task is a place, then a touch or a place; got {first.kind} then "
+            f"{then.kind}"
+        )
+    if then.cube == first.cube:
+        raise TaskError(f"two-step task names the {first.cube} cube twice (two cubes needed)")
+    if then.kind == PLACE and then.pad == first.pad:
+        raise TaskError(f"two-step task names the {first.pad} pad twice (one cube per pad)")
+    return Task(TWO_STEP, first.cube, first.pad, then)
 
 
 def parse_task(text: str) -> Task:
     """The task a text names; TaskError for any other text."""
     normalised = " ".join(text.lower().strip().rstrip(".").split())
+    match = _TWO_STEP_RE.fullmatch(normalised)
+    if match:
+        return two_step(_parse_one(match.group(1), text), _parse_one(match.group(2), text))
+    return _parse_one(normalised, text)
+
+
+def _parse_one(normalised: str, text: str) -> Task:
+    """The touch or place task of a normalised text (``text``: the whole, for the error)."""
     match = _TOUCH_RE.fullmatch(normalised)
     if match:
         return _checked(Task(TOUCH, match.group(1)))
@@ -71,9 +123,9 @@ def parse_task(text: str) -> Task:
     if match:
         return _checked(Task(PLACE, match.group(1), match.group(2)))
     raise TaskError(
-        f"unknown task {text!r}: expected 'touch the <cube> cube' or "
-        f"'put the <cube> cube on the <pad> pad' (cubes {', '.join(CUBE_COLORS)}; "
-        f"pads {', '.join(PAD_COLORS)})"
+        f"unknown task {text!r}: expected 'touch the <cube> cube', "
+        f"'put the <cube> cube on the <pad> pad' or 'put the <cube> cube on the <pad> pad, then "
+        f"<touch or put ...>' (cubes {', '.join(CUBE_COLORS)}; pads {', '.join(PAD_COLORS)})"
     )
 
 
@@ -86,14 +138,26 @@ def _checked(task: Task) -> Task:
 
 
 def random_task(rng: np.random.Generator, kind: str | None = None) -> Task:
-    """A task drawn from ``rng``: of ``kind`` when given, else either kind."""
+    """A task drawn from ``rng``: of ``kind`` when given, else touch or place (never two-step,
+    so that the seeds drawn before it existed keep their tasks)."""
     kind = kind or TASK_KINDS[int(rng.integers(len(TASK_KINDS)))]
-    if kind not in TASK_KINDS:
-        raise TaskError(f"unknown task kind {kind!r} (kinds: {', '.join(TASK_KINDS)})")
+    if kind not in ALL_TASK_KINDS:
+        raise TaskError(f"unknown task kind {kind!r} (kinds: {', '.join(ALL_TASK_KINDS)})")
+    if kind == TWO_STEP:
+        return _random_two_step(rng)
     cube = CUBE_COLORS[int(rng.integers(len(CUBE_COLORS)))]
     if kind == TOUCH:
         return Task(TOUCH, cube)
     return Task(PLACE, cube, PAD_COLORS[int(rng.integers(len(PAD_COLORS)))])
+
+
+def _random_two_step(rng: np.random.Generator) -> Task:
+    """Either two-step form, equally likely, its cubes and pads drawn without repeats."""
+    cubes = [CUBE_COLORS[int(i)] for i in rng.permutation(len(CUBE_COLORS))[:2]]
+    pads = [PAD_COLORS[int(i)] for i in rng.permutation(len(PAD_COLORS))]
+    first = Task(PLACE, cubes[0], pads[0])
+    then = Task(TOUCH, cubes[1]) if rng.integers(2) == 0 else Task(PLACE, cubes[1], pads[1])
+    return two_step(first, then)
 
 
 @dataclass(frozen=True)
@@ -142,10 +206,20 @@ def _far_apart(a: list, b: list, gap: float) -> bool:
 
 def cube_on_pad(cube_pos: np.ndarray, cube_speed: float, pad_xy: tuple[float, float]) -> bool:
     """Whether a cube at ``cube_pos`` (its centre) moving at ``cube_speed`` rests on the pad."""
+    return cube_on_pad_top(cube_pos, pad_xy) and cube_speed < RESTING_SPEED
+
+
+def cube_left_pad(cube_pos: np.ndarray, pad_xy: tuple[float, float]) -> bool:
+    """Whether a cube placed on the pad has left it: its centre outside the pad's edges or off
+    the resting height (lifted, tipped, fallen); moving on the pad is not leaving it."""
+    return not cube_on_pad_top(cube_pos, pad_xy)
+
+
+def cube_on_pad_top(cube_pos: np.ndarray, pad_xy: tuple[float, float]) -> bool:
+    """Whether a cube's centre is within the pad's edges at the height of a cube lying on it."""
     inside = abs(cube_pos[0] - pad_xy[0]) <= PAD_HALF and abs(cube_pos[1] - pad_xy[1]) <= PAD_HALF
     resting_height = PAD_THICKNESS + CUBE_SIZE / 2
-    on_top = abs(cube_pos[2] - resting_height) <= ON_PAD_HEIGHT_TOLERANCE
-    return inside and on_top and cube_speed < RESTING_SPEED
+    return inside and abs(cube_pos[2] - resting_height) <= ON_PAD_HEIGHT_TOLERANCE
 
 
 def touch_verdict(cube: str, touched_first: Iterable[str]) -> bool | None:

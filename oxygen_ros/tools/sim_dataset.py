@@ -1,6 +1,6 @@
 """oxygen-sim-dataset: training data rendered from the simulated arm, without ROS.
 
-    oxygen-sim-dataset demos --out data/sim_demos --touch 1200 --place 800 \\
+    oxygen-sim-dataset demos --out data/sim_demos --touch 1200 --place 800 [--two-step 200] \\
         [--perturbed-share 0.3 --perturbation-rad 0.02] [--touch-seed 1000000 --place-seed 2000000]
     oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000] \\
         [--poses 5 --views along dart off_course --workers 2]
@@ -10,7 +10,10 @@
 (``config/sim_dataset_perturbed.yaml`` for perturbed episodes: the action is the clean plan), in
 one process: thousands of episodes in minutes (:mod:`oxygen_ros.sim.recording`). Episode ``i`` of
 a kind has seed ``SEED + i``, its task drawn from the seed as ``oxygen-collect --kind`` draws it;
-only successful episodes are written.
+only successful episodes are written. ``--two-step N`` adds two-step episodes ("put the red cube
+on the green pad, then touch the blue cube" and "..., then put the blue cube on the blue pad",
+either form drawn per seed) from their own seeds (``--two-step-seed``, 4,000,000) with their own
+timeout (``--two-step-timeout-s``).
 
 ``grounding``: scenes for ``oxygen-train --grounding`` (:mod:`oxygen_ros.sim.grounding`): each
 layout at the start pose and at moments along an expert episode, both cameras, with the sim's
@@ -31,6 +34,8 @@ from oxygen_ros.tools.cli import positive_float, positive_int
 
 DEFAULT_TOUCH_SEED = 1_000_000  # apart from the benches' 777000+ and the grounding seeds
 DEFAULT_PLACE_SEED = 2_000_000
+DEFAULT_TWO_STEP_SEED = 4_000_000  # apart from the grounding seeds (3,000,000..)
+DEFAULT_TWO_STEP_TIMEOUT_S = 30.0  # two places take the expert ~10 sim s
 DEFAULT_GROUNDING_SEED = 3_000_000  # = oxygen_ros.sim.grounding.TRAIN_SEED0 (tested)
 
 
@@ -43,8 +48,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     demos.add_argument("--out", type=Path, required=True, help="dataset folder to create")
     demos.add_argument("--touch", type=int, default=100, help="touch episodes to run")
     demos.add_argument("--place", type=int, default=0, help="place episodes to run")
+    demos.add_argument(
+        "--two-step", type=int, default=0, help="two-step episodes to run (a place, then another)"
+    )
     demos.add_argument("--touch-seed", type=int, default=DEFAULT_TOUCH_SEED)
     demos.add_argument("--place-seed", type=int, default=DEFAULT_PLACE_SEED)
+    demos.add_argument("--two-step-seed", type=int, default=DEFAULT_TWO_STEP_SEED)
+    demos.add_argument(
+        "--two-step-timeout-s",
+        type=positive_float,
+        default=DEFAULT_TWO_STEP_TIMEOUT_S,
+        help="sim seconds before a two-step episode fails",
+    )
     demos.add_argument(
         "--perturbed-share",
         type=float,
@@ -79,10 +94,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--workers", type=positive_int, default=1, help="rendering processes (one core each)"
     )
     args = parser.parse_args(argv)
-    if args.command == "demos" and (
-        args.touch < 0 or args.place < 0 or args.touch + args.place == 0
-    ):
-        parser.error("--touch and --place must be >= 0 and not both 0")
+    if args.command == "demos":
+        counts = (args.touch, args.place, args.two_step)
+        if min(counts) < 0 or sum(counts) == 0:
+            parser.error("--touch, --place and --two-step must be >= 0 and not all 0")
     return args
 
 
@@ -99,6 +114,14 @@ def write_demos(args: argparse.Namespace) -> dict:
         args.touch_settle_s,
     ) + demonstration_specs(
         "place", args.place_seed, args.place, args.perturbed_share, args.perturbation_rad
+    )
+    specs += demonstration_specs(
+        "two_step",
+        args.two_step_seed,
+        args.two_step,
+        args.perturbed_share,
+        args.perturbation_rad,
+        timeout_s=args.two_step_timeout_s,
     )
 
     def progress(report) -> None:

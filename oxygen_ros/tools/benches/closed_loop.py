@@ -21,6 +21,12 @@ inference delay of D controller steps (the node's ``inject_inference_delay_ms``)
 busy process competes for the CPU, overrun_policy adapt) and ``ask`` (an Ask goal "which cube
 are you going for?" during the episode: does the answer name the target colour?).
 
+Tasks (``--tasks``): touch, place, both (by round) or two_step (a place, then a touch or another
+place, by round; the sim's timeout is 30 s for them unless ``--timeout-s`` says otherwise, and
+it is the sim's for every setting's episode, flat/same_frame's place included). A two-step
+episode's texts are judged against the step the sim was in, the Ask answer against the cube of
+the step in force when it came.
+
 Metrics: see :mod:`.closed_loop_metrics`. Chunks late: ActionChunk messages with deadline_met
 false (published after the loop's period). Chunk rate: chunks per sim second over the episode.
 Time to success counts from the sim's reset, so a policy's includes the node's activation.
@@ -66,6 +72,8 @@ from oxygen_ros.tools.benches.harness import Rig, Setup, round_task
 from oxygen_ros.tools.processes import wait_for
 
 HELP = "episodes on the simulated arm through the real node over DDS, per setting"
+DEFAULT_TIMEOUT_S = 20.0  # sim seconds per episode
+TWO_STEP_TIMEOUT_S = 30.0  # --tasks two_step: the expert needs ~7-10 sim s for both steps
 COLUMNS = [
     "setting",
     "n",
@@ -92,7 +100,9 @@ COLUMNS = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = f"{__doc__}\n{m.__doc__}"
-    harness.add_arguments(parser, timeout_s=20.0)
+    harness.add_arguments(
+        parser, timeout_s=DEFAULT_TIMEOUT_S, two_step_timeout_s=TWO_STEP_TIMEOUT_S
+    )
     parser.add_argument("--episodes", type=int, default=50, help="episodes per setting")
     parser.add_argument(
         "--settings",
@@ -103,8 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tasks",
         default="touch",
-        choices=["touch", "place", "both"],
-        help="the task of every setting but flat/same_frame (always place); both: by round",
+        choices=["touch", "place", "both", "two_step"],
+        help="the task of every setting but flat/same_frame (always place); both: by round; "
+        "two_step: a place, then a touch (even rounds) or another place (odd rounds)",
     )
     parser.add_argument(
         "--delays",
@@ -305,7 +316,8 @@ def measure(
     if answer is not None:
         at, text = answer
         out["answer"] = text
-        out["answer_names_target"] = m.names_colour(text, task.cube)
+        target = m.step_at(task, rec.sim_subtasks, at).cube  # two-step: the step's cube then
+        out["answer_names_target"] = m.names_colour(text, target)
         if m.said_place(text):  # the trained answer says none: judged only when it does
             places = m.sim_places(rec.sim_subtasks, at - m.JUDGE_TOLERANCE_S, at)
             out["answer_place_right"] = bool(m.judge_place(text, places))
@@ -377,6 +389,7 @@ def _checkpoints(checkpoint: Path, settings: list[Setting], work: Path) -> dict[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.timeout_s = harness.episode_timeout_s(args, args.tasks)  # the sim's, every episode
     setup = harness.prepare(args, "closed-loop")
     delays = parse_delays(args.delays, float(setup.base.get("action_dt", 0.1)))
     try:

@@ -30,6 +30,11 @@ Definitions (also in ``oxygen-bench closed-loop --help``):
   wrong when the sim said another, or none, or said one and the text none; not judged when neither
   says a place (:func:`judge_place`). An Ask answer is judged on its place only when it says one
   (the trained answer, "the red cube", does not).
+* **two-step tasks**: judged against the step the sim was in. Their phases are keyed
+  ``"<step>/<phase>"`` ("1/carry", "2/reach"; the first step's ``done`` never shows: the second
+  step begins at once), so a text names a phase of the current step and that step's cube (and,
+  carrying, its pad); an Ask answer is judged on the cube of the step in force when it came
+  (:func:`step_at`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import numpy as np
 
 from oxygen_ros.sim.language import Phase, SceneFacts, current_phase, without_place
 from oxygen_ros.sim.scene import CUBE_COLORS, PAD_COLORS
-from oxygen_ros.sim.tasks import PLACE, Task
+from oxygen_ros.sim.tasks import PLACE, TWO_STEP, Task
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 JUDGE_TOLERANCE_S = (
@@ -128,7 +133,16 @@ def words(text: str) -> set[str]:
 
 
 def task_phases(task: Task) -> dict[str, Phase]:
-    """Every phase of ``task`` with the sim's own texts for it (from ``sim.language``)."""
+    """Every phase of ``task`` with the sim's own texts for it (from ``sim.language``); a
+    two-step task's keyed by step (:func:`step_phase_key`), less the first step's ``done``."""
+    if task.kind == TWO_STEP:
+        last = len(task.steps) - 1
+        return {
+            step_phase_key(index, key): phase
+            for index, step in enumerate(task.steps)
+            for key, phase in task_phases(step).items()
+            if key != "done" or index == last
+        }
     far = SceneFacts(False, None, 1.0, False, False)
     facts = {
         "reach": far,
@@ -141,6 +155,38 @@ def task_phases(task: Task) -> dict[str, Phase]:
             "release": SceneFacts(False, task.cube, 0.0, True, False),
         }
     return {key: current_phase(task, value) for key, value in facts.items()}
+
+
+def step_phase_key(index: int, key: str) -> str:
+    """A two-step task's key of its step ``index``'s (0-based) phase ``key``: "1/reach"."""
+    return f"{index + 1}/{key}"
+
+
+def split_phase_key(task: Task, key: str) -> tuple[Task, str]:
+    """The step a phase key of ``task`` is about and the step's own phase key ("1/carry" ->
+    the first step, "carry"); ``task`` and ``key`` themselves for a one-step task."""
+    if task.kind != TWO_STEP:
+        return task, key
+    index, _, phase = key.partition("/")
+    return task.steps[int(index) - 1], phase
+
+
+def done_key(task: Task) -> str:
+    """The key of the phase ``task`` ends in once it succeeded."""
+    if task.kind == TWO_STEP:
+        return step_phase_key(len(task.steps) - 1, "done")
+    return "done"
+
+
+def step_at(task: Task, subtasks: Sequence[tuple[float, str]], at: float) -> Task:
+    """The step of ``task`` whose subtask was in force at ``at`` in the sim's timeline
+    ``subtasks`` (the first step when none was, or ``task`` itself unless two-step)."""
+    if task.kind != TWO_STEP:
+        return task
+    texts = subtasks_in_force(subtasks, at, at)
+    keys = phases_of_subtask(task, texts[-1]) if texts else set()
+    indices = [int(key.partition("/")[0]) - 1 for key in keys]
+    return task.steps[max(indices, default=0)]
 
 
 def phases_of_subtask(task: Task, subtask: str) -> set[str]:
@@ -167,7 +213,13 @@ def text_phases(task: Task, text: str) -> set[str]:
 
 def names_object(task: Task, text: str, phase: str | None) -> bool:
     """``text`` names the task's cube and no colour the task does not name; in a place task's
-    carry phase (whose sim texts name the pad) it names the task's pad too."""
+    carry phase (whose sim texts name the pad) it names the task's pad too. A two-step task's:
+    those of the step ``phase`` is about (with no phase, of either step)."""
+    if task.kind == TWO_STEP:
+        if phase is None:
+            return any(names_object(step, text, None) for step in task.steps)
+        step, step_phase = split_phase_key(task, phase)
+        return names_object(step, text, step_phase)
     said = words(text)
     allowed = {task.cube, task.pad} if task.kind == PLACE else {task.cube}
     colours = set(CUBE_COLORS) | (set(PAD_COLORS) if task.kind == PLACE else set())
@@ -194,10 +246,11 @@ def sim_phases(
     it succeeded (touch publishes one subtask for reach and done)."""
     texts = subtasks_in_force(subtasks, start, end)
     phases = set().union(*(phases_of_subtask(task, text) for text in texts)) if texts else set()
+    done = done_key(task)
     if success_at is None or success_at > end:
-        phases.discard("done")
+        phases.discard(done)
     elif success_at <= start:
-        phases = {"done"}
+        phases = {done}
     return phases
 
 

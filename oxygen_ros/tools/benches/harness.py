@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from oxygen_ros.sim.tasks import PLACE, TOUCH, Task
+from oxygen_ros.sim.tasks import PLACE, TOUCH, TWO_STEP, Task, two_step
 from oxygen_ros.tools.benches import common
 from oxygen_ros.tools.benches.closed_loop_ros import POLICY_NODE, BenchNode
 from oxygen_ros.tools.benches.serve_processes import ServeProcess, free_port
@@ -50,10 +50,23 @@ REMAPS = (  # the node's two trajectory outputs onto the sim's controllers
 
 # -- arguments and setup ---------------------------------------------------------------------------
 def add_arguments(
-    parser: argparse.ArgumentParser, *, timeout_s: float, warm_s: float | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    timeout_s: float,
+    warm_s: float | None = None,
+    two_step_timeout_s: float | None = None,
 ) -> None:
     """The arguments every closed-loop bench takes; ``timeout_s`` and ``warm_s`` are the bench's
-    defaults (``--warm-s`` only where ``warm_s`` is given)."""
+    defaults (``--warm-s`` only where ``warm_s`` is given). With ``two_step_timeout_s`` the
+    bench runs two-step tasks too: ``--timeout-s`` defaults to None, resolved by
+    :func:`episode_timeout_s`."""
+    timeout_help = f"episode timeout in sim seconds (default {timeout_s:g})"
+    if two_step_timeout_s is not None:
+        timeout_help = (
+            f"episode timeout in sim seconds (default {timeout_s:g}; {two_step_timeout_s:g} "
+            "with --tasks two_step)"
+        )
+        parser.set_defaults(default_timeout_s=timeout_s, two_step_timeout_s=two_step_timeout_s)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--checkpoint",
@@ -70,8 +83,8 @@ def add_arguments(
     parser.add_argument(
         "--timeout-s",
         type=float,
-        default=timeout_s,
-        help=f"episode timeout in sim seconds (default {timeout_s:g})",
+        default=timeout_s if two_step_timeout_s is None else None,
+        help=timeout_help,
     )
     parser.add_argument(
         "--seed",
@@ -157,11 +170,26 @@ def selected(text: str, choices: Sequence[Any], what: str, bench: str) -> list[A
         raise SystemExit(f"oxygen-bench {bench}: {exc}") from exc
 
 
+def episode_timeout_s(args: argparse.Namespace, kind: str) -> float:
+    """``--timeout-s``, else the bench's default for tasks of ``kind`` (see
+    :func:`add_arguments`'s ``two_step_timeout_s``)."""
+    if args.timeout_s is not None:
+        return float(args.timeout_s)
+    return args.two_step_timeout_s if kind == TWO_STEP else args.default_timeout_s
+
+
 def round_task(round_index: int, seed: int, kind: str) -> tuple[Task, int]:
-    """Round ``round_index``'s task of ``kind`` (touch | place) and its layout seed (the same
-    for every setting and every bench)."""
+    """Round ``round_index``'s task of ``kind`` (touch | place | two_step) and its layout seed
+    (the same for every setting and every bench). Touch and place draw as they always have; a
+    two-step round's place comes first, then a touch (even rounds) or a place (odd rounds) of
+    another cube (and pad)."""
     rng = random.Random(seed * 100_003 + round_index)
     cube, pad = rng.choice(CUBES), rng.choice(PADS)
+    if kind == TWO_STEP:
+        other = rng.choice([c for c in CUBES if c != cube])
+        other_pad = next(p for p in PADS if p != pad)
+        then = Task(TOUCH, other) if round_index % 2 == 0 else Task(PLACE, other, other_pad)
+        return two_step(Task(PLACE, cube, pad), then), seed * 1000 + round_index
     task = Task(TOUCH, cube) if kind == TOUCH else Task(PLACE, cube, pad)
     return task, seed * 1000 + round_index
 

@@ -7,7 +7,8 @@ and the joint state, samples a chunk, and the chunk goes to the sim's two contro
 node sends it: point ``i`` due ``(i + 1) * action_dt`` after the observation, the five arm joints
 and the gripper on their own trajectories. Inference takes no sim time (the sim waits for it), so
 this is the policy at zero delay; its tasks and layouts are ``closed-loop``'s rounds for the same
-``--seed``. Touch episodes time out after 8 s of sim time, place after 20 s (``--timeout-s``):
+``--seed``. Touch episodes time out after 8 s of sim time, place after 20 s, two-step (``--tasks
+two_step``: a place, then a touch or another place, scored in order) after 30 s (``--timeout-s``):
 the scripted expert touches in ~1.6 s, and a policy that wanders into contact is not succeeding.
 
 pi0.5's hierarchy, stage by stage (``--subtask``, `subtask_modes`): ``flat`` (the flat action
@@ -105,7 +106,7 @@ from oxygen_ros.tools.benches.subtask_modes import (
 HELP = "a checkpoint drives the sim directly (no ROS): success over many episodes"
 CAMERA_PX = 128  # the sim node's default image size
 SLOTS = {"scene": "observation.images.scene", "wrist": "observation.images.wrist"}
-TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim seconds per episode, by task kind
+TIMEOUT_S = {"touch": 8.0, "place": 20.0, "two_step": 30.0}  # sim s per episode, by kind
 SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
 # the probe's layouts: past the held-out block's first seeds, which training runs' gates read
 PROBE_OFFSET = 100_000
@@ -135,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint", type=Path, default=Path("models/sim_so101"), help="default models/sim_so101"
     )
     parser.add_argument("--episodes", type=int, default=50)
-    parser.add_argument("--tasks", default="touch", choices=["touch", "place"])
+    parser.add_argument("--tasks", default="touch", choices=list(TIMEOUT_S))
     parser.add_argument("--seed", type=int, default=777, help="closed-loop's round seed")
     parser.add_argument(
         "--subtask",
@@ -162,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help=f"sim seconds per episode (default: touch {TIMEOUT_S['touch']:g}, "
-        f"place {TIMEOUT_S['place']:g})",
+        f"place {TIMEOUT_S['place']:g}, two_step {TIMEOUT_S['two_step']:g})",
     )
     parser.add_argument(
         "--continuity",
@@ -450,6 +451,11 @@ def run_episode(
             touched_first=report["touched_first"],
             reason=report["reason"],
         )
+    if task.kind == "two_step":
+        report = sim.episode_report()
+        record.update(
+            step=report["step"], steps_done_s=report["steps_done_s"], reason=report["reason"]
+        )
     if stages is not None:
         record["stages"] = stages.record()
     if source.mode == "predicted":
@@ -573,6 +579,10 @@ def summarise(
     }
     summary["wrong_cube"] = sum(e["status"] == "wrong_cube" for e in episodes)
     summary["timeouts"] = sum(e["status"] == "timeout" for e in episodes)
+    two_steps = [e for e in episodes if "steps_done_s" in e]
+    if two_steps:  # how far they got: a first step undone, the second step reached
+        summary["undone"] = sum(e["status"] == "undone" for e in two_steps)
+        summary["second_step_reached"] = sum(e["step"] == 2 for e in two_steps)
     summary.update(switch_summary(episodes))
     touches = [e for e in episodes if "touch_tip" in e]
     if touches:  # both touch rules side by side
