@@ -333,6 +333,26 @@ def test_rendering_in_two_processes_gives_the_same_scenes():
         grounding.render_scenes(HELDOUT, 1, 2, views=("sideways",))
 
 
+def test_pad_questions_and_carry_subtasks_say_where_the_pad_is(scenes, tmp_path):
+    for row in range(len(scenes)):
+        questions = qa.scene_questions(scenes, row)
+        where = {q.subject: q.answer for q in questions if q.kind == qa.WHERE_PAD}
+        for k, pad in enumerate(qa.PAD_COLORS):
+            x, y = scenes.pads[row, k]
+            assert where[pad] == place_words(float(x), float(y))
+    # a file rendered before the carry named its pad's place: the label gets it on loading
+    arrays = {k: v for k, v in np.load(_saved(scenes, tmp_path)).items()}
+    subtasks = arrays["subtasks"].astype(object)
+    subtasks[0], subtasks[1] = "carry the red cube to the blue pad", "grasp the red cube"
+    arrays["subtasks"] = subtasks.astype(str)
+    np.savez(tmp_path / "old.npz", **arrays)
+    old = qa.GroundingScenes.load(tmp_path / "old.npz")
+    blue = qa.PAD_COLORS.index("blue")
+    pad = place_words(*map(float, scenes.pads[0, blue]))
+    assert old.subtasks[0] == f"carry the red cube to the blue pad, {pad}"
+    assert old.subtasks[1] == "grasp the red cube"
+
+
 def test_files_without_subtasks_or_views_load_with_them_empty(scenes, tmp_path):
     arrays = {k: v for k, v in np.load(_saved(scenes, tmp_path)).items()}
     del arrays["subtasks"], arrays["views"]

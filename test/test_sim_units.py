@@ -232,6 +232,10 @@ def test_phases_name_the_object_and_follow_the_state():
     assert phase().narration == "reaching for the red cube"
     assert phase(tip_to_cube=0.01).subtask == "grasp the red cube"
     assert phase(grasped="red", tip_to_cube=0.0).subtask == "carry the red cube to the green pad"
+    carry = phase(grasped="red", tip_to_cube=0.0, cube_place="near left", pad_place="far right")
+    assert carry.subtask == "carry the red cube to the green pad, far right"  # the pad's place
+    assert carry.narration == "carrying the red cube to the green pad, far right"
+    assert without_place(carry.subtask) == "carry the red cube to the green pad"
     assert phase(grasped="blue", tip_to_cube=0.1).subtask == "reach the red cube"  # wrong cube
     held_over = phase(grasped="red", tip_to_cube=0.0, cube_over_pad=True)
     assert held_over.subtask == "release the red cube"
@@ -263,6 +267,7 @@ def test_every_phase_lists_each_phase_at_every_place():
     place = every_phase(Task(PLACE, "red", "blue"))
     assert {p.key for p in place} == {"reach", "grasp", "carry", "release", "done"}
     assert "reach the red cube, far left" in {p.subtask for p in place}
+    assert "carry the red cube to the blue pad, near right" in {p.subtask for p in place}
 
 
 # -- the expert without ROS ----------------------------------------------------------------------

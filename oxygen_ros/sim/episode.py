@@ -261,8 +261,10 @@ class Simulation:
         cube = world.cube_position(task.cube)
         tip = world.tip_position()
         over_pad = on_pad = False
+        pad_place = ""
         if task.kind == PLACE:
             pad = world.pad_center(task.pad)
+            pad_place = place_words(float(pad[0]), float(pad[1]))
             over_pad = bool(np.all(np.abs(cube[:2] - pad) <= PAD_HALF))
             on_pad = cube_on_pad(cube, world.cube_speed(task.cube), pad)
             released = world.grasped is None and world.gripper_opening() < RELEASED_GRIPPER
@@ -277,6 +279,7 @@ class Simulation:
             cube_on_pad=on_pad,
             cube_place=place_words(float(cube[0]), float(cube[1])),
             step=self.step,
+            pad_place=pad_place,
         )
 
     def privileged_state(self) -> PrivilegedState:

@@ -16,6 +16,8 @@ While reaching, the subtask and the narration also say where the cube is, as the
 ("touch the red cube, far left", "reaching for the red cube, far left"): words a policy can only
 learn to say by finding the named cube in its camera images, which is what it must find to reach
 it, and a subtask that, read back as the action prompt's condition, tells the actions where to go.
+While carrying, they say where the pad is the same way ("carry the red cube to the green pad, near
+right"): the carry's destination, found in the images as the cube was.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class SceneFacts:
     cube_on_pad: bool  # ... and rests on it
     cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
     step: int = 0  # a two-step task's current step (0 or 1), which the other facts are about
+    pad_place: str = ""  # where the task's pad is (`place_words`); "" leaves it unsaid
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
     if (held and facts.cube_over_pad) or (not held and facts.cube_on_pad):
         return Phase("release", f"release {cube}", f"releasing {cube} on {pad}")
     if held:
-        return Phase("carry", f"carry {cube} to {pad}", f"carrying {cube} to {pad}")
+        to_pad = f"{pad}, {facts.pad_place}" if facts.pad_place else pad
+        return Phase("carry", f"carry {cube} to {to_pad}", f"carrying {cube} to {to_pad}")
     if facts.tip_to_cube <= NEAR_CUBE:
         return Phase("grasp", f"grasp {cube}", f"grasping {cube}")
     return Phase("reach", f"reach {cube}{where}", reaching)
@@ -105,7 +109,7 @@ def every_phase(task: Task) -> list[Phase]:
         for facts in (
             SceneFacts(False, None, math.inf, False, False, place),  # reach
             SceneFacts(False, None, 0.0, False, False, place),  # grasp
-            SceneFacts(False, task.cube, 0.0, False, False, place),  # carry
+            SceneFacts(False, task.cube, 0.0, False, False, place, pad_place=place),  # carry
             SceneFacts(False, task.cube, 0.0, True, False, place),  # release
             SceneFacts(True, None, 0.0, True, True, place),  # done
         ):

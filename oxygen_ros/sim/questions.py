@@ -13,6 +13,7 @@ Pure Python and numpy (no physics, no ROS): training reads it without the simula
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ NO_CUBE = -1
 
 # question kinds (:func:`scene_questions`)
 WHERE = "where"  # where is the <colour> cube? -> its place words
+WHERE_PAD = "where_pad"  # where is the <colour> pad? -> its place words
 ALL_CUBES = "all_cubes"  # where are the cubes? -> every cube's place, in colour order
 WHICH_AT = "which_at"  # which cube is <place>? -> the cube, or none
 HELD = "held"  # which cube does the gripper hold? -> the cube, or none
@@ -32,7 +34,7 @@ NEAREST = "nearest"  # which cube is nearest the gripper? -> the cube
 ON_PAD = "on_pad"  # is the <colour> cube on a pad? -> yes, the <pad> pad / no
 TARGET = "target"  # which cube are you going for? -> the task's cube
 SUBTASK = "subtask"  # the node's subtask request on the frame -> the sim's subtask there
-QUESTION_KINDS = (WHERE, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET, SUBTASK)
+QUESTION_KINDS = (WHERE, WHERE_PAD, ALL_CUBES, WHICH_AT, HELD, NEAREST, ON_PAD, TARGET, SUBTASK)
 TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench's Ask asks
 # how a question is laid out for the model (`oxygen_ros.training.grounding`): VQA as pi0.5's
 # vision-language data (the question in the bidirectional prefix with the images: the image
@@ -42,9 +44,11 @@ TARGET_QUESTION = "which cube are you going for?"  # what the closed-loop bench'
 VQA, ASK, SUBTASK_PROMPT = "vqa", "ask", "subtask_prompt"
 START = "start"  # the view of a scene at its layout's start pose (`.grounding` names the others)
 # how often each kind is asked in training: binding a colour word to its cube (where, all_cubes)
-# is what a policy needs and what is slow to learn, so it gets most of the questions
+# is what a policy needs and what is slow to learn, so it gets most of the questions; where a pad
+# is, the carry's destination, is one colour among two and quicker
 KIND_WEIGHTS = {
-    WHERE: 0.4,
+    WHERE: 0.35,
+    WHERE_PAD: 0.05,
     ALL_CUBES: 0.25,
     SUBTASK: 0.15,
     WHICH_AT: 0.06,
@@ -101,7 +105,9 @@ class GroundingScenes:
             fields[name] = (
                 [str(t) for t in fields[name]] if name in fields else [""] * len(fields["seeds"])
             )
-        return cls(**fields)
+        scenes = cls(**fields)
+        scenes.subtasks = [_with_pad_place(scenes, row) for row in range(len(scenes))]
+        return scenes
 
     @classmethod
     def concatenate(cls, parts: list[GroundingScenes]) -> GroundingScenes:
@@ -115,6 +121,17 @@ class GroundingScenes:
 
 
 _TEXT_FIELDS = ("tasks", "subtasks", "views")  # one string per row
+_CARRY_UNPLACED = re.compile(r"carry the \w+ cube to the (\w+) pad")
+
+
+def _with_pad_place(scenes: GroundingScenes, row: int) -> str:
+    """Row ``row``'s subtask as the sim says it now: a carry rendered before the carry named
+    where its pad is gets the pad's place words."""
+    subtask = scenes.subtasks[row]
+    match = _CARRY_UNPLACED.fullmatch(subtask)
+    if match is None or match.group(1) not in PAD_COLORS:
+        return subtask
+    return f"{subtask}, {pad_place(scenes, row, PAD_COLORS.index(match.group(1)))}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,6 +150,11 @@ class Question:
 
 def cube_place(scenes: GroundingScenes, row: int, cube: int) -> str:
     x, y = scenes.cubes[row, cube, :2]
+    return place_words(float(x), float(y))
+
+
+def pad_place(scenes: GroundingScenes, row: int, pad: int) -> str:
+    x, y = scenes.pads[row, pad]
     return place_words(float(x), float(y))
 
 
@@ -156,6 +178,10 @@ def scene_questions(scenes: GroundingScenes, row: int) -> list[Question]:
     scene_task = parse_task(scenes.tasks[row]) if scenes.tasks[row] else None
     questions = [
         Question(WHERE, f"where is the {c} cube?", places[k], c) for k, c in enumerate(CUBE_COLORS)
+    ]
+    questions += [
+        Question(WHERE_PAD, f"where is the {p} pad?", pad_place(scenes, row, k), p)
+        for k, p in enumerate(PAD_COLORS)
     ]
     listing = ", ".join(f"{c} {places[k]}" for k, c in enumerate(CUBE_COLORS))
     questions.append(Question(ALL_CUBES, "where are the cubes?", listing))
@@ -210,6 +236,7 @@ def draw_question(
 def question_sentences() -> list[str]:
     """Every question and answer wording (for a tokenizer's corpus)."""
     sentences = [f"where is the {c} cube?" for c in CUBE_COLORS]
+    sentences += [f"where is the {p} pad?" for p in PAD_COLORS]
     sentences += ["where are the cubes?", "which cube does the gripper hold?", "none", "no"]
     sentences += ["which cube is nearest the gripper?", TARGET_QUESTION]
     sentences += [f"which cube is {p}?" for p in PLACES] + list(PLACES)
