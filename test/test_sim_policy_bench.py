@@ -89,10 +89,10 @@ def test_subtask_tally_counts_exact_words_and_right_places():
     tally.add("touch the red  cube, far left", "touch the red cube, far left")  # spacing aside
     tally.add("touch the blue cube, far left", "touch the red cube, far left")  # place right
     tally.add("touch the red cube", "touch the red cube, near right")
-    tally.add("grasp the red cube", "grasp the red cube")  # not reaching
+    tally.add("grasp the red cube", "grasp the red cube")  # no place named
     record = tally.record()
     assert (record["subtask_frames"], record["subtask_exact_frames"]) == (5, 3)
-    assert (record["reaching_frames"], record["place_right_frames"]) == (4, 3)
+    assert (record["placed_frames"], record["place_right_frames"]) == (4, 3)
     shares = sim_policy.subtask_shares([record])
     assert shares["subtask_exact"] == pytest.approx(3 / 5)
     assert shares["subtask_place_right"] == pytest.approx(3 / 4)

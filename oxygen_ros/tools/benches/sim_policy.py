@@ -41,7 +41,8 @@ Measured (summary keys of ``--json``):
   that third of the place sector, +-0.57 rad; the lie is always left or right);
 * ``predicted`` only, over every frame a subtask was decoded from: ``subtask_exact``, the share
   whose subtask says the sim's words at that frame, and ``subtask_place_right``, over those where
-  the sim's subtask names a place (reaching), the share whose place words are the sim's;
+  the sim's subtask names a place (a reach's cube, a carry's pad), the share whose place words
+  are the sim's;
   ``subtask_flips_per_episode`` and ``episodes_with_flips``: how often the decoded subtask changed
   from one decoded frame to the next while the sim's stayed the same (a subtask flipping
   mid-reach, which the expert follows).
@@ -315,7 +316,7 @@ class SubtaskTally:
     """predicted: how the subtasks decoded in one episode compare with the sim's."""
 
     def __init__(self) -> None:
-        self.frames = self.exact = self.reaching = self.place_right = self.flips = 0
+        self.frames = self.exact = self.placed = self.place_right = self.flips = 0
         self.said: list[str] = []
         self._last: tuple[str, str] | None = None
 
@@ -328,7 +329,7 @@ class SubtaskTally:
         self.exact += same_words(decoded, truth)
         place = place_of(truth)
         if place is not None:
-            self.reaching += 1
+            self.placed += 1
             self.place_right += place_of(" ".join(decoded.split())) == place
         if decoded not in self.said and len(self.said) < SAID_KEPT:
             self.said.append(decoded)
@@ -337,7 +338,7 @@ class SubtaskTally:
         return {
             "subtask_frames": self.frames,
             "subtask_exact_frames": self.exact,
-            "reaching_frames": self.reaching,
+            "placed_frames": self.placed,
             "place_right_frames": self.place_right,
             "subtask_flips": self.flips,
             "said": self.said,
@@ -532,12 +533,12 @@ def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str
     def total(key: str) -> int:
         return sum(e[prefix + key] for e in episodes)
 
-    frames, reaching = total("subtask_frames"), total("reaching_frames")
+    frames, placed = total("subtask_frames"), total("placed_frames")
     return {
         prefix + "subtask_frames": frames,
         prefix + "subtask_exact": total("subtask_exact_frames") / frames if frames else math.nan,
-        prefix + "subtask_place_right": total("place_right_frames") / reaching
-        if reaching
+        prefix + "subtask_place_right": total("place_right_frames") / placed
+        if placed
         else math.nan,
         prefix + "subtask_flips_per_episode": mean_or_nan(
             [e[prefix + "subtask_flips"] for e in episodes]

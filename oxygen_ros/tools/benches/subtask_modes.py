@@ -95,7 +95,8 @@ def check_continuity(policy: Pi05Policy, continuity: str) -> None:
 
 
 def place_of(subtask: str) -> str | None:
-    """The place words a reaching subtask ends in ("far left"), None when it has none."""
+    """The place words a subtask ends in ("far left": a reach's cube, a carry's pad), None
+    when it has none."""
     stem = without_place(subtask)
     return subtask[len(stem) + 2 :] if stem != subtask else None
 
