@@ -44,6 +44,7 @@ from oxygen_ros.training.trainer import (
     model_config,
     new_model,
     parse_gate,
+    parse_question_weight,
 )
 
 HELDOUT = grounding.HELDOUT_SEED0 + 500_000  # the tests' own held-out layouts
@@ -395,6 +396,21 @@ def test_the_probe_splits_by_pose(moved, tokenizer_path):
     for group in ("start", "along"):
         assert {f"{group}/where", f"{group}/subtask", f"{group}/all_cubes"} <= set(result)
     assert all(0.0 <= v <= 1.0 for v in result.values())
+
+
+def test_question_weights_parse_and_steer_what_a_batch_asks(scenes, tokenizer_path):
+    assert parse_question_weight("where_pad=0.2") == ("where_pad", 0.2)
+    for bad in ("where_pad", "where_pad=-1", "elsewhere=0.2", "where=x"):
+        with pytest.raises(ValueError, match="question weight"):
+            parse_question_weight(bad)
+    only_pads = {kind: 0.0 for kind in qa.QUESTION_KINDS} | {qa.WHERE_PAD: 1.0}
+    maker = _maker(scenes, tokenizer_path)
+    maker.weights = only_pads
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, len(scenes), size=20)
+    asked = [qa.draw_question(maker.questions(int(r)), rng, maker.weights).kind for r in rows]
+    assert asked == [qa.WHERE_PAD] * len(rows)
+    assert _maker(scenes, tokenizer_path).weights == qa.KIND_WEIGHTS
 
 
 def test_gates_parse_and_read_the_probe():

@@ -34,6 +34,7 @@ from oxygen_ros.training.trainer import (
     RESUME_FILE,
     TrainSettings,
     parse_gate,
+    parse_question_weight,
     train,
 )
 
@@ -190,6 +191,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--grounding-batch-size", type=positive_int, default=16)
     parser.add_argument("--grounding-weight", type=float, default=1.0)
     parser.add_argument(
+        "--question-weight",
+        action="append",
+        default=[],
+        metavar="KIND=WEIGHT",
+        help="how often a grounding question kind is drawn, relative to the others, in place of "
+        "its default (sim/questions.py KIND_WEIGHTS), e.g. where_pad=0.2; repeatable",
+    )
+    parser.add_argument(
         "--grounding-only-steps",
         type=int,
         default=0,
@@ -231,6 +240,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.gate = tuple(parse_gate(g) for g in args.gate)
+        args.question_weight = tuple(parse_question_weight(w) for w in args.question_weight)
     except ValueError as exc:
         parser.error(str(exc))
     if args.gate and not (args.grounding_heldout and args.probe_every > 0):
@@ -287,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grounding_heldout=args.grounding_heldout,
             grounding_batch_size=args.grounding_batch_size,
             grounding_weight=args.grounding_weight,
+            question_weights=args.question_weight,
             grounding_only_steps=args.grounding_only_steps,
             one_colour_steps=args.one_colour_steps,
             probe_every=args.probe_every,

@@ -39,6 +39,7 @@ from oxygen_ros.policy_io.prompts import PromptFormat
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.sim.questions import (
     ASK,
+    KIND_WEIGHTS,
     QUESTION_KINDS,
     SUBTASK_PROMPT,
     VQA,
@@ -78,6 +79,7 @@ class GroundingBatchMaker:
         normalize_state: Callable[[np.ndarray], np.ndarray],
         cameras: Sequence[str],
         border: float = -1.0,
+        weights: dict[str, float] = KIND_WEIGHTS,
     ) -> None:
         if ANSWER_KIND not in prompt_format.kinds:
             raise BatchError(f"prompt format {prompt_format.name!r} has no {ANSWER_KIND!r} kind")
@@ -93,6 +95,7 @@ class GroundingBatchMaker:
         self.config = config
         self.tokenizer = tokenizer
         self.format = prompt_format
+        self.weights = weights  # how often each question kind is drawn (`draw_question`)
         self.states = np.stack([normalize_state(s) for s in scenes.state]).astype(np.float32)
         self.border = border
         self._questions = [scene_questions(scenes, row) for row in range(len(scenes))]
@@ -186,17 +189,25 @@ class GroundingBatchMaker:
         actions = torch.zeros(len(rows), self.config.action_horizon, self.config.action_dim)
         return collate(layouts, self.images(rows), actions)
 
+    def draw(
+        self, size: int, rng: np.random.Generator, one_colour: bool = False
+    ) -> tuple[np.ndarray, list[Question]]:
+        """``size`` scene rows drawn uniformly and one question about each (`draw_question`:
+        kinds by ``weights``; the warm-up's only, with ``one_colour``: `curriculum_questions`)."""
+        rows = rng.integers(0, len(self.scenes), size=size)
+        chosen = [
+            draw_question(
+                curriculum_questions(self._questions[int(row)], one_colour), rng, self.weights
+            )
+            for row in rows
+        ]
+        return rows, chosen
+
     def batch(
         self, size: int, rng: np.random.Generator, one_colour: bool = False
     ) -> ObjectiveBatch:
-        """``size`` scenes drawn uniformly, one question each (`draw_question`: kinds by
-        ``KIND_WEIGHTS``; the warm-up's only, with ``one_colour``: `curriculum_questions`)."""
-        rows = rng.integers(0, len(self.scenes), size=size)
-        chosen = [
-            draw_question(curriculum_questions(self._questions[int(row)], one_colour), rng)
-            for row in rows
-        ]
-        return self.examples(rows, chosen)
+        """A batch of :meth:`draw`'s questions."""
+        return self.examples(*self.draw(size, rng, one_colour))
 
 
 @torch.no_grad()

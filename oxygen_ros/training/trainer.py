@@ -49,7 +49,7 @@ from oxygen_ros.model.pi05 import Pi05Model
 from oxygen_ros.model.siglip import sincos_positions
 from oxygen_ros.policy_io.prompts import resolve_format
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
-from oxygen_ros.sim.questions import GroundingScenes
+from oxygen_ros.sim.questions import KIND_WEIGHTS, QUESTION_KINDS, GroundingScenes
 
 from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
@@ -101,6 +101,7 @@ class TrainSettings:
     grounding_heldout: Path | None = None  # GroundingScenes for the probe
     grounding_batch_size: int = 16
     grounding_weight: float = 1.0
+    question_weights: tuple[tuple[str, float], ...] = ()  # (kind, weight) over KIND_WEIGHTS
     grounding_only_steps: int = 0  # steps of questions alone before the demonstrations join
     one_colour_steps: int = 0  # steps asking the warm-up's questions only
     probe_every: int = 500
@@ -134,6 +135,25 @@ def parse_gate(text: str) -> tuple[str, float]:
     if not sep or not key.strip() or not 0.0 <= minimum <= 1.0:
         raise ValueError(f"a gate is PROBE_KEY>=NUMBER in [0, 1] (start/where>=0.95), got {text!r}")
     return key.strip(), minimum
+
+
+def parse_question_weight(text: str) -> tuple[str, float]:
+    """``"where_pad=0.2"`` -> ``("where_pad", 0.2)``.
+
+    Raises:
+        ValueError: not ``KIND=NUMBER`` with a question kind and a number >= 0.
+    """
+    kind, sep, value = text.partition("=")
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = math.nan
+    if not sep or kind.strip() not in QUESTION_KINDS or not weight >= 0.0:
+        raise ValueError(
+            f"a question weight is KIND=NUMBER >= 0 with KIND one of {', '.join(QUESTION_KINDS)}, "
+            f"got {text!r}"
+        )
+    return kind.strip(), weight
 
 
 def gates_met(gates: Sequence[tuple[str, float]], accuracy: dict[str, float]) -> bool:
@@ -278,6 +298,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
             norms.state.normalize,
             frames.cameras,
             conventions.border,
+            KIND_WEIGHTS | dict(settings.question_weights),
         )
 
     questions = grounding_maker(settings.grounding) if settings.grounding else None
