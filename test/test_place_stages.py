@@ -41,7 +41,11 @@ def test_the_experts_place_goes_through_every_stage(sim):
     assert abs(holding[0]["tip_above_cube_m"]) < 0.01  # the expert closes at the cube's centre
     assert holding[0]["tip_speed_m_s"] < 0.05  # ... at rest
     assert record["releases"] == 1 and record["releases_over_pad"] == 1
+    (release,) = record["release_events"]
+    assert release["from_pad_centre_m"] < 0.01 and abs(release["above_pad_m"]) < 0.005
+    assert record["held_over_pad_s"] > 1.0 and abs(record["lowest_over_pad_m"]) < 0.005
     summary = place_stages.summarise([record])
+    assert summary["held_over_pad_1s_episodes"] == 1 and summary["releases"] == 1
     assert summary["reached_phase"] == {p: 1 for p in place_stages.PHASES}
     assert summary["held_episodes"] == 1 and summary["released_over_pad_episodes"] == 1
 
@@ -58,6 +62,7 @@ def test_a_gripper_closed_above_the_cube_holds_nothing(sim):
     record = stages.record()
     assert record["furthest_phase"] == "reach"
     assert not record["held"] and record["releases"] == 0
+    assert record["held_over_pad_s"] == 0.0 and record["lowest_over_pad_m"] is None
     assert len(record["closes"]) == 1
     assert record["closes"][0]["fingers_touching"] == 0
     assert record["closes"][0]["tip_above_cube_m"] > 0.05  # the arm's start pose, far above

@@ -11,7 +11,10 @@ one episode from the sim's privileged state after every control step and records
   distance beside it, its speed), and over the next :data:`CLOSE_WINDOW_S` the most fingers that
   touched the cube and whether it was held (the weld needs both fingers while closed). The
   scripted expert closes with the tip 2 mm above the centre, at rest;
-* every release of the held cube: whether it was over the pad then.
+* while the cube is held over the pad: for how long, and how low its bottom came above the pad's
+  top (the expert lowers it to rest there, 0 m, and holds over the pad ~1.5 s);
+* every release of the held cube: whether it was over the pad then, its centre's distance from
+  the pad's centre and its bottom's height above the pad's top.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS
 from oxygen_ros.sim.tasks import Task
 
 PHASES = ("reach", "grasp", "carry", "release", "done")
@@ -48,6 +52,22 @@ class Close:
         }
 
 
+@dataclasses.dataclass
+class Release:
+    """One release of the held cube."""
+
+    over_pad: bool
+    from_pad_centre_m: float  # the cube's centre from the pad's, on the table
+    above_pad_m: float  # the cube's bottom above the pad's top
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "over_pad": self.over_pad,
+            "from_pad_centre_m": round(self.from_pad_centre_m, 4),
+            "above_pad_m": round(self.above_pad_m, 4),
+        }
+
+
 class PlaceStages:
     """One place episode's stages; call :meth:`observe` after every control step."""
 
@@ -55,7 +75,9 @@ class PlaceStages:
         self.task = task
         self.furthest = 0
         self.closes: list[Close] = []
-        self.releases = self.releases_over_pad = 0
+        self.releases: list[Release] = []
+        self.held_over_pad_s = 0.0
+        self.lowest_over_pad_m: float | None = None  # the cube's bottom above the pad's top
         self._closing = self._holding = False
         self._tip: np.ndarray | None = None
         self._time_s = 0.0
@@ -74,9 +96,15 @@ class PlaceStages:
             self.closes.append(
                 Close(sim.now_s, float(offset[2]), float(np.hypot(*offset[:2])), speed)
             )
+        pad = np.asarray(world.pad_center(self.task.pad), dtype=float)
+        above_pad = float(cube[2]) - CUBE_SIZE / 2 - PAD_THICKNESS
+        if held and facts.cube_over_pad:
+            self.held_over_pad_s += max(dt, 0.0)
+            lowest = self.lowest_over_pad_m
+            self.lowest_over_pad_m = above_pad if lowest is None else min(lowest, above_pad)
         if self._holding and not held:
-            self.releases += 1
-            self.releases_over_pad += facts.cube_over_pad
+            from_centre = float(np.linalg.norm(cube[:2] - pad))
+            self.releases.append(Release(facts.cube_over_pad, from_centre, above_pad))
         self._closing, self._holding = world.gripper_closing, held
         for close in self.closes:
             if sim.now_s - close.time_s <= CLOSE_WINDOW_S:
@@ -89,19 +117,27 @@ class PlaceStages:
         return {
             "furthest_phase": PHASES[self.furthest],
             "held": any(close.held for close in self.closes),
-            "releases": self.releases,
-            "releases_over_pad": self.releases_over_pad,
+            "releases": len(self.releases),
+            "releases_over_pad": sum(release.over_pad for release in self.releases),
+            "held_over_pad_s": round(self.held_over_pad_s, 3),
+            "lowest_over_pad_m": None
+            if self.lowest_over_pad_m is None
+            else round(self.lowest_over_pad_m, 4),
             "closes": [close.record() for close in self.closes],
+            "release_events": [release.record() for release in self.releases],
         }
 
 
 def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
     """Over episodes' :meth:`PlaceStages.record`: how many reached at least each phase, how many
-    held the cube and let go over the pad, and the closes' outcomes and tip at the close."""
+    held the cube, held it over the pad for a second and let go over the pad, how low the held
+    cube came there, and the closes' and releases' outcomes."""
     closes = [close for episode in stages for close in episode["closes"]]
+    releases = [r for episode in stages for r in episode["release_events"]]
+    lowest = [e["lowest_over_pad_m"] for e in stages if e["lowest_over_pad_m"] is not None]
 
-    def median(key: str) -> float:
-        return float(np.median([close[key] for close in closes])) if closes else float("nan")
+    def median(values: list[float]) -> float:
+        return float(np.median(values)) if values else float("nan")
 
     return {
         "episodes": len(stages),
@@ -110,11 +146,16 @@ def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
             for index, phase in enumerate(PHASES)
         },
         "held_episodes": sum(e["held"] for e in stages),
+        "held_over_pad_1s_episodes": sum(e["held_over_pad_s"] >= 1.0 for e in stages),
         "released_over_pad_episodes": sum(e["releases_over_pad"] > 0 for e in stages),
+        "lowest_over_pad_m_p50": median(lowest),
         "closes": len(closes),
         "closes_both_fingers": sum(close["fingers_touching"] == 2 for close in closes),
         "closes_held": sum(close["held"] for close in closes),
-        "close_tip_above_cube_m_p50": median("tip_above_cube_m"),
-        "close_tip_beside_cube_m_p50": median("tip_beside_cube_m"),
-        "close_tip_speed_m_s_p50": median("tip_speed_m_s"),
+        "close_tip_above_cube_m_p50": median([c["tip_above_cube_m"] for c in closes]),
+        "close_tip_beside_cube_m_p50": median([c["tip_beside_cube_m"] for c in closes]),
+        "close_tip_speed_m_s_p50": median([c["tip_speed_m_s"] for c in closes]),
+        "releases": len(releases),
+        "release_from_pad_centre_m_p50": median([r["from_pad_centre_m"] for r in releases]),
+        "release_above_pad_m_p50": median([r["above_pad_m"] for r in releases]),
     }

@@ -668,8 +668,12 @@ def print_place_stages(stages: dict[str, Any]) -> None:
     reached = ", ".join(f"{phase} {n}" for phase, n in stages["reached_phase"].items())
     print(
         f"place stages: reached {reached} (of {stages['episodes']}); held in "
-        f"{stages['held_episodes']}, let go over the pad in "
+        f"{stages['held_episodes']}, over the pad for 1 s in "
+        f"{stages['held_over_pad_1s_episodes']} (lowest there "
+        f"{stages['lowest_over_pad_m_p50']:.3f} m above it), let go over the pad in "
         f"{stages['released_over_pad_episodes']}; "
+        f"{stages['releases']} releases {stages['release_from_pad_centre_m_p50']:.3f} m from its "
+        f"centre, {stages['release_above_pad_m_p50']:.3f} m above it; "
         f"{stages['closes']} closes: both fingers {stages['closes_both_fingers']}, held "
         f"{stages['closes_held']}, tip at the close {stages['close_tip_above_cube_m_p50']:.3f} m "
         f"above the cube's centre, {stages['close_tip_beside_cube_m_p50']:.3f} m beside it, "
