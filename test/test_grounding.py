@@ -346,6 +346,9 @@ def test_pad_questions_and_carry_subtasks_say_where_the_pad_is(scenes, tmp_path)
     subtasks = arrays["subtasks"].astype(object)
     subtasks[0], subtasks[1] = "carry the red cube to the blue pad", "grasp the red cube"
     arrays["subtasks"] = subtasks.astype(str)
+    tasks = arrays["tasks"].astype(object)
+    tasks[0] = tasks[1] = "put the red cube on the blue pad"
+    arrays["tasks"] = tasks.astype(str)
     np.savez(tmp_path / "old.npz", **arrays)
     old = qa.GroundingScenes.load(tmp_path / "old.npz")
     blue = qa.PAD_COLORS.index("blue")
@@ -406,10 +409,8 @@ def test_question_weights_parse_and_steer_what_a_batch_asks(scenes, tokenizer_pa
     only_pads = {kind: 0.0 for kind in qa.QUESTION_KINDS} | {qa.WHERE_PAD: 1.0}
     maker = _maker(scenes, tokenizer_path)
     maker.weights = only_pads
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, len(scenes), size=20)
-    asked = [qa.draw_question(maker.questions(int(r)), rng, maker.weights).kind for r in rows]
-    assert asked == [qa.WHERE_PAD] * len(rows)
+    _, asked = maker.draw(20, np.random.default_rng(0))
+    assert [q.kind for q in asked] == [qa.WHERE_PAD] * 20
     assert _maker(scenes, tokenizer_path).weights == qa.KIND_WEIGHTS
 
 

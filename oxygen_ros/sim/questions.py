@@ -13,12 +13,11 @@ Pure Python and numpy (no physics, no ROS): training reads it without the simula
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 import numpy as np
 
-from .language import PLACES, every_phase, place_words
+from .language import PLACES, SceneFacts, current_phase, every_phase, place_words
 from .scene import CUBE_COLORS, PAD_COLORS, PAD_HALF
 from .tasks import PLACE, TOUCH, Task, parse_task
 
@@ -121,17 +120,22 @@ class GroundingScenes:
 
 
 _TEXT_FIELDS = ("tasks", "subtasks", "views")  # one string per row
-_CARRY_UNPLACED = re.compile(r"carry the \w+ cube to the (\w+) pad")
 
 
 def _with_pad_place(scenes: GroundingScenes, row: int) -> str:
     """Row ``row``'s subtask as the sim says it now: a carry rendered before the carry named
-    where its pad is gets the pad's place words."""
+    where its pad is (the sim's carry wording without ``pad_place``) gets the pad's place."""
     subtask = scenes.subtasks[row]
-    match = _CARRY_UNPLACED.fullmatch(subtask)
-    if match is None or match.group(1) not in PAD_COLORS:
+    if not subtask or not scenes.tasks[row]:
         return subtask
-    return f"{subtask}, {pad_place(scenes, row, PAD_COLORS.index(match.group(1)))}"
+    for step in parse_task(scenes.tasks[row]).steps:
+        if step.kind != PLACE:
+            continue
+        unplaced = SceneFacts(False, step.cube, 0.0, False, False)
+        if subtask == current_phase(step, unplaced).subtask:
+            place = pad_place(scenes, row, PAD_COLORS.index(step.pad))
+            return current_phase(step, dataclasses.replace(unplaced, pad_place=place)).subtask
+    return subtask
 
 
 # ----------------------------------------------------------------------------------------------

@@ -96,13 +96,13 @@ class PlaceStages:
             self.closes.append(
                 Close(sim.now_s, float(offset[2]), float(np.hypot(*offset[:2])), speed)
             )
-        pad = np.asarray(world.pad_center(self.task.pad), dtype=float)
         above_pad = float(cube[2]) - CUBE_SIZE / 2 - PAD_THICKNESS
         if held and facts.cube_over_pad:
             self.held_over_pad_s += max(dt, 0.0)
             lowest = self.lowest_over_pad_m
             self.lowest_over_pad_m = above_pad if lowest is None else min(lowest, above_pad)
         if self._holding and not held:
+            pad = np.asarray(world.pad_center(self.task.pad), dtype=float)
             from_centre = float(np.linalg.norm(cube[:2] - pad))
             self.releases.append(Release(facts.cube_over_pad, from_centre, above_pad))
         self._closing, self._holding = world.gripper_closing, held
