@@ -38,6 +38,7 @@ from oxygen_ros.policy_io.prompts import preset
 from oxygen_ros.policy_io.tokenizer import Pi05Tokenizer
 from oxygen_ros.tools.benches.subtask_modes import joint_targets
 from oxygen_ros.tools.train import dataset_tokenizer
+from oxygen_ros.tools.train import main as train_main
 from oxygen_ros.training.augment import augment_camera, color_jitter
 from oxygen_ros.training.batches import BatchError, BatchMaker
 from oxygen_ros.training.dataset import (
@@ -55,6 +56,7 @@ from oxygen_ros.training.trainer import (
     new_model,
     train,
 )
+from oxygen_ros.training.weight_average import WeightAverage
 
 JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 CAMERAS = ("observation.images.scene", "observation.images.wrist")
@@ -555,3 +557,44 @@ def test_a_run_starts_from_a_checkpoints_weights(trained, dataset, tokenizer_pat
     )
     with pytest.raises(ValueError, match="does not fit"):
         load_weights(other, result.out)
+
+
+def test_the_weight_average_moves_by_one_minus_decay_and_is_put_back():
+    layer = torch.nn.Linear(2, 1, bias=False)
+    frozen = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+    layer.register_parameter("frozen", frozen)
+    with torch.no_grad():
+        layer.weight.fill_(0.0)
+    average = WeightAverage(layer, decay=0.9)
+    assert set(average.state_dict()) == {"weight"}  # only what the optimizer trains
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    average.update(layer)
+    average.update(layer)
+    expected = 1.0 - 0.9**2  # two steps towards 1 from 0
+    assert torch.allclose(average.state_dict()["weight"], torch.full((1, 2), expected))
+    with average.applied(layer):
+        assert torch.allclose(layer.weight, torch.full((1, 2), expected))
+    assert torch.equal(layer.weight, torch.ones(1, 2))  # its own weights again
+    with pytest.raises(ValueError, match="decay"):
+        WeightAverage(layer, decay=1.0)
+    with pytest.raises(ValueError, match="other parameters"):
+        average.load_state_dict({"bias": torch.zeros(1)})
+
+
+def test_a_run_with_a_weight_average_writes_the_average(trained, dataset, tokenizer_path, tmp_path):
+    settings, result = trained
+    out = tmp_path / "averaged"
+    averaged = dataclasses.replace(
+        settings, out=out, init_from=result.out, steps=6, ema_decay=0.5, probe_every=0
+    )
+    train(averaged, log=lambda line: None)
+    state = torch.load(out / "resume.pt", weights_only=False)
+    written = load_policy(out).model.state_dict()
+    name = "action_out_proj.weight"
+    assert torch.equal(written[name], state["weight_average"][name])
+    assert not torch.equal(written[name], state["model"][name])  # not the last step's weights
+    start = load_policy(result.out).model.state_dict()[name]
+    assert not torch.equal(written[name], start)  # and it did move from where it began
+    with pytest.raises(SystemExit):
+        train_main(["--dataset", str(dataset), "--out", str(tmp_path / "x"), "--ema-decay", "1"])

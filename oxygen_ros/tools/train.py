@@ -86,6 +86,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=positive_float, default=5e-4, help="peak learning rate")
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument(
+        "--ema-decay",
+        type=float,
+        default=0.0,
+        help="keep a moving average of the weights with this decay (openpi: 0.99) and write it "
+        "as the checkpoint; the probes read it too (default 0: the last step's weights)",
+    )
     parser.add_argument("--grad-clip", type=positive_float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="weights and flow-matching draws")
     parser.add_argument(
@@ -245,6 +252,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(str(exc))
     if args.gate and not (args.grounding_heldout and args.probe_every > 0):
         parser.error("--gate reads the probe: it needs --grounding-heldout and --probe-every > 0")
+    if not 0.0 <= args.ema_decay < 1.0:
+        parser.error(f"--ema-decay must be in [0, 1) (0: no average), got {args.ema_decay}")
     if args.threads < 0:
         parser.error(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     return args
@@ -271,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lr=args.lr,
             warmup_steps=args.warmup_steps,
             weight_decay=args.weight_decay,
+            ema_decay=args.ema_decay,
             grad_clip=args.grad_clip,
             seed=args.seed,
             data_seed=args.data_seed,

@@ -1,8 +1,10 @@
 """The training loop: pi0.5's objectives on a LeRobotDataset, a LeRobot folder out.
 
 AdamW (openpi's betas 0.9 / 0.95), linear warmup then cosine decay (:mod:`.schedule`), gradients
-clipped by global norm, a fixed seed for the weights and the flow draws and a data seed for the
-frames and the augmentation, and a wall-clock budget: the loop stops at ``steps`` or when the
+clipped by global norm, optionally a moving average of the weights (``ema_decay``, openpi's
+0.99: the probes and the checkpoint read the average, :mod:`.weight_average`), a fixed seed
+for the weights and the flow draws and a data seed for the frames and the augmentation, and a
+wall-clock budget: the loop stops at ``steps`` or when the
 budget is spent, whichever comes first, and writes the checkpoint either way
 (:mod:`.checkpoint_out`).
 
@@ -28,6 +30,7 @@ an earlier stage, once a later one ran, is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -57,6 +60,7 @@ from .dataset import TrainingFrames, concatenate_frames, load_training_frames
 from .grounding import GroundingBatchMaker, probe
 from .normalization import RELATIVE_EXCLUDE, checkpoint_norms, dataset_norms
 from .schedule import learning_rate
+from .weight_average import WeightAverage
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,7 @@ class TrainSettings:
     warmup_steps: int = 50
     final_lr_fraction: float = 0.1
     weight_decay: float = 1e-4
+    ema_decay: float = 0.0  # the weight average's decay (`weight_average`); 0: the last weights
     grad_clip: float = 1.0
     seed: int = 0
     data_seed: int | None = None  # None: the seed
@@ -338,6 +343,9 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     elif settings.init_from is not None:
         load_weights(model, settings.init_from)
         log(f"weights from {settings.init_from}")
+    average = WeightAverage(model, settings.ema_decay) if settings.ema_decay else None
+    if settings.resume and average is not None and "weight_average" in state:
+        average.load_state_dict(state["weight_average"])  # else it starts from these weights
     names = [s["stage"] for s in stages]
     if settings.stage in names[:-1]:
         log(f"stage {settings.stage!r} is over: later stages ({names[-1]!r}) ran; nothing to do")
@@ -373,7 +381,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     def run_probe(step: int) -> dict[str, float]:
         if heldout is None:
             return {}
-        accuracy = probe(model, heldout, settings.probe_scenes)
+        with average.applied(model) if average else contextlib.nullcontext():
+            accuracy = probe(model, heldout, settings.probe_scenes)
         probes.append({"step": step, "stage": settings.stage, **accuracy})
         log(f"probe at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items()))
         return accuracy
@@ -390,6 +399,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
                 "history": [dataclasses.asdict(h) for h in history],
                 "probes": probes,
                 "stages": stages,
+                **({"weight_average": average.state_dict()} if average else {}),
             },
             resume_path,
         )
@@ -411,6 +421,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         total.backward()
         torch.nn.utils.clip_grad_norm_(trained, settings.grad_clip)
         optimizer.step()
+        if average is not None:
+            average.update(model)
         history.append(StepLog(step, flow, text, tokens, lr, time.monotonic() - start, grounding))
         if not math.isfinite(flow + text + grounding):
             raise FloatingPointError(f"step {step}: a non-finite loss ({history[-1]})")
@@ -450,6 +462,8 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
         log(f"stage {settings.stage!r}: gates not met ({stage['ended']})")
     save_resume()
     result = _result_of(settings, history)
+    if average is not None:
+        average.copy_to(model)
     model.eval().requires_grad_(False)
     record = _record(settings, frames, history, result, config)
     record["probes"] = probes
