@@ -40,6 +40,7 @@ def test_the_experts_place_goes_through_every_stage(sim):
     assert len(holding) == 1 and holding[0]["fingers_touching"] == 2
     assert abs(holding[0]["tip_above_cube_m"]) < 0.01  # the expert closes at the cube's centre
     assert holding[0]["tip_speed_m_s"] < 0.05  # ... at rest
+    assert holding[0]["off_faces_rad"] < 0.05  # ... square on to the cube's faces
     assert record["releases"] == 1 and record["releases_over_pad"] == 1
     (release,) = record["release_events"]
     assert release["from_pad_centre_m"] < 0.01 and abs(release["above_pad_m"]) < 0.005

@@ -120,11 +120,23 @@ class ArmPerturbation:
         return out
 
 
+def closing_angle(arm: np.ndarray) -> float:
+    """The fingers' closing axis on the table (rad) of a hand pointing down: ``pan + pi/2 -
+    roll`` (the axis the IK turns the hand to, see :func:`.kinematics.tip_down_ik`)."""
+    return float(arm[0]) + math.pi / 2 - float(arm[4])
+
+
+def off_faces_rad(arm: np.ndarray, cube_yaw: float) -> float:
+    """How far the closing axis is turned from the nearest of a cube's face normals: 0 (the
+    fingers meet two opposite faces) to pi/4 (they meet its edges)."""
+    turned = (closing_angle(arm) - cube_yaw) % (math.pi / 2)
+    return min(turned, math.pi / 2 - turned)
+
+
 def closing_axis(state: PrivilegedState, cube: str) -> np.ndarray:
     """The fingers' closing axis (a horizontal unit vector), snapped to the nearest of the
-    cube's face normals (the axis the IK turns the hand to, see :func:`.kinematics.tip_down_ik`:
-    with the hand down it is ``pan + pi/2 - roll``)."""
-    axis = float(state.arm[0]) + math.pi / 2 - float(state.arm[4])
+    cube's face normals."""
+    axis = closing_angle(state.arm)
     yaw = state.cube_yaws[cube]
     axis = yaw + round((axis - yaw) / (math.pi / 2)) * (math.pi / 2)
     return np.array([math.cos(axis), math.sin(axis)])

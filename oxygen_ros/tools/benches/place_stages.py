@@ -8,9 +8,10 @@ one episode from the sim's privileged state after every control step and records
   ``carry`` while held away from the pad, ``release`` while held over it, ``done``);
 * every close: the moment the gripper is commanded closed (the sim's grasp rule,
   ``World.gripper_closing``), where the tip is then (its height above the cube's centre, its
-  distance beside it, its speed), and over the next :data:`CLOSE_WINDOW_S` the most fingers that
-  touched the cube and whether it was held (the weld needs both fingers while closed). The
-  scripted expert closes with the tip 2 mm above the centre, at rest;
+  distance beside it, its speed), how far the fingers' closing axis is turned from the cube's
+  faces (0: square on, pi/4: on its edges), and over the next :data:`CLOSE_WINDOW_S` the most
+  fingers that touched the cube and whether it was held (the weld needs both fingers while
+  closed). The scripted expert closes with the tip 2 mm above the centre, at rest, square on;
 * while the cube is held over the pad: for how long, and how low its bottom came above the pad's
   top (the expert lowers it to rest there, 0 m, and holds over the pad ~1.5 s);
 * every release of the held cube: whether it was over the pad then, its centre's distance from
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.sim.expert import off_faces_rad
 from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS
 from oxygen_ros.sim.tasks import Task
 
@@ -39,6 +41,7 @@ class Close:
     tip_above_cube_m: float
     tip_beside_cube_m: float
     tip_speed_m_s: float
+    off_faces_rad: float  # the closing axis turned from the cube's faces (`expert.off_faces_rad`)
     fingers_touching: int = 0  # the most fingers on the cube within the window
     held: bool = False  # the cube was held within the window
 
@@ -47,6 +50,7 @@ class Close:
             "tip_above_cube_m": round(self.tip_above_cube_m, 4),
             "tip_beside_cube_m": round(self.tip_beside_cube_m, 4),
             "tip_speed_m_s": round(self.tip_speed_m_s, 4),
+            "off_faces_rad": round(self.off_faces_rad, 4),
             "fingers_touching": self.fingers_touching,
             "held": self.held,
         }
@@ -93,8 +97,9 @@ class PlaceStages:
         held = facts.grasped == self.task.cube
         if world.gripper_closing and not self._closing:
             offset = tip - cube
+            turned = off_faces_rad(world.arm_positions(), world.cube_yaw(self.task.cube))
             self.closes.append(
-                Close(sim.now_s, float(offset[2]), float(np.hypot(*offset[:2])), speed)
+                Close(sim.now_s, float(offset[2]), float(np.hypot(*offset[:2])), speed, turned)
             )
         above_pad = float(cube[2]) - CUBE_SIZE / 2 - PAD_THICKNESS
         if held and facts.cube_over_pad:
@@ -155,6 +160,7 @@ def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
         "close_tip_above_cube_m_p50": median([c["tip_above_cube_m"] for c in closes]),
         "close_tip_beside_cube_m_p50": median([c["tip_beside_cube_m"] for c in closes]),
         "close_tip_speed_m_s_p50": median([c["tip_speed_m_s"] for c in closes]),
+        "close_off_faces_rad_p50": median([c["off_faces_rad"] for c in closes]),
         "releases": len(releases),
         "release_from_pad_centre_m_p50": median([r["from_pad_centre_m"] for r in releases]),
         "release_above_pad_m_p50": median([r["above_pad_m"] for r in releases]),

@@ -677,7 +677,8 @@ def print_place_stages(stages: dict[str, Any]) -> None:
         f"{stages['closes']} closes: both fingers {stages['closes_both_fingers']}, held "
         f"{stages['closes_held']}, tip at the close {stages['close_tip_above_cube_m_p50']:.3f} m "
         f"above the cube's centre, {stages['close_tip_beside_cube_m_p50']:.3f} m beside it, "
-        f"{stages['close_tip_speed_m_s_p50']:.3f} m/s (medians)"
+        f"{stages['close_tip_speed_m_s_p50']:.3f} m/s, fingers "
+        f"{stages['close_off_faces_rad_p50']:.2f} rad off the cube's faces (medians)"
     )
 
 
