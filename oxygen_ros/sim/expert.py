@@ -77,6 +77,7 @@ APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, OPEN, RETREAT = (
     "retreat",
 )
 HOLDING_STEPS = (LIFT, CARRY, LOWER)
+GRASPING_STEPS = (APPROACH, DESCEND, CLOSE, RETREAT)  # a cube held here was just grasped
 
 
 class ArmPerturbation:
@@ -217,25 +218,24 @@ class ScriptedExpert:
         held = state.grasped == task.cube
         if self.step in HOLDING_STEPS and not held:
             self._go(APPROACH, state)  # the cube slipped out: start over
+        if held and self.step in GRASPING_STEPS:  # whoever drove the arm grasped it: lift it
+            self._tip_offset = state.tip - cube
+            self._go(LIFT, state)
         pad_x, pad_y = state.pads[task.pad]
         grasp = np.array([cube[0], cube[1], cube[2] + 0.002])
-        if self.step == APPROACH and self._reached(state, above_cube) and state.gripper < OPENED:
+        if self.step == APPROACH and self._above(state, above_cube) and state.gripper < OPENED:
             self._go(DESCEND, state)
         if self.step == DESCEND and self._reached(state, grasp):
             self._go(CLOSE, state)
-        if self.step == CLOSE:
-            if held:
-                self._tip_offset = state.tip - cube
-                self._go(LIFT, state)
-            elif state.time_s - self._step_since_s > CLOSE_TIMEOUT_S:
-                self._go(APPROACH, state)
+        if self.step == CLOSE and state.time_s - self._step_since_s > CLOSE_TIMEOUT_S:
+            self._go(APPROACH, state)
         lift = np.array([state.tip[0], state.tip[1], HOVER_Z])
         above_pad = np.array([pad_x, pad_y, HOVER_Z])
         on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
         on_pad = np.array([pad_x, pad_y, on_pad_z])
         if self.step == LIFT and self._reached(state, lift, vertical_only=True):
             self._go(CARRY, state)
-        if self.step == CARRY and self._reached(state, above_pad):
+        if self.step == CARRY and self._above(state, above_pad):
             self._go(LOWER, state)
         if self.step == LOWER and self._reached(state, on_pad):
             self._go(OPEN, state)
@@ -252,6 +252,14 @@ class ScriptedExpert:
             RETREAT: (above_pad, 0.0),
         }
         return targets[self.step]
+
+    @staticmethod
+    def _above(state: PrivilegedState, hover: np.ndarray) -> bool:
+        """The tip over ``hover``'s spot (within :data:`REACHED` across) and no higher than it:
+        the arm may go down from here, wherever it came from (the expert's own path arrives at
+        ``hover`` itself; a policy's may come in lower)."""
+        across = float(np.linalg.norm(state.tip[:2] - hover[:2]))
+        return across <= REACHED and state.tip[2] <= hover[2] + REACHED
 
     @staticmethod
     def _reached(state: PrivilegedState, target: np.ndarray, vertical_only: bool = False) -> bool:

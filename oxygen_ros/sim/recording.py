@@ -21,7 +21,7 @@ An episode is written only if the expert succeeded (a failed demonstration would
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +88,45 @@ def _seconds_to_ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
+class FrameRecorder:
+    """One episode's frames as the dataset stores them, added one frame at a time: both cameras,
+    the joint state, the action label, the phase's subtask and the narration as the sim node says
+    it (on a change of sentence and every ``narration_period_s``)."""
+
+    def __init__(
+        self, camera_px: int = CAMERA_PX, narration_period_s: float = NARRATION_PERIOD_S
+    ) -> None:
+        self.camera_px = camera_px
+        self.narration_period_s = narration_period_s
+        self.frames: dict[str, list] = {key: [] for key in dataset_features(camera_px)}
+        self._said, self._said_at = "", -np.inf
+        self._phase = None
+
+    def add(self, sim: Simulation, action: np.ndarray) -> dict[str, np.ndarray]:
+        """Record the sim's present frame with ``action`` as its label; returns the rendered
+        images (by camera name) for whoever acts on this frame. After the episode has ended
+        (settling frames) the labels stay those of the last running frame."""
+        now = sim.now_s
+        images = {}
+        for key, camera in CAMERAS.items():
+            images[camera] = sim.world.render(camera, self.camera_px, self.camera_px)
+            self.frames[key].append(images[camera])
+        state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
+        self.frames["observation.state"].append(state.astype(np.float32))
+        self.frames["action"].append(np.asarray(action, dtype=np.float32))
+        if sim.status == RUNNING or self._phase is None:
+            self._phase = sim.phase
+        self.frames["subtask"].append(self._phase.subtask)
+        narrate = (
+            self._phase.narration != self._said
+            or now - self._said_at >= self.narration_period_s - 1e-9
+        )
+        self.frames["narration"].append(self._phase.narration if narrate else "")
+        if narrate:
+            self._said, self._said_at = self._phase.narration, now
+        return images
+
+
 def record_episode(
     sim: Simulation,
     spec: EpisodeSpec,
@@ -99,35 +138,27 @@ def record_episode(
     task = episode_task(spec)
     sim.reset(task, spec.seed, spec.timeout_s)
     steps_per_frame = steps_per_plan(sim, fps)
-    frames: dict[str, list] = {key: [] for key in dataset_features(camera_px)}
-    said, said_at = "", -np.inf
-    phase = sim.phase
+    recorder = FrameRecorder(camera_px, narration_period_s)
     for step, planned in drive_expert(sim, fps, spec.perturbation_rad, spec.settle_s):
         if step % steps_per_frame:
             continue
         if planned is None:
             raise RuntimeError(f"episode {spec}: the expert planned nothing while running")
         # the plan only reached the controllers: the world is still as the frame sees it
-        now = sim.now_s
-        for key, camera in CAMERAS.items():
-            frames[key].append(sim.world.render(camera, camera_px, camera_px))
-        state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
-        frames["observation.state"].append(state.astype(np.float32))
-        frames["action"].append(_reference(*planned, now, now + 1.0 / fps))
-        if sim.status == RUNNING:  # settling frames keep the labels of the last running one
-            phase = sim.phase
-        frames["subtask"].append(phase.subtask)
-        narrate = phase.narration != said or now - said_at >= narration_period_s - 1e-9
-        frames["narration"].append(phase.narration if narrate else "")
-        if narrate:
-            said, said_at = phase.narration, now
-    return RecordedEpisode(spec, task.text, sim.status, frames)
+        recorder.add(sim, expert_label(planned, sim.now_s, fps))
+    return RecordedEpisode(spec, task.text, sim.status, recorder.frames)
 
 
 def episode_task(spec: EpisodeSpec) -> Task:
     """The task of ``spec``'s kind drawn from its seed, as ``oxygen-collect --kind`` draws it
     (a stream apart from the layout's stream of the same seed)."""
     return random_task(np.random.default_rng([spec.seed, 7]), spec.kind)
+
+
+def expert_label(planned: tuple, now_s: float, fps: int = FPS) -> np.ndarray:
+    """The action label of the expert's (arm, gripper) plan made at ``now_s``: where it asks the
+    joints to be one frame period later."""
+    return _reference(*planned, now_s, now_s + 1.0 / fps)
 
 
 def _reference(arm_plan, gripper_plan, start_s: float, at_s: float) -> np.ndarray:
@@ -143,21 +174,24 @@ def _reference(arm_plan, gripper_plan, start_s: float, at_s: float) -> np.ndarra
 
 @dataclasses.dataclass
 class RecordingReport:
-    episodes: int = 0
-    frames: int = 0
-    failed: list[EpisodeSpec] = dataclasses.field(default_factory=list)
+    episodes: int = 0  # written
+    frames: int = 0  # written
+    failed: list[EpisodeSpec] = dataclasses.field(default_factory=list)  # did not succeed
 
 
 def write_demonstrations(
     out: Path | str,
     specs: Iterable[EpisodeSpec],
     sim: Simulation | None = None,
-    progress=None,
+    progress: Callable[[RecordingReport], None] | None = None,
+    record: Callable[[Simulation, EpisodeSpec], RecordedEpisode] = record_episode,
+    keep_failures: bool = False,
 ) -> RecordingReport:
-    """Record every spec and write the successful episodes as a new LeRobotDataset at ``out``.
+    """Record every spec with ``record`` (default: the expert drives) and write the successful
+    episodes, or with ``keep_failures`` every episode, as a new LeRobotDataset at ``out``.
 
     Raises:
-        ValueError: no episode succeeded (nothing to write).
+        ValueError: no episode to write.
     """
     own_sim = sim is None
     sim = sim or Simulation()
@@ -165,21 +199,21 @@ def write_demonstrations(
     report = RecordingReport()
     try:
         for spec in specs:
-            episode = record_episode(sim, spec)
-            if episode.status == SUCCESS:
+            episode = record(sim, spec)
+            if episode.status != SUCCESS:
+                report.failed.append(spec)
+            if (episode.status == SUCCESS or keep_failures) and len(episode):
                 frames = {key: _stacked(values) for key, values in episode.frames.items()}
                 writer.add_episode(frames, [episode.task] * len(episode))
                 report.episodes += 1
                 report.frames += len(episode)
-            else:
-                report.failed.append(spec)
             if progress is not None:
                 progress(report)
     finally:
         if own_sim:
             sim.world.close()
     if report.episodes == 0:
-        raise ValueError(f"no successful episode to write into {out}")
+        raise ValueError(f"no episode to write into {out}: none succeeded")
     writer.finish()
     return report
 

@@ -4,6 +4,8 @@
         [--perturbed-share 0.3 --perturbation-rad 0.02] [--touch-seed 1000000 --place-seed 2000000]
     oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000] \\
         [--poses 5 --views along dart off_course --workers 2]
+    oxygen-sim-dataset on-policy --out data/on_policy --checkpoint models/sim_so101 --place 150 \\
+        [--touch 0 --seed 5000000 --subtask oracle --continuity guided]
 
 ``demos``: expert demonstrations straight into a LeRobotDataset, the same features as
 ``oxygen-collect`` + ``oxygen-bag-to-lerobot`` with ``config/sim_dataset.yaml``
@@ -18,6 +20,13 @@ timeout (``--two-step-timeout-s``).
 ``grounding``: scenes for ``oxygen-train --grounding`` (:mod:`oxygen_ros.sim.grounding`): each
 layout at the start pose and at moments along an expert episode, both cameras, with the sim's
 state for the questions' answers. Training seeds from 3,000,000, the probe's from 9,000,000.
+
+``on-policy``: a checkpoint drives the episodes as ``oxygen-bench sim-policy`` drives them (each
+frame's chunk sent at once, conditioned as ``--subtask`` says, continued as ``--continuity``
+says) and the scripted expert labels every frame with the plan it would make there (DAgger,
+:mod:`oxygen_ros.sim.on_policy`): the same features as ``demos``, every episode written, failed or
+not. Touch episodes' seeds from ``--seed``, place's from ``--seed`` + 500,000 (default 5,000,000:
+apart from the demonstrations', the grounding scenes' and the benches' seeds).
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ DEFAULT_PLACE_SEED = 2_000_000
 DEFAULT_TWO_STEP_SEED = 4_000_000  # apart from the grounding seeds (3,000,000..)
 DEFAULT_TWO_STEP_TIMEOUT_S = 30.0  # two places take the expert ~10 sim s
 DEFAULT_GROUNDING_SEED = 3_000_000  # = oxygen_ros.sim.grounding.TRAIN_SEED0 (tested)
+DEFAULT_ON_POLICY_SEED = 5_000_000
+ON_POLICY_PLACE_OFFSET = 500_000  # place episodes' seeds past the touch episodes'
+ON_POLICY_TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim-policy's timeouts
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -93,11 +105,34 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     scenes.add_argument(
         "--workers", type=positive_int, default=1, help="rendering processes (one core each)"
     )
+    on_policy = commands.add_parser(
+        "on-policy", help="episodes a checkpoint drives, labelled by the expert (DAgger)"
+    )
+    on_policy.add_argument("--out", type=Path, required=True, help="dataset folder to create")
+    on_policy.add_argument("--checkpoint", type=Path, required=True, help="the driving policy")
+    on_policy.add_argument("--touch", type=int, default=0, help="touch episodes to run")
+    on_policy.add_argument("--place", type=int, default=0, help="place episodes to run")
+    on_policy.add_argument("--seed", type=int, default=DEFAULT_ON_POLICY_SEED, help="first seed")
+    on_policy.add_argument(
+        "--subtask",
+        default="oracle",
+        choices=("flat", "oracle", "predicted"),
+        help="what conditions the policy's chunks (as sim-policy's --subtask)",
+    )
+    on_policy.add_argument(
+        "--continuity",
+        default="guided",
+        choices=("none", "guided", "trained"),
+        help="each chunk continues the executed one (as sim-policy's --continuity)",
+    )
+    on_policy.add_argument("--prompt-format", default="openpi_subtask")
+    on_policy.add_argument("--num-steps", type=positive_int, default=10, help="flow steps")
+    on_policy.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
-    if args.command == "demos":
-        counts = (args.touch, args.place, args.two_step)
+    if args.command in ("demos", "on-policy"):
+        counts = (args.touch, args.place, getattr(args, "two_step", 0))
         if min(counts) < 0 or sum(counts) == 0:
-            parser.error("--touch, --place and --two-step must be >= 0 and not all 0")
+            parser.error("the episode counts must be >= 0 and not all 0")
     return args
 
 
@@ -142,6 +177,59 @@ def write_demos(args: argparse.Namespace) -> dict:
     }
 
 
+def write_on_policy(args: argparse.Namespace) -> dict:
+    from oxygen_ros.sim.episode import Simulation
+    from oxygen_ros.sim.on_policy import record_on_policy_episode
+    from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
+    from oxygen_ros.tools.benches.sim_policy import PolicyDriver, make_source
+
+    bench_args = argparse.Namespace(
+        **vars(args),
+        subtask_every=1,
+        subtask_confirmations=1,
+        rtc_guidance_weight=5.0,
+        delay_steps=0,
+        execute_steps=0,
+        action_dt=1.0 / FPS,
+    )
+    driver = PolicyDriver(make_source(bench_args), 1.0 / FPS)
+    place_seed = args.seed + ON_POLICY_PLACE_OFFSET
+    specs = [
+        EpisodeSpec(kind, seed0 + i, timeout_s=ON_POLICY_TIMEOUT_S[kind])
+        for kind, seed0, count in (
+            ("touch", args.seed, args.touch),
+            ("place", place_seed, args.place),
+        )
+        for i in range(count)
+    ]
+
+    def progress(report) -> None:
+        if report.episodes % 10 == 0:
+            succeeded = report.episodes - len(report.failed)
+            print(
+                f"{report.episodes}/{len(specs)} episodes ({succeeded} succeeded), "
+                f"{report.frames} frames",
+                flush=True,
+            )
+
+    def record(sim, spec):
+        return record_on_policy_episode(sim, spec, driver)
+
+    sim = Simulation()
+    try:
+        report = write_demonstrations(args.out, specs, sim, progress, record, keep_failures=True)
+    finally:
+        sim.world.close()
+    return {
+        "episodes": report.episodes,
+        "frames": report.frames,
+        "succeeded": report.episodes - len(report.failed),
+        "checkpoint": str(args.checkpoint),
+        "subtask": args.subtask,
+        "continuity": args.continuity,
+    }
+
+
 def write_grounding(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.grounding import render_scenes
 
@@ -158,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     started = time.perf_counter()
     try:
-        summary = write_demos(args) if args.command == "demos" else write_grounding(args)
+        write = {"demos": write_demos, "grounding": write_grounding, "on-policy": write_on_policy}
+        summary = write[args.command](args)
     except ValueError as exc:
         print(f"oxygen-sim-dataset: {exc}", file=sys.stderr)
         return 2

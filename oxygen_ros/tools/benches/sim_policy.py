@@ -312,6 +312,28 @@ def send(sim, actions: np.ndarray, action_dt: float, stamp_s: float | None = Non
     )
 
 
+class PolicyDriver:
+    """A chunk source driving on-policy recording (`oxygen_ros.sim.on_policy`): each frame's
+    chunk, from the images the recorder rendered, goes to the controllers at once (zero delay)."""
+
+    def __init__(self, source: ChunkSource, action_dt: float) -> None:
+        self.source, self.action_dt = source, action_dt
+
+    def start(self, sim, noise_seed: int) -> None:
+        self.source.start(sim, noise_seed)
+
+    def act(self, sim, images: dict[str, np.ndarray], state: np.ndarray) -> None:
+        from oxygen_ros.engine.types import Observation
+
+        slots = {SLOTS[camera]: image for camera, image in images.items()}
+        chunk = self.source.chunk(sim, Observation(slots, state, sim.task.text, sim.now_s))
+        send(sim, chunk.actions, self.action_dt)
+        self.source.published()
+
+    def close(self) -> None:
+        self.source.close()
+
+
 class SubtaskTally:
     """predicted: how the subtasks decoded in one episode compare with the sim's."""
 

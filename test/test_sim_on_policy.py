@@ -1,0 +1,131 @@
+"""On-policy recording (`oxygen_ros.sim.on_policy`, ``oxygen-sim-dataset on-policy``): whoever
+drives, every frame is labelled with the plan the expert makes from that frame's state, failed
+episodes are kept, and the expert takes up a cube the driver grasped."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import
+
+import json
+
+import numpy as np
+import pytest
+
+from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
+from oxygen_ros.sim.expert import LIFT, ScriptedExpert
+from oxygen_ros.sim.headless import drive_expert
+from oxygen_ros.sim.on_policy import record_on_policy_episode
+from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
+from oxygen_ros.tools.sim_dataset import main as sim_dataset_main
+from oxygen_ros.training.dataset import load_training_frames
+
+SEED = 5_900_000
+
+
+@pytest.fixture(scope="module")
+def sim():
+    sim = Simulation(episode_timeout_s=12.0)
+    yield sim
+    sim.world.close()
+
+
+class ExpertDriver:
+    """Drives with an expert of its own, keeping the labels it sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[np.ndarray] = []
+
+    def start(self, sim, noise_seed: int) -> None:
+        self.expert = ScriptedExpert()
+
+    def act(self, sim, images, state) -> None:
+        assert set(images) == {"scene", "wrist"}
+        planned = self.expert.plan(sim.privileged_state())
+        sim.receive(ARM_CONTROLLER, planned[0])
+        sim.receive(GRIPPER_CONTROLLER, planned[1])
+        self.sent.append(expert_label(planned, sim.now_s))
+
+    def close(self) -> None:
+        pass
+
+
+class StillDriver:
+    """Never moves the arm."""
+
+    def start(self, sim, noise_seed: int) -> None:
+        self.frames = 0
+
+    def act(self, sim, images, state) -> None:
+        self.frames += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_expert_driver_gets_its_own_plans_as_labels(sim):
+    driver = ExpertDriver()
+    spec = EpisodeSpec("place", SEED, timeout_s=20.0)
+    episode = record_on_policy_episode(sim, spec, driver)
+    assert episode.status == SUCCESS
+    assert episode.task == episode_task(spec).text
+    assert len(episode) == len(driver.sent) > 20
+    np.testing.assert_allclose(np.stack(episode.frames["action"]), np.stack(driver.sent))
+    assert any(s.startswith("carry the ") for s in episode.frames["subtask"])
+
+
+def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp_path, sim):
+    driver = StillDriver()
+    spec = EpisodeSpec("touch", SEED + 1, timeout_s=2.05)
+    episode = record_on_policy_episode(sim, spec, driver)
+    assert episode.status != SUCCESS
+    assert len(episode) == driver.frames == 21  # 0 s to 2 s at 10 fps
+    states = np.stack(episode.frames["observation.state"])
+    actions = np.stack(episode.frames["action"])
+    np.testing.assert_allclose(states[0], states[-1], atol=1e-3)  # nothing moved it
+    # the expert plans a move away from where the arm stays, every frame
+    assert (np.abs(actions[:, :5] - states[:, :5]).max(axis=1) > 1e-3).all()
+
+    def record(sim, spec):
+        return record_on_policy_episode(sim, spec, StillDriver())
+
+    with pytest.raises(ValueError, match="none succeeded"):
+        write_demonstrations(tmp_path / "dropped", [spec], sim, record=record)
+    report = write_demonstrations(tmp_path / "kept", [spec], sim, record=record, keep_failures=True)
+    assert (report.episodes, report.frames, report.failed) == (1, 21, [spec])
+    frames = load_training_frames(tmp_path / "kept")
+    assert len(frames) == 21
+
+
+def test_the_expert_lifts_a_cube_someone_else_grasped(sim):
+    task = episode_task(EpisodeSpec("place", SEED + 2))
+    sim.reset(task, SEED + 2)
+    for _ in drive_expert(sim):
+        if sim.privileged_state().grasped == task.cube:
+            break
+    else:
+        pytest.fail("the expert never grasped the cube")
+    fresh = ScriptedExpert()  # it starts at the approach, as if it had not grasped
+    _, gripper = fresh.plan(sim.privileged_state())
+    assert fresh.step == LIFT
+    assert gripper.points[0].positions[0] == 1.0  # it keeps the gripper closed
+
+
+def test_the_command_records_a_checkpoint_driving(tmp_path, capsys):
+    out = tmp_path / "on_policy"
+    rc = sim_dataset_main(
+        ["on-policy", "--out", str(out), "--checkpoint", "models/sim_so101", "--touch", "1",
+         "--continuity", "none"]
+    )  # fmt: skip
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["episodes"] == 1 and summary["frames"] > 0
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["total_frames"] == summary["frames"]
+
+
+def test_the_command_refuses_no_episodes(capsys):
+    with pytest.raises(SystemExit):
+        sim_dataset_main(["on-policy", "--out", "x", "--checkpoint", "models/sim_so101"])
+    assert "episode counts" in capsys.readouterr().err
