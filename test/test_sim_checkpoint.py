@@ -35,16 +35,18 @@ MARGIN = 0.05  # rad (arm) / opening (gripper): a sampled chunk may overshoot th
 PROBE_SEED0 = HELDOUT_SEED0 + 700_000  # held-out layouts no training run or bench draws
 PROBE_LAYOUTS = 16  # each seen at the start pose and 4 moments of a view's episode
 # what the shipped checkpoint answers right on those scenes at least: a little under what it
-# measured (start/where 1.00, along/where 0.93, start/all_cubes 0.94, along/all_cubes 0.74,
-# along/subtask 0.69), so a worse checkpoint fails; the targets (where and subtask 0.95, all_cubes
-# 0.9 at both poses) are met at the start pose only (docs/closed_loop.md)
+# measured (start/where 1.00, along/where 0.91, start/all_cubes 0.94, along/all_cubes 0.69,
+# along/subtask 0.66; 0.74 and 0.69 on the scenes of the expert before it started down from
+# wherever the tip is over its spot: other moments, the same weights), so a worse checkpoint
+# fails; the targets (where and subtask 0.95, all_cubes 0.9 at both poses) are met at the start
+# pose only (docs/closed_loop.md)
 PROBE_FLOORS = {
     "start/where": 0.95,
     "along/where": 0.88,
     "start/all_cubes": 0.9,
-    "along/all_cubes": 0.7,
+    "along/all_cubes": 0.65,
     "start/subtask": 0.9,
-    "along/subtask": 0.65,
+    "along/subtask": 0.6,
 }
 
 
