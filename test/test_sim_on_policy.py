@@ -8,13 +8,14 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
-from oxygen_ros.sim.expert import LIFT, ScriptedExpert
+from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, REACHED, ScriptedExpert
 from oxygen_ros.sim.headless import drive_expert
 from oxygen_ros.sim.on_policy import record_on_policy_episode
 from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
@@ -38,7 +39,7 @@ class ExpertDriver:
         self.sent: list[np.ndarray] = []
 
     def start(self, sim, noise_seed: int) -> None:
-        self.expert = ScriptedExpert()
+        self.expert = ScriptedExpert(corrective=True)  # the labeller's kind, to get its plans
 
     def act(self, sim, images, state) -> None:
         assert set(images) == {"scene", "wrist"}
@@ -110,6 +111,61 @@ def test_the_expert_lifts_a_cube_someone_else_grasped(sim):
     _, gripper = fresh.plan(sim.privileged_state())
     assert fresh.step == LIFT
     assert gripper.points[0].positions[0] == 1.0  # it keeps the gripper closed
+
+
+def _grasped_place(sim, seed: int):
+    """A place episode driven by the expert up to the moment it holds the cube."""
+    task = episode_task(EpisodeSpec("place", seed))
+    sim.reset(task, seed)
+    for _ in drive_expert(sim):
+        state = sim.privileged_state()
+        if state.grasped == task.cube:
+            return task, state
+    pytest.fail("the expert never grasped the cube")
+
+
+def test_a_corrective_expert_lowers_from_the_height_a_policy_carries_at(sim):
+    task, held = _grasped_place(sim, SEED + 3)
+    pad = np.array(held.pads[task.pad])
+    grip = held.tip - held.cubes[task.cube]
+
+    def carried(x: float, y: float, z: float):  # the held cube goes where the tip goes
+        tip = np.array([x, y, z])
+        return dataclasses.replace(held, tip=tip, cubes={**held.cubes, task.cube: tip - grip})
+
+    experts = {"corrective": ScriptedExpert(corrective=True), "demonstrating": ScriptedExpert()}
+    targets = {}
+    for name, expert in experts.items():
+        expert.target(carried(*held.tip[:2], 0.06))  # lifted 6 cm, below the hover height
+        targets[name], gripper = expert.target(carried(pad[0] + 0.015, pad[1], 0.06))
+        assert gripper == 1.0
+    assert experts["corrective"].step == CARRY
+    np.testing.assert_allclose(targets["corrective"], [pad[0], pad[1], 0.06])  # across, not up
+    assert experts["demonstrating"].step == LIFT  # it lifts to its hover height first
+    assert targets["demonstrating"][2] == pytest.approx(HOVER_Z)
+    # over the centre it goes down; wandered away from it, it carries again
+    corrective = experts["corrective"]
+    target, _ = corrective.target(carried(pad[0], pad[1] + REACHED / 2, 0.06))
+    assert corrective.step == LOWER and target[2] < 0.04
+    corrective.target(carried(pad[0] + 0.05, pad[1], 0.04))
+    assert corrective.step == CARRY
+
+
+def test_a_corrective_expert_leaves_a_descent_the_tip_wandered_from(sim):
+    task = episode_task(EpisodeSpec("place", SEED + 4))
+    sim.reset(task, SEED + 4)
+    state = sim.privileged_state()
+    cube = state.cubes[task.cube]
+    expert = ScriptedExpert(corrective=True)
+    near = dataclasses.replace(state, tip=np.array([cube[0] + 0.02, cube[1], 0.06]))
+    target, gripper = expert.target(near)
+    np.testing.assert_allclose(target, [cube[0], cube[1], 0.06])  # re-centred at its height
+    assert gripper == 0.0
+    expert.target(dataclasses.replace(state, tip=np.array([cube[0], cube[1], 0.05])))
+    assert expert.step == DESCEND
+    away = dataclasses.replace(state, tip=np.array([cube[0] + 0.06, cube[1], 0.03]))
+    target, _ = expert.target(away)
+    assert target[2] == pytest.approx(HOVER_Z)  # back up before going across
 
 
 def test_the_command_records_a_checkpoint_driving(tmp_path, capsys):

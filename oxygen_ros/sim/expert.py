@@ -60,6 +60,11 @@ HOVER_Z = 0.09  # tip height when moving above the table
 REACHED = 0.008  # a tip this close to its target has reached it
 CLOSE_TIMEOUT_S = 1.0  # a close that holds nothing after this is retried
 OPENED = 0.15  # a gripper reading below this is open
+# a corrective expert (labelling a policy's states) re-centres at the tip's own height when the tip
+# is this close across to its spot and high enough that nothing below it is swept
+NEAR = 0.03
+FINGERS_CLEAR = 0.005  # open fingers' ends this far above a cube's top pass over it
+CARRY_CLEAR_Z = 0.055  # a held cube's bottom and the fingers clear the cubes on the table
 # touch: the tip this far from the cube's centre puts a finger's centre a quarter edge inside the
 # cube's top (contact for tip errors from -11 to +27 mm along the closing axis)
 TOUCH_ASIDE = FINGER_OFFSET - CUBE_SIZE / 4
@@ -164,9 +169,16 @@ def touch_point(state: PrivilegedState, cube: str) -> np.ndarray:
 
 
 class ScriptedExpert:
-    """Plans each tick's trajectories from the privileged state; one episode at a time."""
+    """Plans each tick's trajectories from the privileged state; one episode at a time.
 
-    def __init__(self) -> None:
+    ``corrective`` makes it label states it did not make (a policy driving, DAgger): near its spot
+    and clear of the cubes it re-centres at the tip's height instead of climbing back to
+    :data:`HOVER_Z`, counts a held cube lifted once it is clear, and leaves a descent the tip has
+    wandered away from. Its own episodes then take shortcuts; the demonstrations keep the default.
+    """
+
+    def __init__(self, corrective: bool = False) -> None:
+        self.corrective = corrective
         self.episode = -1
         self.step = APPROACH
         self.task_step = 0  # which of the task's steps it carries out (two-step: 0, then 1)
@@ -177,14 +189,17 @@ class ScriptedExpert:
         """This tick's (arm, gripper) trajectories, or None when no episode runs."""
         if state.task is None or state.status != RUNNING:
             return None
+        target, gripper = self.target(state)
+        yaw = state.cube_yaws[state.task.steps[self.task_step].cube]
+        return self._arm_trajectory(state, target, yaw), self._gripper_trajectory(state, gripper)
+
+    def target(self, state: PrivilegedState) -> tuple[np.ndarray, float]:
+        """This tick's step: where the tip heads and the gripper's command (0 open, 1 closed)."""
         if state.episode != self.episode:
             self.episode, self.step, self._step_since_s = state.episode, APPROACH, state.time_s
             self.task_step = 0
         self._next_task_step(state)
-        task = state.task.steps[self.task_step]
-        target, gripper = self._advance(task, state)
-        yaw = state.cube_yaws[task.cube]
-        return self._arm_trajectory(state, target, yaw), self._gripper_trajectory(state, gripper)
+        return self._advance(state.task.steps[self.task_step], state)
 
     def _next_task_step(self, state: PrivilegedState) -> None:
         """Go on to the task's next step once the sim has counted this one done and, after a
@@ -207,11 +222,11 @@ class ScriptedExpert:
     def _advance(self, task: Task, state: PrivilegedState) -> tuple[np.ndarray, float]:
         """Move through the steps the state allows; return the tip's target and the gripper's."""
         cube = state.cubes[task.cube]
-        above_cube = np.array([cube[0], cube[1], HOVER_Z])
         if task.kind != PLACE:
             touch = touch_point(state, task.cube)
-            above_touch = np.array([touch[0], touch[1], HOVER_Z])
-            if self.step == APPROACH and self._reached(state, above_touch):
+            self._leave_if_wandered(state, DESCEND, touch, APPROACH)
+            above_touch = self._hover_over(state, touch, self._over_cube_z(cube))
+            if self.step == APPROACH and self._above(state, above_touch):
                 self._go(DESCEND, state)
             return (touch if self.step == DESCEND else above_touch), 0.0
 
@@ -223,6 +238,11 @@ class ScriptedExpert:
             self._go(LIFT, state)
         pad_x, pad_y = state.pads[task.pad]
         grasp = np.array([cube[0], cube[1], cube[2] + 0.002])
+        on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
+        on_pad = np.array([pad_x, pad_y, on_pad_z])
+        self._leave_if_wandered(state, DESCEND, grasp, APPROACH)
+        self._leave_if_wandered(state, LOWER, on_pad, CARRY)
+        above_cube = self._hover_over(state, cube, self._over_cube_z(cube))
         if self.step == APPROACH and self._above(state, above_cube) and state.gripper < OPENED:
             self._go(DESCEND, state)
         if self.step == DESCEND and self._reached(state, grasp):
@@ -230,10 +250,9 @@ class ScriptedExpert:
         if self.step == CLOSE and state.time_s - self._step_since_s > CLOSE_TIMEOUT_S:
             self._go(APPROACH, state)
         lift = np.array([state.tip[0], state.tip[1], HOVER_Z])
-        above_pad = np.array([pad_x, pad_y, HOVER_Z])
-        on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
-        on_pad = np.array([pad_x, pad_y, on_pad_z])
-        if self.step == LIFT and self._reached(state, lift, vertical_only=True):
+        above_pad = self._hover_over(state, on_pad, on_pad_z)
+        lifted = self._reached(state, lift, vertical_only=True)
+        if self.step == LIFT and (lifted or (self.corrective and state.tip[2] >= CARRY_CLEAR_Z)):
             self._go(CARRY, state)
         if self.step == CARRY and self._above(state, above_pad):
             self._go(LOWER, state)
@@ -249,9 +268,32 @@ class ScriptedExpert:
             CARRY: (above_pad, 1.0),
             LOWER: (on_pad, 1.0),
             OPEN: (on_pad, 0.0),
-            RETREAT: (above_pad, 0.0),
+            RETREAT: (np.array([pad_x, pad_y, HOVER_Z]), 0.0),
         }
         return targets[self.step]
+
+    @staticmethod
+    def _over_cube_z(cube: np.ndarray) -> float:
+        """The lowest tip height at which open fingers pass over ``cube``."""
+        return float(cube[2] + CUBE_SIZE / 2 + FINGER_BEYOND_TIP + FINGERS_CLEAR)
+
+    def _hover_over(self, state: PrivilegedState, spot: np.ndarray, clear_z: float) -> np.ndarray:
+        """Where to wait above ``spot`` before going down: :data:`HOVER_Z`, or for a corrective
+        expert the tip's own height when the tip is near across and no lower than ``clear_z``."""
+        z = HOVER_Z
+        across = float(np.linalg.norm(state.tip[:2] - spot[:2]))
+        if self.corrective and across <= NEAR and state.tip[2] >= clear_z:
+            z = min(float(state.tip[2]), HOVER_Z)
+        return np.array([spot[0], spot[1], z])
+
+    def _leave_if_wandered(
+        self, state: PrivilegedState, step: str, spot: np.ndarray, back_to: str
+    ) -> None:
+        """A corrective expert goes ``back_to`` when the tip has wandered more than :data:`NEAR`
+        across from the spot ``step`` goes down to (going down from there would sweep the table)."""
+        across = float(np.linalg.norm(state.tip[:2] - spot[:2]))
+        if self.corrective and self.step == step and across > NEAR:
+            self._go(back_to, state)
 
     @staticmethod
     def _above(state: PrivilegedState, hover: np.ndarray) -> bool:

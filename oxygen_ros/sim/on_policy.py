@@ -5,7 +5,10 @@ into states it has never seen (a tip a centimetre beside the cube, a cube held l
 expert holds it) and compounds its errors there. Here the policy drives the episode as
 ``oxygen-bench sim-policy`` drives it, one chunk per frame, while the expert plans from the same
 privileged state every frame as if it were in control: its plan is the frame's action label, so
-the dataset shows the way back from where the policy really goes. Frames are the same features as
+the dataset shows the way back from where the policy really goes. The expert is corrective
+(:class:`~.expert.ScriptedExpert`): near its spot it re-centres at the height it finds the tip,
+where its own demonstrations climb back to the hover height first. Labels that send a policy
+lowering a cube 1.5 cm beside the pad's centre back up 6 cm teach it to hover, not to place. Frames are the same features as
 the expert's demonstrations (:class:`~.recording.FrameRecorder`), so such a dataset joins them in
 ``oxygen-train --dataset``; failed episodes are kept too (their labels are the corrections).
 """
@@ -51,11 +54,11 @@ def record_on_policy_episode(
     camera_px: int = CAMERA_PX,
 ) -> RecordedEpisode:
     """One episode of ``spec``'s task driven by ``driver``, each frame labelled with the plan a
-    fresh expert makes from that frame's state (whatever the episode's outcome)."""
+    corrective expert makes from that frame's state (whatever the episode's outcome)."""
     task = episode_task(spec)
     sim.reset(task, spec.seed, spec.timeout_s)
     driver.start(sim, spec.seed)
-    expert = ScriptedExpert()
+    expert = ScriptedExpert(corrective=True)
     recorder = FrameRecorder(camera_px)
     steps_per_frame = steps_per_plan(sim, fps)
     step = 0
