@@ -9,8 +9,9 @@ the dataset shows the way back from where the policy really goes. The expert is 
 (:class:`~.expert.ScriptedExpert`): near its spot it re-centres at the height it finds the tip,
 where its own demonstrations climb back to the hover height first. Labels that send a policy
 lowering a cube 1.5 cm beside the pad's centre back up 6 cm teach it to hover, not to place.
-Frames are the same features as the expert's demonstrations (:class:`~.recording.FrameRecorder`), so such a dataset joins them in
-``oxygen-train --dataset``; failed episodes are kept too (their labels are the corrections).
+Frames are the same features as the expert's demonstrations (:class:`~.recording.FrameRecorder`),
+so such a dataset joins them in ``oxygen-train --dataset``; failed episodes are kept too (their
+labels are the corrections).
 """
 
 from __future__ import annotations
