@@ -65,15 +65,19 @@ class StillDriver:
         pass
 
 
-def test_an_expert_driver_gets_its_own_plans_as_labels(sim):
+@pytest.mark.parametrize("kind", ["place", "two_step"])
+def test_an_expert_driver_gets_its_own_plans_as_labels(sim, kind):
     driver = ExpertDriver()
-    spec = EpisodeSpec("place", SEED, timeout_s=20.0)
+    spec = EpisodeSpec(kind, SEED, timeout_s=30.0)
     episode = record_on_policy_episode(sim, spec, driver)
     assert episode.status == SUCCESS
     assert episode.task == episode_task(spec).text
     assert len(episode) == len(driver.sent) > 20
     np.testing.assert_allclose(np.stack(episode.frames["action"]), np.stack(driver.sent))
     assert any(s.startswith("carry the ") for s in episode.frames["subtask"])
+    if kind == "two_step":  # the second step's subtask follows the first's
+        second = episode_task(spec).steps[1]
+        assert any(f"the {second.cube} cube" in s for s in episode.frames["subtask"][-5:])
 
 
 def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp_path, sim):

@@ -5,7 +5,7 @@
     oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000] \\
         [--poses 5 --views along dart off_course --workers 2]
     oxygen-sim-dataset on-policy --out data/on_policy --checkpoint models/sim_so101 --place 150 \\
-        [--touch 0 --seed 5000000 --subtask oracle --continuity guided]
+        [--touch 0 --two-step 0 --seed 5000000 --subtask oracle --continuity guided]
 
 ``demos``: expert demonstrations straight into a LeRobotDataset, the same features as
 ``oxygen-collect`` + ``oxygen-bag-to-lerobot`` with ``config/sim_dataset.yaml``
@@ -25,8 +25,9 @@ state for the questions' answers. Training seeds from 3,000,000, the probe's fro
 frame's chunk sent at once, conditioned as ``--subtask`` says, continued as ``--continuity``
 says) and the scripted expert labels every frame with the plan it would make there (DAgger,
 :mod:`oxygen_ros.sim.on_policy`): the same features as ``demos``, every episode written, failed or
-not. Touch episodes' seeds from ``--seed``, place's from ``--seed`` + 500,000 (default 5,000,000:
-apart from the demonstrations', the grounding scenes' and the benches' seeds).
+not. Touch episodes' seeds from ``--seed``, place's from ``--seed`` + 500,000, two-step's from
+``--seed`` + 800,000 (default 5,000,000: apart from the demonstrations', the grounding scenes' and
+the benches' seeds); timeouts as sim-policy's (8, 20 and 30 sim s).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ DEFAULT_TWO_STEP_TIMEOUT_S = 30.0  # two places take the expert ~10 sim s
 DEFAULT_GROUNDING_SEED = 3_000_000  # = oxygen_ros.sim.grounding.TRAIN_SEED0 (tested)
 DEFAULT_ON_POLICY_SEED = 5_000_000
 ON_POLICY_PLACE_OFFSET = 500_000  # place episodes' seeds past the touch episodes'
-ON_POLICY_TIMEOUT_S = {"touch": 8.0, "place": 20.0}  # sim-policy's timeouts
+ON_POLICY_TWO_STEP_OFFSET = 800_000  # two-step episodes' seeds past the place episodes'
+ON_POLICY_TIMEOUT_S = {"touch": 8.0, "place": 20.0, "two_step": 30.0}  # sim-policy's timeouts
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -112,6 +114,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     on_policy.add_argument("--checkpoint", type=Path, required=True, help="the driving policy")
     on_policy.add_argument("--touch", type=int, default=0, help="touch episodes to run")
     on_policy.add_argument("--place", type=int, default=0, help="place episodes to run")
+    on_policy.add_argument(
+        "--two-step", type=int, default=0, help="two-step episodes to run (a place, then another)"
+    )
     on_policy.add_argument("--seed", type=int, default=DEFAULT_ON_POLICY_SEED, help="first seed")
     on_policy.add_argument(
         "--subtask",
@@ -199,6 +204,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
         for kind, seed0, count in (
             ("touch", args.seed, args.touch),
             ("place", place_seed, args.place),
+            ("two_step", args.seed + ON_POLICY_TWO_STEP_OFFSET, args.two_step),
         )
         for i in range(count)
     ]

@@ -1,5 +1,6 @@
 cd /work/main
 D=${DATA:-/work/data}
+# data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/place150 --checkpoint models/sim_so101 --place 150 --threads 1  (labelled by the demonstrating expert, before the corrective one existed)
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/dagger/place150 --out $D/r10/checkpoint \
   --init-from models/sim_so101 --tokenizer models/sim_so101/tokenizer.model \
   --preset sim --grounding-heldout $D/r5/grounding_heldout.npz --probe-every 2500 --probe-scenes 200 \
