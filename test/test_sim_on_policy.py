@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
-from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, REACHED, ScriptedExpert
+from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, ScriptedExpert
 from oxygen_ros.sim.headless import drive_expert
 from oxygen_ros.sim.on_policy import record_on_policy_episode
 from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
@@ -143,33 +143,43 @@ def test_a_corrective_expert_lowers_from_the_height_a_policy_carries_at(sim):
         expert.target(carried(*held.tip[:2], 0.06))  # lifted 6 cm, below the hover height
         targets[name], gripper = expert.target(carried(pad[0] + 0.015, pad[1], 0.06))
         assert gripper == 1.0
-    assert experts["corrective"].step == CARRY
-    np.testing.assert_allclose(targets["corrective"], [pad[0], pad[1], 0.06])  # across, not up
+    # 1.5 cm beside the pad's centre: straight down onto it, not back up to the hover height
+    assert experts["corrective"].step == LOWER
+    np.testing.assert_allclose(targets["corrective"][:2], pad)
+    assert targets["corrective"][2] < 0.04
     assert experts["demonstrating"].step == LIFT  # it lifts to its hover height first
     assert targets["demonstrating"][2] == pytest.approx(HOVER_Z)
-    # over the centre it goes down; wandered away from it, it carries again
+    # 3 cm beside it: across at this height; 5 cm beside and low: up, then across
     corrective = experts["corrective"]
-    target, _ = corrective.target(carried(pad[0], pad[1] + REACHED / 2, 0.06))
-    assert corrective.step == LOWER and target[2] < 0.04
-    corrective.target(carried(pad[0] + 0.05, pad[1], 0.04))
+    target, _ = corrective.target(carried(pad[0] + 0.03, pad[1], 0.06))
     assert corrective.step == CARRY
+    np.testing.assert_allclose(target, [pad[0], pad[1], 0.06])
+    target, _ = corrective.target(carried(pad[0] + 0.05, pad[1], 0.04))
+    assert corrective.step == CARRY and target[2] == pytest.approx(HOVER_Z)
 
 
-def test_a_corrective_expert_leaves_a_descent_the_tip_wandered_from(sim):
+def test_a_corrective_expert_goes_down_to_a_cube_from_a_cone_above_it(sim):
     task = episode_task(EpisodeSpec("place", SEED + 4))
     sim.reset(task, SEED + 4)
     state = sim.privileged_state()
     cube = state.cubes[task.cube]
+    grasp = cube + [0.0, 0.0, 0.002]
+
+    def tip_at(dx: float, z: float):
+        return dataclasses.replace(state, tip=np.array([cube[0] + dx, cube[1], z]))
+
     expert = ScriptedExpert(corrective=True)
-    near = dataclasses.replace(state, tip=np.array([cube[0] + 0.02, cube[1], 0.06]))
-    target, gripper = expert.target(near)
-    np.testing.assert_allclose(target, [cube[0], cube[1], 0.06])  # re-centred at its height
-    assert gripper == 0.0
-    expert.target(dataclasses.replace(state, tip=np.array([cube[0], cube[1], 0.05])))
+    # 2 cm beside at 6 cm the fingers would catch the cube's top on the way down: re-centre there
+    target, gripper = expert.target(tip_at(0.02, 0.06))
+    assert expert.step != DESCEND and gripper == 0.0
+    np.testing.assert_allclose(target, [cube[0], cube[1], 0.06])
+    # 1 cm beside at 6 cm: straight down to the grasp point
+    target, _ = expert.target(tip_at(0.01, 0.06))
     assert expert.step == DESCEND
-    away = dataclasses.replace(state, tip=np.array([cube[0] + 0.06, cube[1], 0.03]))
-    target, _ = expert.target(away)
-    assert target[2] == pytest.approx(HOVER_Z)  # back up before going across
+    np.testing.assert_allclose(target, grasp)
+    # 1.5 cm beside, low: out of the cone, and too low to move across: up first
+    target, _ = expert.target(tip_at(0.015, 0.03))
+    assert expert.step != DESCEND and target[2] == pytest.approx(HOVER_Z)
 
 
 def test_the_command_records_a_checkpoint_driving(tmp_path, capsys):

@@ -48,6 +48,7 @@ from .scene import (
     FINGER_BEYOND_TIP,
     FINGER_OFFSET,
     GRIPPER_JOINT,
+    PAD_HALF,
     PAD_THICKNESS,
 )
 from .tasks import PLACE, Task
@@ -60,11 +61,17 @@ HOVER_Z = 0.09  # tip height when moving above the table
 REACHED = 0.008  # a tip this close to its target has reached it
 CLOSE_TIMEOUT_S = 1.0  # a close that holds nothing after this is retried
 OPENED = 0.15  # a gripper reading below this is open
-# a corrective expert (labelling a policy's states) re-centres at the tip's own height when the tip
-# is this close across to its spot and high enough that nothing below it is swept
+# A corrective expert (labelling a policy's states) goes straight down to its spot from anywhere in
+# a cone above it, and re-centres at the tip's own height when the tip is near across and high
+# enough that nothing below it is swept.
 NEAR = 0.03
 FINGERS_CLEAR = 0.005  # open fingers' ends this far above a cube's top pass over it
 CARRY_CLEAR_Z = 0.055  # a held cube's bottom and the fingers clear the cubes on the table
+STRADDLE = 0.008  # open fingers this far off the cube's centre along their closing axis pass it
+# the tip this far above the grasp point puts the fingers' ends at the cube's top
+FINGERS_AT_TOP = CUBE_SIZE / 2 - 0.002 + FINGER_BEYOND_TIP
+PAD_ACROSS = PAD_HALF - CUBE_SIZE / 2  # a cube this far from the pad's centre is over it whole
+CONE_SLACK = 0.005  # a descent is left only this far outside its cone (no flicker at the edge)
 # touch: the tip this far from the cube's centre puts a finger's centre a quarter edge inside the
 # cube's top (contact for tip errors from -11 to +27 mm along the closing axis)
 TOUCH_ASIDE = FINGER_OFFSET - CUBE_SIZE / 4
@@ -226,7 +233,7 @@ class ScriptedExpert:
             touch = touch_point(state, task.cube)
             self._leave_if_wandered(state, DESCEND, touch, APPROACH)
             above_touch = self._hover_over(state, touch, self._over_cube_z(cube))
-            if self.step == APPROACH and self._above(state, above_touch):
+            if self.step == APPROACH and self._may_go_down(state, touch, above_touch):
                 self._go(DESCEND, state)
             return (touch if self.step == DESCEND else above_touch), 0.0
 
@@ -241,9 +248,10 @@ class ScriptedExpert:
         on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
         on_pad = np.array([pad_x, pad_y, on_pad_z])
         self._leave_if_wandered(state, DESCEND, grasp, APPROACH)
-        self._leave_if_wandered(state, LOWER, on_pad, CARRY)
+        self._leave_if_wandered(state, LOWER, on_pad, CARRY, onto_pad=True)
         above_cube = self._hover_over(state, cube, self._over_cube_z(cube))
-        if self.step == APPROACH and self._above(state, above_cube) and state.gripper < OPENED:
+        may_grasp = self._may_go_down(state, grasp, above_cube)
+        if self.step == APPROACH and may_grasp and state.gripper < OPENED:
             self._go(DESCEND, state)
         if self.step == DESCEND and self._reached(state, grasp):
             self._go(CLOSE, state)
@@ -254,7 +262,7 @@ class ScriptedExpert:
         lifted = self._reached(state, lift, vertical_only=True)
         if self.step == LIFT and (lifted or (self.corrective and state.tip[2] >= CARRY_CLEAR_Z)):
             self._go(CARRY, state)
-        if self.step == CARRY and self._above(state, above_pad):
+        if self.step == CARRY and self._may_go_down(state, on_pad, above_pad, onto_pad=True):
             self._go(LOWER, state)
         if self.step == LOWER and self._reached(state, on_pad):
             self._go(OPEN, state)
@@ -286,14 +294,42 @@ class ScriptedExpert:
             z = min(float(state.tip[2]), HOVER_Z)
         return np.array([spot[0], spot[1], z])
 
+    def _may_go_down(
+        self, state: PrivilegedState, spot: np.ndarray, hover: np.ndarray, onto_pad: bool = False
+    ) -> bool:
+        """Whether to go down to ``spot`` from here: over ``hover``'s spot (the demonstrating
+        expert), or anywhere in the cone a straight descent is safe from (a corrective one)."""
+        if not self.corrective:
+            return self._above(state, hover)
+        below_hover = state.tip[2] <= HOVER_Z + REACHED
+        return below_hover and self._in_descent_cone(state, spot, 0.0, onto_pad)
+
     def _leave_if_wandered(
-        self, state: PrivilegedState, step: str, spot: np.ndarray, back_to: str
+        self,
+        state: PrivilegedState,
+        step: str,
+        spot: np.ndarray,
+        back_to: str,
+        onto_pad: bool = False,
     ) -> None:
-        """A corrective expert goes ``back_to`` when the tip has wandered more than :data:`NEAR`
-        across from the spot ``step`` goes down to (going down from there would sweep the table)."""
+        """A corrective expert goes ``back_to`` once the tip has left the cone of ``step``'s
+        descent to ``spot`` (going on down from there would sweep the table)."""
+        if self.corrective and self.step == step:
+            if not self._in_descent_cone(state, spot, CONE_SLACK, onto_pad):
+                self._go(back_to, state)
+
+    @staticmethod
+    def _in_descent_cone(
+        state: PrivilegedState, spot: np.ndarray, slack: float, onto_pad: bool
+    ) -> bool:
+        """A straight line from the tip to ``spot`` is safe: onto the pad (a held cube), from
+        within :data:`PAD_ACROSS`; to a cube, when the open fingers still straddle it as their
+        ends pass its top (they close in on the line's end as the tip comes down)."""
         across = float(np.linalg.norm(state.tip[:2] - spot[:2]))
-        if self.corrective and self.step == step and across > NEAR:
-            self._go(back_to, state)
+        if onto_pad:
+            return across <= PAD_ACROSS + slack
+        height = float(state.tip[2] - spot[2])
+        return across <= max(REACHED, STRADDLE * height / FINGERS_AT_TOP) + slack
 
     @staticmethod
     def _above(state: PrivilegedState, hover: np.ndarray) -> bool:
