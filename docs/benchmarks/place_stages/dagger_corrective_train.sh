@@ -1,6 +1,7 @@
 cd /work/main
 D=${DATA:-/work/data}
 # data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/corrective --checkpoint models/sim_so101 --touch 150 --place 150 --threads 1
+#   (labelled by the corrective expert before its descent cone: commit 13d9716)
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/dagger/corrective --out $D/r11/checkpoint \
   --init-from models/sim_so101 --tokenizer models/sim_so101/tokenizer.model \
   --preset sim --grounding-heldout $D/r5/grounding_heldout.npz --probe-every 2500 --probe-scenes 200 \
