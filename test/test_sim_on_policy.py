@@ -17,8 +17,9 @@ import pytest
 from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
 from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, ScriptedExpert
 from oxygen_ros.sim.headless import drive_expert
-from oxygen_ros.sim.on_policy import record_on_policy_episode
+from oxygen_ros.sim.on_policy import TAKEOVER_WITHIN_S, record_on_policy_episode, takeover_time
 from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
+from oxygen_ros.sim.scene import HOME
 from oxygen_ros.tools.sim_dataset import main as sim_dataset_main
 from oxygen_ros.training.dataset import load_training_frames
 
@@ -69,7 +70,7 @@ class StillDriver:
 def test_an_expert_driver_gets_its_own_plans_as_labels(sim, kind):
     driver = ExpertDriver()
     spec = EpisodeSpec(kind, SEED, timeout_s=30.0)
-    episode = record_on_policy_episode(sim, spec, driver)
+    episode = record_on_policy_episode(sim, spec, driver, labels="per_frame")
     assert episode.status == SUCCESS
     assert episode.task == episode_task(spec).text
     assert len(episode) == len(driver.sent) > 20
@@ -83,7 +84,7 @@ def test_an_expert_driver_gets_its_own_plans_as_labels(sim, kind):
 def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp_path, sim):
     driver = StillDriver()
     spec = EpisodeSpec("touch", SEED + 1, timeout_s=2.05)
-    episode = record_on_policy_episode(sim, spec, driver)
+    episode = record_on_policy_episode(sim, spec, driver, labels="per_frame")
     assert episode.status != SUCCESS
     assert len(episode) == driver.frames == 21  # 0 s to 2 s at 10 fps
     states = np.stack(episode.frames["observation.state"])
@@ -93,7 +94,7 @@ def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp
     assert (np.abs(actions[:, :5] - states[:, :5]).max(axis=1) > 1e-3).all()
 
     def record(sim, spec):
-        return record_on_policy_episode(sim, spec, StillDriver())
+        return record_on_policy_episode(sim, spec, StillDriver(), labels="per_frame")
 
     with pytest.raises(ValueError, match="none succeeded"):
         write_demonstrations(tmp_path / "dropped", [spec], sim, record=record)
@@ -101,6 +102,26 @@ def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp
     assert (report.episodes, report.frames, report.failed) == (1, 21, [spec])
     frames = load_training_frames(tmp_path / "kept")
     assert len(frames) == 21
+
+
+def test_the_expert_takes_over_from_where_the_policy_left_the_arm_and_only_that_is_recorded(sim):
+    spec = EpisodeSpec("place", SEED + 5, timeout_s=30.0)
+    takeover = takeover_time(spec)
+    assert takeover == takeover_time(spec)  # drawn from the seed
+    assert 0.0 <= takeover < TAKEOVER_WITHIN_S["place"]
+    driver = StillDriver()
+    episode = record_on_policy_episode(sim, spec, driver)  # labels="takeover"
+    assert driver.frames == int(np.ceil(takeover * 10 - 1e-9))  # it drove the frames before
+    assert episode.status == SUCCESS  # the expert finished the place from there
+    states = np.stack(episode.frames["observation.state"])
+    actions = np.stack(episode.frames["action"])
+    assert len(episode) > 20
+    # the first recorded frame is where the still policy left the arm (the start pose); from
+    # there each label is the next frame's command of one trajectory, which the arm follows
+    np.testing.assert_allclose(states[0, :5], HOME, atol=2e-2)
+    assert np.abs(actions[:-1, :5] - states[1:, :5]).max() < 0.15
+    with pytest.raises(ValueError, match="labels must be one of"):
+        record_on_policy_episode(sim, spec, driver, labels="every_frame")
 
 
 def test_the_expert_lifts_a_cube_someone_else_grasped(sim):
@@ -186,11 +207,11 @@ def test_the_command_records_a_checkpoint_driving(tmp_path, capsys):
     out = tmp_path / "on_policy"
     rc = sim_dataset_main(
         ["on-policy", "--out", str(out), "--checkpoint", "models/sim_so101", "--touch", "1",
-         "--continuity", "none"]
+         "--continuity", "none", "--labels", "per_frame"]
     )  # fmt: skip
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["episodes"] == 1 and summary["frames"] > 0
+    assert summary["episodes"] == summary["written"] == 1 and summary["frames"] > 0
     info = json.loads((out / "meta" / "info.json").read_text())
     assert info["total_frames"] == summary["frames"]
 

@@ -88,6 +88,11 @@ def _seconds_to_ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
+def joint_state(sim: Simulation) -> np.ndarray:
+    """The frame's ``observation.state``: the arm's joint positions, then the gripper's opening."""
+    return np.append(sim.world.arm_positions(), sim.world.gripper_opening()).astype(np.float32)
+
+
 class FrameRecorder:
     """One episode's frames as the dataset stores them, added one frame at a time: both cameras,
     the joint state, the action label, the phase's subtask and the narration as the sim node says
@@ -102,17 +107,20 @@ class FrameRecorder:
         self._said, self._said_at = "", -np.inf
         self._phase = None
 
+    def render(self, sim: Simulation) -> dict[str, np.ndarray]:
+        """Both cameras' present images, by camera name."""
+        px = self.camera_px
+        return {camera: sim.world.render(camera, px, px) for camera in CAMERAS.values()}
+
     def add(self, sim: Simulation, action: np.ndarray) -> dict[str, np.ndarray]:
         """Record the sim's present frame with ``action`` as its label; returns the rendered
         images (by camera name) for whoever acts on this frame. After the episode has ended
         (settling frames) the labels stay those of the last running frame."""
         now = sim.now_s
-        images = {}
+        images = self.render(sim)
         for key, camera in CAMERAS.items():
-            images[camera] = sim.world.render(camera, self.camera_px, self.camera_px)
             self.frames[key].append(images[camera])
-        state = np.append(sim.world.arm_positions(), sim.world.gripper_opening())
-        self.frames["observation.state"].append(state.astype(np.float32))
+        self.frames["observation.state"].append(joint_state(sim))
         self.frames["action"].append(np.asarray(action, dtype=np.float32))
         if sim.status == RUNNING or self._phase is None:
             self._phase = sim.phase

@@ -5,7 +5,8 @@
     oxygen-sim-dataset grounding --out data/grounding.npz --layouts 2500 [--seed 3000000] \\
         [--poses 5 --views along dart off_course --workers 2]
     oxygen-sim-dataset on-policy --out data/on_policy --checkpoint models/sim_so101 --place 150 \\
-        [--touch 0 --two-step 0 --seed 5000000 --subtask oracle --continuity guided]
+        [--touch 0 --two-step 0 --seed 5000000 --labels takeover] \\
+        [--subtask oracle --continuity guided]
 
 ``demos``: expert demonstrations straight into a LeRobotDataset, the same features as
 ``oxygen-collect`` + ``oxygen-bag-to-lerobot`` with ``config/sim_dataset.yaml``
@@ -23,9 +24,11 @@ state for the questions' answers. Training seeds from 3,000,000, the probe's fro
 
 ``on-policy``: a checkpoint drives the episodes as ``oxygen-bench sim-policy`` drives them (each
 frame's chunk sent at once, conditioned as ``--subtask`` says, continued as ``--continuity``
-says) and the scripted expert labels every frame with the plan it would make there (DAgger,
-:mod:`oxygen_ros.sim.on_policy`): the same features as ``demos``, every episode written, failed or
-not. Touch episodes' seeds from ``--seed``, place's from ``--seed`` + 500,000, two-step's from
+says) and the scripted expert labels them (DAgger, :mod:`oxygen_ros.sim.on_policy`): with
+``--labels takeover`` (the default) it takes over at a time drawn per episode and drives to the
+end, recorded, successes written; with ``--labels per_frame`` every frame of the policy's episode
+is labelled with the plan it would make there, every episode written. The same features as
+``demos``. Touch episodes' seeds from ``--seed``, place's from ``--seed`` + 500,000, two-step's from
 ``--seed`` + 800,000 (default 5,000,000: apart from the demonstrations', the grounding scenes' and
 the benches' seeds); timeouts as sim-policy's (8, 20 and 30 sim s).
 """
@@ -130,6 +133,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("none", "guided", "trained"),
         help="each chunk continues the executed one (as sim-policy's --continuity)",
     )
+    on_policy.add_argument(
+        "--labels",
+        choices=("takeover", "per_frame"),
+        default="takeover",
+        help="takeover: the expert drives from a time drawn per episode, recorded (its own "
+        "chunks); per_frame: the policy drives throughout, every frame labelled with the "
+        "expert's plan (teaches chunked policies to hesitate)",
+    )
     on_policy.add_argument("--prompt-format", default="openpi_subtask")
     on_policy.add_argument("--num-steps", type=positive_int, default=10, help="flow steps")
     on_policy.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
@@ -183,7 +194,7 @@ def write_demos(args: argparse.Namespace) -> dict:
 
 
 def write_on_policy(args: argparse.Namespace) -> dict:
-    from oxygen_ros.sim.episode import Simulation
+    from oxygen_ros.sim.episode import SUCCESS, Simulation
     from oxygen_ros.sim.on_policy import record_on_policy_episode
     from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
     from oxygen_ros.tools.benches.sim_policy import PolicyDriver, make_source
@@ -209,27 +220,36 @@ def write_on_policy(args: argparse.Namespace) -> dict:
         for i in range(count)
     ]
 
+    ran = {"episodes": 0, "succeeded": 0}
+
+    def record(sim, spec):
+        episode = record_on_policy_episode(sim, spec, driver, args.labels)
+        ran["episodes"] += 1
+        ran["succeeded"] += episode.status == SUCCESS
+        return episode
+
     def progress(report) -> None:
-        if report.episodes % 10 == 0:
-            succeeded = report.episodes - len(report.failed)
+        if ran["episodes"] % 10 == 0:
             print(
-                f"{report.episodes}/{len(specs)} episodes ({succeeded} succeeded), "
-                f"{report.frames} frames",
+                f"{ran['episodes']}/{len(specs)} episodes ({ran['succeeded']} succeeded), "
+                f"{report.episodes} written, {report.frames} frames",
                 flush=True,
             )
 
-    def record(sim, spec):
-        return record_on_policy_episode(sim, spec, driver)
-
     sim = Simulation()
+    keep_failures = args.labels == "per_frame"  # a takeover keeps, as demonstrations do, successes
     try:
-        report = write_demonstrations(args.out, specs, sim, progress, record, keep_failures=True)
+        report = write_demonstrations(
+            args.out, specs, sim, progress, record, keep_failures=keep_failures
+        )
     finally:
         sim.world.close()
     return {
-        "episodes": report.episodes,
+        "episodes": ran["episodes"],
+        "succeeded": ran["succeeded"],
+        "written": report.episodes,
         "frames": report.frames,
-        "succeeded": report.episodes - len(report.failed),
+        "labels": args.labels,
         "checkpoint": str(args.checkpoint),
         "subtask": args.subtask,
         "continuity": args.continuity,
