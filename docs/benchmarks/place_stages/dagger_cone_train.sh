@@ -1,6 +1,7 @@
 cd /work/main
 D=${DATA:-/work/data}
-# data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/cone --checkpoint models/sim_so101 --touch 60 --place 150 --threads 1
+# data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/cone --checkpoint models/sim_so101 --touch 60 --place 150 --threads 1 --labels per_frame
+#   (labelled per frame by the corrective expert with its descent cone: commit 8d8e44c, --labels per_frame since)
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/dagger/cone --out $D/r12/checkpoint \
   --init-from models/sim_so101 --tokenizer models/sim_so101/tokenizer.model \
   --preset sim --grounding-heldout $D/r5/grounding_heldout.npz --probe-every 2500 --probe-scenes 200 \
