@@ -53,7 +53,6 @@ DEFAULT_GROUNDING_SEED = 3_000_000  # = oxygen_ros.sim.grounding.TRAIN_SEED0 (te
 DEFAULT_ON_POLICY_SEED = 5_000_000
 ON_POLICY_PLACE_OFFSET = 500_000  # place episodes' seeds past the touch episodes'
 ON_POLICY_TWO_STEP_OFFSET = 800_000  # two-step episodes' seeds past the place episodes'
-ON_POLICY_TIMEOUT_S = {"touch": 8.0, "place": 20.0, "two_step": 30.0}  # sim-policy's timeouts
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -197,7 +196,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.episode import SUCCESS, Simulation
     from oxygen_ros.sim.on_policy import record_on_policy_episode
     from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
-    from oxygen_ros.tools.benches.sim_policy import PolicyDriver, make_source
+    from oxygen_ros.tools.benches.sim_policy import TIMEOUT_S, PolicyDriver, make_source
 
     bench_args = argparse.Namespace(
         **vars(args),
@@ -211,7 +210,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
     driver = PolicyDriver(make_source(bench_args), 1.0 / FPS)
     place_seed = args.seed + ON_POLICY_PLACE_OFFSET
     specs = [
-        EpisodeSpec(kind, seed0 + i, timeout_s=ON_POLICY_TIMEOUT_S[kind])
+        EpisodeSpec(kind, seed0 + i, timeout_s=TIMEOUT_S[kind])  # sim-policy's episodes
         for kind, seed0, count in (
             ("touch", args.seed, args.touch),
             ("place", place_seed, args.place),
