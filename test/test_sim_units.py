@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -16,12 +17,15 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.ros.convert import seconds_to_duration, seconds_to_stamp
 from oxygen_ros.ros.trajectory_rules import TrajectoryRejected
 from oxygen_ros.sim.controller import REJECT_NON_FINITE, TrajectoryController
-from oxygen_ros.sim.episode import SUCCESS, Simulation
+from oxygen_ros.sim.episode import ARM_CONTROLLER, SUCCESS, Simulation
 from oxygen_ros.sim.expert import ArmPerturbation
 from oxygen_ros.sim.headless import run_expert_episode
 from oxygen_ros.sim.kinematics import Unreachable, tip_down_ik
 from oxygen_ros.sim.language import (
+    LEAVE_CUBE,
+    NEAR_CUBE,
     PLACES,
+    Phase,
     SceneFacts,
     current_phase,
     every_phase,
@@ -248,6 +252,41 @@ def test_phases_name_the_object_and_follow_the_state():
     assert placed.narration == "reaching for the blue cube, far left"
     assert placed.subtask == "touch the blue cube, far left"
     assert without_place(placed.subtask) == touch.subtask
+
+
+def test_a_phase_entered_at_an_edge_lasts_until_a_margin_past_it():
+    task = Task(PLACE, "red", "green")
+    reach = SceneFacts(False, None, 0.04, False, False)
+    assert current_phase(task, reach).key == "reach"  # 4 cm: not yet at the cube
+    assert current_phase(task, reach, previous="grasp").key == "grasp"  # dithering back out
+    gone = dataclasses.replace(reach, tip_to_cube=0.05)
+    assert current_phase(task, gone, previous="grasp").key == "reach"
+    held = SceneFacts(False, "red", 0.0, False, False, cube_outside_pad=0.005)
+    assert current_phase(task, held).key == "carry"  # 5 mm outside the pad's edge
+    assert current_phase(task, held, previous="release").key == "release"
+    back = dataclasses.replace(held, cube_outside_pad=0.02)
+    assert current_phase(task, back, previous="release").key == "carry"
+    dropped = dataclasses.replace(held, grasped=None, tip_to_cube=0.2)
+    assert current_phase(task, dropped, previous="release").key == "reach"  # the scene changed
+
+
+def test_the_sims_phase_holds_while_the_tip_dithers_at_the_cube():
+    sim = Simulation()
+    try:
+        sim.reset(Task(PLACE, "red", "green"), seed=3)
+        world = sim.world
+        above = world.cube_position("red") + np.array([0.0, 0.0, 0.038])  # between 3 and 4.5 cm
+        arm = tip_down_ik(above, world.cube_yaw("red"))
+        world.data.qpos[world._arm_qpos] = arm
+        mujoco.mj_forward(world.model, world.data)
+        sim.controllers[ARM_CONTROLLER].reset(arm)
+        for before, after in (("grasp", "grasp"), ("reach", "reach")):
+            sim.phase = Phase(before, "", "")
+            sim.control_step()
+            assert NEAR_CUBE < sim.facts().tip_to_cube < LEAVE_CUBE
+            assert sim.phase.key == after
+    finally:
+        sim.world.close()
 
 
 def test_place_words_split_the_reach_into_sides_and_depths():

@@ -25,6 +25,7 @@ leaving its pad after it was placed ends the episode at once with ``undone``. :m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,9 +199,10 @@ class Simulation:
             self.status = TIMEOUT
         if self.status != RUNNING:
             self.episode_end_s = self.now_s
+        previous = self.phase.key
         if self.step != index:  # a new step began: its facts, not the last one's
-            facts = self.facts()
-        self.phase = current_phase(self.task, facts)
+            facts, previous = self.facts(), None
+        self.phase = current_phase(self.task, facts, previous)
 
     # -- steps ------------------------------------------------------------------------------------
     @property
@@ -261,11 +263,12 @@ class Simulation:
         cube = world.cube_position(task.cube)
         tip = world.tip_position()
         over_pad = on_pad = False
-        pad_place = ""
+        outside_pad, pad_place = math.inf, ""
         if task.kind == PLACE:
             pad = world.pad_center(task.pad)
             pad_place = place_words(float(pad[0]), float(pad[1]))
-            over_pad = bool(np.all(np.abs(cube[:2] - pad) <= PAD_HALF))
+            outside_pad = float(np.max(np.abs(cube[:2] - pad))) - PAD_HALF
+            over_pad = outside_pad <= 0.0
             on_pad = cube_on_pad(cube, world.cube_speed(task.cube), pad)
             released = world.grasped is None and world.gripper_opening() < RELEASED_GRIPPER
             success = on_pad and released
@@ -280,6 +283,7 @@ class Simulation:
             cube_place=place_words(float(cube[0]), float(cube[1])),
             step=self.step,
             pad_place=pad_place,
+            cube_outside_pad=outside_pad,
         )
 
     def privileged_state(self) -> PrivilegedState:

@@ -12,6 +12,13 @@ slips out of the gripper puts a place task back to "reach", whoever drives the a
   phases (reach .. release) run into the second step's (its reach: "touch the blue cube, near
   left") and end in the second step's ``done``.
 
+A phase entered at a distance is left only a margin past it (hysteresis): ``grasp`` begins with
+the tip within 3 cm of the cube and lasts until it is 4.5 cm away, ``release`` begins when the held
+cube's centre crosses the pad's edge and lasts until it is 1 cm back outside. A tip or a cube
+dithering on an edge is not a scene that changed, and a subtask flickering with it would flip the
+action prompt's condition frame by frame. A labeller that knows no earlier phase (``previous``
+None) reads the entering rules alone.
+
 While reaching, the subtask and the narration also say where the cube is, as the robot sees it
 ("touch the red cube, far left", "reaching for the red cube, far left"): words a policy can only
 learn to say by finding the named cube in its camera images, which is what it must find to reach
@@ -29,6 +36,8 @@ from dataclasses import dataclass
 from .tasks import PLACE, PLACE_ANGLE, PLACE_RADIUS, TWO_STEP, Task
 
 NEAR_CUBE = 0.03  # the tip this close to the cube's centre is "at" the cube
+LEAVE_CUBE = 0.045  # ... and grasping lasts until the tip is this far from it
+LEAVE_PAD = 0.01  # releasing lasts until the held cube's centre is this far outside the pad
 SIDE_ANGLE = PLACE_ANGLE[1] / 3  # rad from straight ahead: the outer thirds are left and right
 FAR_RADIUS = sum(PLACE_RADIUS) / 2  # m from the base: the outer half of the reach is far
 PLACES = tuple(f"{d} {s}" for d in ("near", "far") for s in ("left", "centre", "right"))
@@ -62,6 +71,7 @@ class SceneFacts:
     cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
     step: int = 0  # a two-step task's current step (0 or 1), which the other facts are about
     pad_place: str = ""  # where the task's pad is (`place_words`); "" leaves it unsaid
+    cube_outside_pad: float = math.inf  # m the cube's centre lies outside the pad's edges (<= 0: over)
 
 
 @dataclass(frozen=True)
@@ -73,10 +83,11 @@ class Phase:
     narration: str  # a sentence about what is happening: "grasping the red cube"
 
 
-def current_phase(task: Task, facts: SceneFacts) -> Phase:
-    """The phase ``task`` is in, given ``facts`` (a two-step task: its current step's)."""
+def current_phase(task: Task, facts: SceneFacts, previous: str | None = None) -> Phase:
+    """The phase ``task`` is in, given ``facts`` (a two-step task: its current step's) and the key
+    of the phase the step was in just before (``previous``; None: the entering rules alone)."""
     if task.kind == TWO_STEP:
-        return current_phase(task.steps[facts.step], facts)
+        return current_phase(task.steps[facts.step], facts, previous)
     cube = f"the {task.cube} cube"
     where = f", {facts.cube_place}" if facts.cube_place else ""
     reaching = f"reaching for {cube}{where}"
@@ -88,12 +99,16 @@ def current_phase(task: Task, facts: SceneFacts) -> Phase:
     if facts.success:
         return Phase("done", "done", f"{cube} is on {pad}")
     held = facts.grasped == task.cube
-    if (held and facts.cube_over_pad) or (not held and facts.cube_on_pad):
+    over_pad = facts.cube_over_pad or (
+        previous == "release" and facts.cube_outside_pad <= LEAVE_PAD
+    )
+    if (held and over_pad) or (not held and facts.cube_on_pad):
         return Phase("release", f"release {cube}", f"releasing {cube} on {pad}")
     if held:
         to_pad = f"{pad}, {facts.pad_place}" if facts.pad_place else pad
         return Phase("carry", f"carry {cube} to {to_pad}", f"carrying {cube} to {to_pad}")
-    if facts.tip_to_cube <= NEAR_CUBE:
+    near = LEAVE_CUBE if previous == "grasp" else NEAR_CUBE
+    if facts.tip_to_cube <= near:
         return Phase("grasp", f"grasp {cube}", f"grasping {cube}")
     return Phase("reach", f"reach {cube}{where}", reaching)
 
