@@ -96,7 +96,7 @@ def test_a_still_arm_is_labelled_towards_the_cube_and_kept_when_failures_are(tmp
     def record(sim, spec):
         return record_on_policy_episode(sim, spec, StillDriver(), labels="per_frame")
 
-    with pytest.raises(ValueError, match="none succeeded"):
+    with pytest.raises(ValueError, match="1 failed, 0 succeeded with no frame recorded"):
         write_demonstrations(tmp_path / "dropped", [spec], sim, record=record)
     report = write_demonstrations(tmp_path / "kept", [spec], sim, record=record, keep_failures=True)
     assert (report.episodes, report.frames, report.failed) == (1, 21, [spec])
@@ -122,6 +122,20 @@ def test_the_expert_takes_over_from_where_the_policy_left_the_arm_and_only_that_
     assert np.abs(actions[:-1, :5] - states[1:, :5]).max() < 0.15
     with pytest.raises(ValueError, match="labels must be one of"):
         record_on_policy_episode(sim, spec, driver, labels="every_frame")
+
+
+def test_an_episode_the_policy_finished_before_the_takeover_is_counted_not_written(tmp_path, sim):
+    seeds = (SEED + k for k in range(100))
+    spec = next(
+        s for s in (EpisodeSpec("touch", seed) for seed in seeds) if takeover_time(s) > 2.5
+    )  # the expert touches in about 1.5 s
+    with pytest.raises(ValueError, match="0 failed, 1 succeeded with no frame recorded"):
+        write_demonstrations(
+            tmp_path / "none",
+            [spec],
+            sim,
+            record=lambda sim, spec: record_on_policy_episode(sim, spec, ExpertDriver()),
+        )
 
 
 def test_the_expert_lifts_a_cube_someone_else_grasped(sim):

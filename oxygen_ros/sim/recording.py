@@ -185,6 +185,7 @@ class RecordingReport:
     episodes: int = 0  # written
     frames: int = 0  # written
     failed: list[EpisodeSpec] = dataclasses.field(default_factory=list)  # did not succeed
+    unrecorded: int = 0  # succeeded with no frame recorded (a takeover after the policy finished)
 
 
 def write_demonstrations(
@@ -210,6 +211,8 @@ def write_demonstrations(
             episode = record(sim, spec)
             if episode.status != SUCCESS:
                 report.failed.append(spec)
+            elif not len(episode):
+                report.unrecorded += 1
             if (episode.status == SUCCESS or keep_failures) and len(episode):
                 frames = {key: _stacked(values) for key, values in episode.frames.items()}
                 writer.add_episode(frames, [episode.task] * len(episode))
@@ -221,7 +224,10 @@ def write_demonstrations(
         if own_sim:
             sim.world.close()
     if report.episodes == 0:
-        raise ValueError(f"no episode to write into {out}: none succeeded")
+        raise ValueError(
+            f"no episode to write into {out}: {len(report.failed)} failed, "
+            f"{report.unrecorded} succeeded with no frame recorded"
+        )
     writer.finish()
     return report
 
