@@ -5,15 +5,15 @@ is held at the current side's end (0 or 1). The state carries over from the chun
     python docs/benchmarks/place_stages/gripper_debounce.py N SIM-POLICY-ARGUMENTS...
 """
 
-import argparse
 import sys
 
-from oxygen_ros.tools.benches import sim_policy
+import numpy as np
+from patched_bench import rewrite_chunks, run
 
 SIDE = 0.5  # a gripper value above this is closed
 
 
-def debounce(gripper, closed: bool, steps: int):
+def debounce(gripper: np.ndarray, closed: bool, steps: int) -> np.ndarray:
     """``gripper`` (one chunk's column) debounced from ``closed``."""
     out = gripper.copy()
     for k in range(len(gripper)):
@@ -25,34 +25,19 @@ def debounce(gripper, closed: bool, steps: int):
     return out
 
 
-def debounced_sources(steps: int):
-    """sim_policy.make_source, its chunks' gripper column debounced over ``steps``."""
-    make_source = sim_policy.make_source
+def debouncer(steps: int):
+    """A new episode's rewrite: the gripper column debounced over ``steps``, from open."""
+    state = {"closed": False}
 
-    def make(args):
-        source = make_source(args)
-        chunk, start = source.chunk, source.start
-        state = {"closed": False}
+    def rewrite(actions: np.ndarray) -> None:
+        if steps > 1:
+            actions[:, -1] = debounce(actions[:, -1], state["closed"], steps)
+        state["closed"] = bool(actions[0, -1] > SIDE)
 
-        def start_episode(sim, seed):
-            state["closed"] = False
-            return start(sim, seed)
-
-        def debounced_chunk(sim, observation):
-            result = chunk(sim, observation)
-            if steps > 1:
-                result.actions[:, -1] = debounce(result.actions[:, -1], state["closed"], steps)
-            state["closed"] = bool(result.actions[0, -1] > SIDE)
-            return result
-
-        source.chunk, source.start = debounced_chunk, start_episode
-        return source
-
-    return make
+    return rewrite
 
 
 if __name__ == "__main__":
-    sim_policy.make_source = debounced_sources(int(sys.argv[1]))
-    parser = argparse.ArgumentParser()
-    sim_policy.add_arguments(parser)
-    sim_policy.run(parser.parse_args(sys.argv[2:]))
+    steps = int(sys.argv[1])
+    rewrite_chunks(lambda: debouncer(steps))
+    run(sys.argv[2:])

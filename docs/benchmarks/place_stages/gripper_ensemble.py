@@ -5,12 +5,10 @@ temporal ensemble of the gripper only; the arm is the newest chunk's, as guided 
     python docs/benchmarks/place_stages/gripper_ensemble.py N SIM-POLICY-ARGUMENTS...
 """
 
-import argparse
 import sys
 
 import numpy as np
-
-from oxygen_ros.tools.benches import sim_policy
+from patched_bench import rewrite_chunks, run
 
 
 def ensembled(column: np.ndarray, earlier: list[np.ndarray]) -> np.ndarray:
@@ -25,35 +23,20 @@ def ensembled(column: np.ndarray, earlier: list[np.ndarray]) -> np.ndarray:
     return (out / counts).astype(column.dtype)
 
 
-def ensembled_sources(chunks: int):
-    """sim_policy.make_source, its chunks' gripper column averaged over ``chunks`` chunks."""
-    make_source = sim_policy.make_source
+def ensembler(chunks: int):
+    """A new episode's rewrite: the gripper column averaged over the last ``chunks`` chunks."""
+    history: list[np.ndarray] = []  # raw gripper columns, newest first
 
-    def make(args):
-        source = make_source(args)
-        chunk, start = source.chunk, source.start
-        history: list[np.ndarray] = []  # raw gripper columns, newest first
+    def rewrite(actions: np.ndarray) -> None:
+        raw = actions[:, -1].copy()
+        actions[:, -1] = ensembled(raw, history[: chunks - 1])
+        history.insert(0, raw)
+        del history[chunks:]
 
-        def start_episode(sim, seed):
-            history.clear()
-            return start(sim, seed)
-
-        def ensembled_chunk(sim, observation):
-            result = chunk(sim, observation)
-            raw = result.actions[:, -1].copy()
-            result.actions[:, -1] = ensembled(raw, history[: chunks - 1])
-            history.insert(0, raw)
-            del history[chunks:]
-            return result
-
-        source.chunk, source.start = ensembled_chunk, start_episode
-        return source
-
-    return make
+    return rewrite
 
 
 if __name__ == "__main__":
-    sim_policy.make_source = ensembled_sources(int(sys.argv[1]))
-    parser = argparse.ArgumentParser()
-    sim_policy.add_arguments(parser)
-    sim_policy.run(parser.parse_args(sys.argv[2:]))
+    chunks = int(sys.argv[1])
+    rewrite_chunks(lambda: ensembler(chunks))
+    run(sys.argv[2:])

@@ -4,10 +4,11 @@ S = 1 samples the policy's own action distribution, S < 1 narrows it towards its
     python docs/benchmarks/place_stages/noise_scale.py S SIM-POLICY-ARGUMENTS...
 """
 
-import argparse
 import sys
 
-from oxygen_ros.tools.benches import sim_policy, subtask_modes
+from patched_bench import run
+
+from oxygen_ros.tools.benches import subtask_modes
 
 
 def scaled_noise(scale: float):
@@ -18,6 +19,4 @@ def scaled_noise(scale: float):
 
 if __name__ == "__main__":
     subtask_modes.frame_noise = scaled_noise(float(sys.argv[1]))
-    parser = argparse.ArgumentParser()
-    sim_policy.add_arguments(parser)
-    sim_policy.run(parser.parse_args(sys.argv[2:]))
+    run(sys.argv[2:])

@@ -6,14 +6,14 @@ Under `--subtask oracle` the carry's words then steer the cube towards the centr
     python docs/benchmarks/place_stages/release_centre.py W SIM-POLICY-ARGUMENTS...
 """
 
-import argparse
 import dataclasses
 import sys
+
+from patched_bench import run
 
 from oxygen_ros.sim import episode, language
 from oxygen_ros.sim.scene import PAD_HALF
 from oxygen_ros.sim.tasks import PLACE
-from oxygen_ros.tools.benches import sim_policy
 
 
 def release_within(within: float):
@@ -31,6 +31,4 @@ def release_within(within: float):
 
 if __name__ == "__main__":
     episode.current_phase = release_within(float(sys.argv[1]))
-    parser = argparse.ArgumentParser()
-    sim_policy.add_arguments(parser)
-    sim_policy.run(parser.parse_args(sys.argv[2:]))
+    run(sys.argv[2:])
