@@ -150,6 +150,22 @@ def test_each_mode_drives_the_sim_and_reports_its_keys(mode, tmp_path):
         assert all(run["said"] and run["first_subtask"] == run["said"][0] for run in runs)
 
 
+def test_a_noise_offset_redraws_the_policys_noise_on_the_same_layouts(tmp_path):
+    def runs(offset: int) -> list[dict]:
+        args = bench_args(
+            "--subtask", "oracle", "--seed", str(HELDOUT_SEED), "--episodes", "2",
+            "--timeout-s", "0.2", "--noise-layouts", "0", "--noise-offset", str(offset),
+        )  # fmt: skip
+        return sim_policy.run(args)["runs"]
+
+    same, again, other = runs(0), runs(0), runs(100_000)
+    assert [r["first_chunk_pan_rad"] for r in same] == [r["first_chunk_pan_rad"] for r in again]
+    assert [r["seed"] for r in other] == [r["seed"] for r in same]  # the same layouts
+    assert [r["start_tip_to_cube_m"] for r in other] == [r["start_tip_to_cube_m"] for r in same]
+    for drawn, redrawn in zip(same, other):
+        assert drawn["first_chunk_pan_rad"] != redrawn["first_chunk_pan_rad"]
+
+
 # -- oracle against lying ------------------------------------------------------------------------
 
 

@@ -47,6 +47,10 @@ Measured (summary keys of ``--json``):
   from one decoded frame to the next while the sim's stayed the same (a subtask flipping
   mid-reach, which the expert follows).
 
+``--noise-offset K`` draws every episode's flow noise from its layout seed + K: the same layouts
+under another draw of the policy's own noise. Place's success moves by several episodes in 60
+between draws (docs/benchmarks/place_stages/README.md), so a setting is ranked over draws.
+
 Real-time chunking under delay (``--continuity none | guided | trained``, ``--delay-steps D``,
 ``--execute-steps S``): a chunk reaches the controllers ``D`` frames after its observation (sent
 then, stamped with the observation's time, so the controller takes it up at its step ``D``) and
@@ -203,6 +207,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--noise-draws", type=int, default=4, help="first chunks per layout, one noise draw each"
+    )
+    parser.add_argument(
+        "--noise-offset",
+        type=int,
+        default=0,
+        help="draw each episode's flow noise from its layout seed + this (0: the seed itself): "
+        "the same layouts under another draw of the policy's noise",
     )
     parser.add_argument(
         "--probe-layouts",
@@ -398,18 +409,25 @@ class Delivery:
 
 
 def run_episode(
-    sim, source: ChunkSource, task, seed: int, action_dt: float, plan: Timing = Timing()
+    sim,
+    source: ChunkSource,
+    task,
+    seed: int,
+    action_dt: float,
+    plan: Timing = Timing(),
+    noise_seed: int | None = None,
 ) -> dict[str, Any]:
     """One episode: its status, the tip's start / closest / final distance to the task's cube,
     the first chunk's heading and the words that conditioned it, the trajectories the controllers
     refused (per controller/reason), the chunk switches' jumps and the arm's jerk, and for
-    ``predicted`` how its subtasks compare. Chunks reach the arm as ``plan`` says. Touch: also
+    ``predicted`` how its subtasks compare. Chunks reach the arm as ``plan`` says; the policy's
+    noise is drawn from ``noise_seed`` (default: the layout's ``seed``). Touch: also
     the old tip rule's verdict; the policy drives on past the episode's end until it is decided
     (the closest and final distances are over that whole run)."""
     from oxygen_ros.sim.episode import RUNNING
 
     sim.reset(task, seed)
-    source.start(sim, seed)
+    source.start(sim, seed if noise_seed is None else noise_seed)
     start = sim.facts().tip_to_cube
     steps_per_frame = max(1, round(action_dt / sim.control_dt))
     closest, step, started = np.inf, 0, time.perf_counter()
@@ -647,7 +665,8 @@ def run_rounds(
     episodes = []
     for index in range(args.episodes):
         task, seed = round_task(index, args.seed, args.tasks)
-        episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan))
+        noise_seed = seed + args.noise_offset
+        episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan, noise_seed))
     return episodes
 
 
