@@ -162,7 +162,7 @@ def test_a_noise_offset_redraws_the_policys_noise_on_the_same_layouts(tmp_path):
     assert [r["first_chunk_pan_rad"] for r in same] == [r["first_chunk_pan_rad"] for r in again]
     assert [r["seed"] for r in other] == [r["seed"] for r in same]  # the same layouts
     assert [r["start_tip_to_cube_m"] for r in other] == [r["start_tip_to_cube_m"] for r in same]
-    for drawn, redrawn in zip(same, other):
+    for drawn, redrawn in zip(same, other, strict=True):
         assert drawn["first_chunk_pan_rad"] != redrawn["first_chunk_pan_rad"]
 
 

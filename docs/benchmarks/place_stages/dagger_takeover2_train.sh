@@ -1,0 +1,12 @@
+cd "$(dirname "$0")/../../.."
+D=${DATA:-/work/data}
+# DAgger's second round: the takeover stage (dagger_takeover_train.sh, its checkpoint in $D/r13) drives.
+# data: the takeover stage's two sets, and .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/takeover3 --checkpoint $D/r13/checkpoint --touch 60 --place 400 --seed 7000000 --threads 1
+exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/dagger/takeover --dataset $D/dagger/takeover2 --dataset $D/dagger/takeover3 --out $D/r14/checkpoint \
+  --init-from $D/r13/checkpoint --tokenizer models/sim_so101/tokenizer.model \
+  --preset sim --grounding-heldout $D/r5/grounding_heldout.npz --probe-every 2500 --probe-scenes 200 \
+  --image-positions sincos --seed 2 --data-seed 2 --rtc-training-max-delay 4 \
+  --flat-fraction 0.1 --no-augment --no-knowledge-insulation --start-share 0.2 --start-frames 3 \
+  --threads 1 --log-every 50 --resume-every-min 5 --stage dagger_takeover2 --question-weight where_pad=0.25 \
+  --grounding $D/r5/grounding_start.npz --grounding $D/r5/grounding_moved.npz --grounding-batch-size 24 \
+  --batch-size 12 --steps 5000 --lr 3e-4 --warmup-steps 100 --time-budget-min 24
