@@ -71,9 +71,8 @@ class SceneFacts:
     cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
     step: int = 0  # a two-step task's current step (0 or 1), which the other facts are about
     pad_place: str = ""  # where the task's pad is (`place_words`); "" leaves it unsaid
-    cube_outside_pad: float = (
-        math.inf
-    )  # m from the cube's centre out past the pad's edge (<= 0: over)
+    # metres from the cube's centre out past the pad's nearest edge (<= 0: over the pad)
+    cube_outside_pad: float = math.inf
 
 
 @dataclass(frozen=True)
