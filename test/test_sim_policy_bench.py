@@ -150,20 +150,26 @@ def test_each_mode_drives_the_sim_and_reports_its_keys(mode, tmp_path):
         assert all(run["said"] and run["first_subtask"] == run["said"][0] for run in runs)
 
 
-def test_a_noise_offset_redraws_the_policys_noise_on_the_same_layouts(tmp_path):
-    def runs(offset: int) -> list[dict]:
+def test_noise_offsets_redraw_the_policys_noise_on_the_same_layouts(tmp_path):
+    def run(*offsets: str) -> dict:
         args = bench_args(
             "--subtask", "oracle", "--seed", str(HELDOUT_SEED), "--episodes", "2",
-            "--timeout-s", "0.2", "--noise-layouts", "0", "--noise-offset", str(offset),
+            "--timeout-s", "0.2", "--noise-layouts", "0", "--noise-offsets", *offsets,
         )  # fmt: skip
-        return sim_policy.run(args)["runs"]
+        return sim_policy.run(args)
 
-    same, again, other = runs(0), runs(0), runs(100_000)
-    assert [r["first_chunk_pan_rad"] for r in same] == [r["first_chunk_pan_rad"] for r in again]
+    once, pooled = run("0"), run("0", "100000")
+    same, other = pooled["runs"][:2], pooled["runs"][2:]
+    rerun = [r["first_chunk_pan_rad"] for r in once["runs"]]
+    assert rerun == [r["first_chunk_pan_rad"] for r in same]  # a rerun is the same run
+    assert [r["noise_offset"] for r in pooled["runs"]] == [0, 0, 100_000, 100_000]
     assert [r["seed"] for r in other] == [r["seed"] for r in same]  # the same layouts
     assert [r["start_tip_to_cube_m"] for r in other] == [r["start_tip_to_cube_m"] for r in same]
     for drawn, redrawn in zip(same, other, strict=True):
         assert drawn["first_chunk_pan_rad"] != redrawn["first_chunk_pan_rad"]
+    assert pooled["episodes"] == 4
+    assert pooled["successes_by_noise_offset"] == {"0": 0, "100000": 0}  # 0.2 s: no touch yet
+    assert "successes_by_noise_offset" not in once
 
 
 # -- oracle against lying ------------------------------------------------------------------------

@@ -47,9 +47,10 @@ Measured (summary keys of ``--json``):
   from one decoded frame to the next while the sim's stayed the same (a subtask flipping
   mid-reach, which the expert follows).
 
-``--noise-offset K`` draws every episode's flow noise from its layout seed + K: the same layouts
-under another draw of the policy's own noise. Place's success moves by several episodes in 60
-between draws (docs/benchmarks/place_stages/README.md), so a setting is ranked over draws.
+``--noise-offsets K [K ...]`` runs the layouts once per K, every episode's flow noise drawn from
+its layout seed + K: the same layouts under other draws of the policy's own noise (the summary
+pools them and adds ``successes_by_noise_offset``). Place's success moves by several episodes in
+60 between draws (docs/benchmarks/place_stages/README.md), so a setting is ranked over draws.
 
 Real-time chunking under delay (``--continuity none | guided | trained``, ``--delay-steps D``,
 ``--execute-steps S``): a chunk reaches the controllers ``D`` frames after its observation (sent
@@ -209,11 +210,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--noise-draws", type=int, default=4, help="first chunks per layout, one noise draw each"
     )
     parser.add_argument(
-        "--noise-offset",
+        "--noise-offsets",
         type=int,
-        default=0,
-        help="draw each episode's flow noise from its layout seed + this (0: the seed itself): "
-        "the same layouts under another draw of the policy's noise",
+        nargs="+",
+        default=[0],
+        metavar="K",
+        help="run the layouts once per K, each episode's flow noise drawn from its layout seed + "
+        "K (default 0: the seed itself): the same layouts under other draws of the policy's noise",
     )
     parser.add_argument(
         "--probe-layouts",
@@ -618,6 +621,12 @@ def summarise(
         "heading_correlation": heading_correlation(episodes),
         "heading_noise_share": noise["share"] if noise else float("nan"),
     }
+    offsets = list(dict.fromkeys(e.get("noise_offset", 0) for e in episodes))
+    if len(offsets) > 1:  # the spread between draws of the same layouts
+        summary["successes_by_noise_offset"] = {
+            str(k): sum(e in wins for e in episodes if e.get("noise_offset", 0) == k)
+            for k in offsets
+        }
     summary["wrong_cube"] = sum(e["status"] == "wrong_cube" for e in episodes)
     summary["timeouts"] = sum(e["status"] == "timeout" for e in episodes)
     two_steps = [e for e in episodes if "steps_done_s" in e]
@@ -661,12 +670,13 @@ def run_rounds(
     sim, source: ChunkSource, args: argparse.Namespace, plan: Timing
 ) -> list[dict[str, Any]]:
     """``--episodes`` episodes on closed-loop's rounds of ``--seed`` (the same layouts and noise
-    for every source)."""
+    for every source), once per ``--noise-offsets`` draw."""
     episodes = []
-    for index in range(args.episodes):
-        task, seed = round_task(index, args.seed, args.tasks)
-        noise_seed = seed + args.noise_offset
-        episodes.append(run_episode(sim, source, task, seed, args.action_dt, plan, noise_seed))
+    for offset in args.noise_offsets:
+        for index in range(args.episodes):
+            task, seed = round_task(index, args.seed, args.tasks)
+            record = run_episode(sim, source, task, seed, args.action_dt, plan, seed + offset)
+            episodes.append({**record, "noise_offset": offset})
     return episodes
 
 
