@@ -26,15 +26,16 @@ def rewrite_chunks(new_episode: Callable[[], Rewrite]) -> None:
     def make(args):
         source = make_source(args)
         chunk, start = source.chunk, source.start
-        episode: list[Rewrite] = []
+        rewrite: Rewrite | None = None  # the current episode's
 
         def start_episode(sim, seed):
-            episode[:] = [new_episode()]
+            nonlocal rewrite
+            rewrite = new_episode()
             return start(sim, seed)
 
         def rewritten(sim, observation):
             result = chunk(sim, observation)
-            episode[0](result.actions)
+            rewrite(result.actions)
             return result
 
         source.chunk, source.start = rewritten, start_episode

@@ -624,7 +624,7 @@ def summarise(
     offsets = list(dict.fromkeys(e.get("noise_offset", 0) for e in episodes))
     if len(offsets) > 1:  # the spread between draws of the same layouts
         summary["successes_by_noise_offset"] = {
-            str(k): sum(e in wins for e in episodes if e.get("noise_offset", 0) == k)
+            str(k): sum(e["status"] == "success" for e in episodes if e.get("noise_offset", 0) == k)
             for k in offsets
         }
     summary["wrong_cube"] = sum(e["status"] == "wrong_cube" for e in episodes)
