@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=${DATA:-/work/data}
 # data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/cone --checkpoint models/sim_so101 --touch 60 --place 150 --threads 1 --labels per_frame
 #   (labelled per frame by the corrective expert with its descent cone: commit 8d8e44c, --labels per_frame since)

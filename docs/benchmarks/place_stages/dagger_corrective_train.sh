@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=${DATA:-/work/data}
 # data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/corrective --checkpoint models/sim_so101 --touch 150 --place 150 --threads 1
 #   (labelled by the corrective expert before its descent cone: commit 13d9716)

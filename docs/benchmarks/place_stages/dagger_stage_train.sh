@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=${DATA:-/work/data}
 # data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/place150 --checkpoint models/sim_so101 --place 150 --threads 1  (labelled by the demonstrating expert, before the corrective one existed)
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/dagger/place150 --out $D/r10/checkpoint \

@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=${DATA:-/work/data}
 # data: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/takeover --checkpoint models/sim_so101 --touch 60 --place 150 --threads 1  (--labels takeover, the default)
 # and: .venv/bin/oxygen-sim-dataset on-policy --out $D/dagger/takeover2 --checkpoint models/sim_so101 --place 400 --seed 6000000 --threads 1

@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=DATA
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --out $D/r6/checkpoint \
   --init-from models/sim_so101 --tokenizer models/sim_so101/tokenizer.model \

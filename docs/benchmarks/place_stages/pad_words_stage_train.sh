@@ -1,4 +1,4 @@
-cd /work/main
+cd "$(dirname "$0")/../../.."
 D=DATA  # where the datasets were rendered (pad_words_stage_train.sh: oxygen-sim-dataset demos as scripts/train_sim_policy.sh renders them, plus place_extra: --touch 0 --place 400 --place-seed 2002400 --perturbed-share 0.5 --perturbation-rad 0.03)
 exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_dart --dataset $D/r5/place_extra --out $D/r5/checkpoint \
   --init-from models/sim_so101 --tokenizer models/sim_so101/tokenizer.model \
