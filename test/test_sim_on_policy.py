@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
-from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, ScriptedExpert
+from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, OPEN, ScriptedExpert
 from oxygen_ros.sim.headless import drive_expert
 from oxygen_ros.sim.on_policy import TAKEOVER_WITHIN_S, record_on_policy_episode, takeover_time
 from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
-from oxygen_ros.sim.scene import HOME
+from oxygen_ros.sim.scene import CUBE_SIZE, HOME, PAD_THICKNESS
 from oxygen_ros.tools.sim_dataset import main as sim_dataset_main
 from oxygen_ros.training.dataset import load_training_frames
 
@@ -191,6 +191,36 @@ def test_a_corrective_expert_lowers_from_the_height_a_policy_carries_at(sim):
     np.testing.assert_allclose(target, [pad[0], pad[1], 0.06])
     target, _ = corrective.target(carried(pad[0] + 0.05, pad[1], 0.04))
     assert corrective.step == CARRY and target[2] == pytest.approx(HOVER_Z)
+
+
+def test_a_corrective_expert_lets_a_cube_go_wherever_it_lands_on_the_pad(sim):
+    task, held = _grasped_place(sim, SEED + 3)
+    pad = np.array(held.pads[task.pad])
+    grip = held.tip - held.cubes[task.cube]
+
+    def cube_at(x: float, y: float, bottom: float):  # the held cube's centre and bottom height
+        cube = np.array([x, y, PAD_THICKNESS + bottom + CUBE_SIZE / 2])
+        return dataclasses.replace(held, tip=cube + grip, cubes={**held.cubes, task.cube: cube})
+
+    corrective, demonstrating = ScriptedExpert(corrective=True), ScriptedExpert()
+    for expert in (corrective, demonstrating):
+        expert.target(cube_at(*held.cubes[task.cube][:2], 0.04))  # lifted, below the hover height
+    # the cube 2 cm off the centre along one edge and 2 cm along the other (2.8 cm away): down
+    corrective.target(cube_at(pad[0] + 0.02, pad[1] - 0.02, 0.03))
+    assert corrective.step == LOWER
+    # 4 mm above the pad there: open, holding still
+    low = cube_at(pad[0] + 0.02, pad[1] - 0.02, 0.004)
+    target, gripper = corrective.target(low)
+    assert corrective.step == OPEN and gripper == 0.0
+    np.testing.assert_allclose(target, low.tip)
+    # 3 cm off along one edge the cube might land on the pad's rim: carry it across first
+    again = ScriptedExpert(corrective=True)
+    again.target(cube_at(*held.cubes[task.cube][:2], 0.04))
+    target, gripper = again.target(cube_at(pad[0] + 0.03, pad[1], 0.004))
+    assert again.step == CARRY and gripper == 1.0
+    # the demonstrating expert only lets go at the pad's centre
+    demonstrating.target(low)
+    assert demonstrating.step != OPEN
 
 
 def test_a_corrective_expert_goes_down_to_a_cube_from_a_cone_above_it(sim):

@@ -70,7 +70,11 @@ CARRY_CLEAR_Z = 0.055  # a held cube's bottom and the fingers clear the cubes on
 STRADDLE = 0.008  # open fingers this far off the cube's centre along their closing axis pass it
 # the tip this far above the grasp point puts the fingers' ends at the cube's top
 FINGERS_AT_TOP = CUBE_SIZE / 2 - 0.002 + FINGER_BEYOND_TIP
-PAD_ACROSS = PAD_HALF - CUBE_SIZE / 2  # a cube this far from the pad's centre is over it whole
+# A corrective expert lowers a held cube from wherever its centre is within RELEASE_ACROSS of the
+# pad's centre along both of the pad's edges, and lets it go there once its bottom is within
+# RELEASE_DROP of the pad's top: let go that low it lands on the pad with a centimetre to spare.
+RELEASE_ACROSS = PAD_HALF - 0.01
+RELEASE_DROP = 0.006
 CONE_SLACK = 0.005  # a descent is left only this far outside its cone (no flicker at the edge)
 # touch: the tip this far from the cube's centre puts a finger's centre a quarter edge inside the
 # cube's top (contact for tip errors from -11 to +27 mm along the closing axis)
@@ -231,9 +235,10 @@ class ScriptedExpert:
         cube = state.cubes[task.cube]
         if task.kind != PLACE:
             touch = touch_point(state, task.cube)
-            self._leave_if_wandered(state, DESCEND, touch, APPROACH)
+            self._leave_if_wandered(state, DESCEND, self._in_descent_cone(state, touch), APPROACH)
             above_touch = self._hover_over(state, touch, self._over_cube_z(cube))
-            if self.step == APPROACH and self._may_go_down(state, touch, above_touch):
+            in_cone = self._in_descent_cone(state, touch, slack=0.0)
+            if self.step == APPROACH and self._may_go_down(state, above_touch, in_cone):
                 self._go(DESCEND, state)
             return (touch if self.step == DESCEND else above_touch), 0.0
 
@@ -247,10 +252,12 @@ class ScriptedExpert:
         grasp = np.array([cube[0], cube[1], cube[2] + 0.002])
         on_pad_z = PAD_THICKNESS + CUBE_SIZE / 2 + self._tip_offset[2] + 0.003
         on_pad = np.array([pad_x, pad_y, on_pad_z])
-        self._leave_if_wandered(state, DESCEND, grasp, APPROACH)
-        self._leave_if_wandered(state, LOWER, on_pad, CARRY, onto_pad=True)
+        self._leave_if_wandered(state, DESCEND, self._in_descent_cone(state, grasp), APPROACH)
+        self._leave_if_wandered(state, LOWER, self._over_release_zone(cube, task.pad, state), CARRY)
         above_cube = self._hover_over(state, cube, self._over_cube_z(cube))
-        may_grasp = self._may_go_down(state, grasp, above_cube)
+        may_grasp = self._may_go_down(
+            state, above_cube, self._in_descent_cone(state, grasp, slack=0.0)
+        )
         if self.step == APPROACH and may_grasp and state.gripper < OPENED:
             self._go(DESCEND, state)
         if self.step == DESCEND and self._reached(state, grasp):
@@ -262,9 +269,12 @@ class ScriptedExpert:
         lifted = self._reached(state, lift, vertical_only=True)
         if self.step == LIFT and (lifted or (self.corrective and state.tip[2] >= CARRY_CLEAR_Z)):
             self._go(CARRY, state)
-        if self.step == CARRY and self._may_go_down(state, on_pad, above_pad, onto_pad=True):
+        over_pad = self._over_release_zone(cube, task.pad, state, slack=0.0)
+        if self.step == CARRY and self._may_go_down(state, above_pad, over_pad):
             self._go(LOWER, state)
-        if self.step == LOWER and self._reached(state, on_pad):
+        if self.step == LOWER and (
+            self._reached(state, on_pad) or self._may_let_go(cube, over_pad)
+        ):
             self._go(OPEN, state)
         if self.step == OPEN and state.gripper < OPENED:
             self._go(RETREAT, state)
@@ -275,7 +285,7 @@ class ScriptedExpert:
             LIFT: (lift, 1.0),
             CARRY: (above_pad, 1.0),
             LOWER: (on_pad, 1.0),
-            OPEN: (on_pad, 0.0),
+            OPEN: (state.tip if self.corrective else on_pad, 0.0),  # a corrective one holds still
             RETREAT: (np.array([pad_x, pad_y, HOVER_Z]), 0.0),
         }
         return targets[self.step]
@@ -294,42 +304,45 @@ class ScriptedExpert:
             z = min(float(state.tip[2]), HOVER_Z)
         return np.array([spot[0], spot[1], z])
 
-    def _may_go_down(
-        self, state: PrivilegedState, spot: np.ndarray, hover: np.ndarray, onto_pad: bool = False
-    ) -> bool:
-        """Whether to go down to ``spot`` from here: over ``hover``'s spot (the demonstrating
-        expert), or anywhere in the cone a straight descent is safe from (a corrective one)."""
+    def _may_go_down(self, state: PrivilegedState, hover: np.ndarray, in_cone: bool) -> bool:
+        """Whether to go down from here: over ``hover``'s spot (the demonstrating expert), or for
+        a corrective one, from anywhere below the hover height that ``in_cone`` says is safe."""
         if not self.corrective:
             return self._above(state, hover)
-        below_hover = state.tip[2] <= HOVER_Z + REACHED
-        return below_hover and self._in_descent_cone(state, spot, 0.0, onto_pad)
+        return state.tip[2] <= HOVER_Z + REACHED and in_cone
+
+    def _may_let_go(self, cube: np.ndarray, over_pad: bool) -> bool:
+        """A corrective expert opens wherever a held ``cube`` low over the pad lands on it."""
+        low = cube[2] - CUBE_SIZE / 2 - PAD_THICKNESS <= RELEASE_DROP
+        return self.corrective and over_pad and low
 
     def _leave_if_wandered(
-        self,
-        state: PrivilegedState,
-        step: str,
-        spot: np.ndarray,
-        back_to: str,
-        onto_pad: bool = False,
+        self, state: PrivilegedState, step: str, still_in_cone: bool, back_to: str
     ) -> None:
         """A corrective expert goes ``back_to`` once the tip has left the cone of ``step``'s
-        descent to ``spot`` (going on down from there would sweep the table)."""
-        if self.corrective and self.step == step:
-            if not self._in_descent_cone(state, spot, CONE_SLACK, onto_pad):
-                self._go(back_to, state)
+        descent (going on down from there would sweep the table or miss the pad)."""
+        if self.corrective and self.step == step and not still_in_cone:
+            self._go(back_to, state)
 
     @staticmethod
     def _in_descent_cone(
-        state: PrivilegedState, spot: np.ndarray, slack: float, onto_pad: bool
+        state: PrivilegedState, spot: np.ndarray, slack: float = CONE_SLACK
     ) -> bool:
-        """A straight line from the tip to ``spot`` is safe: onto the pad (a held cube), from
-        within :data:`PAD_ACROSS`; to a cube, when the open fingers still straddle it as their
-        ends pass its top (they close in on the line's end as the tip comes down)."""
+        """A straight line from the tip down to a cube's ``spot`` is safe: the open fingers still
+        straddle the cube as their ends pass its top (they close in on the line's end as the tip
+        comes down)."""
         across = float(np.linalg.norm(state.tip[:2] - spot[:2]))
-        if onto_pad:
-            return across <= PAD_ACROSS + slack
         height = float(state.tip[2] - spot[2])
         return across <= max(REACHED, STRADDLE * height / FINGERS_AT_TOP) + slack
+
+    @staticmethod
+    def _over_release_zone(
+        cube: np.ndarray, pad: str, state: PrivilegedState, slack: float = CONE_SLACK
+    ) -> bool:
+        """A held ``cube``'s centre within :data:`RELEASE_ACROSS` of ``pad``'s centre along both
+        of its edges: lowered straight down from here it lands on the pad."""
+        off = np.abs(np.asarray(cube[:2]) - np.asarray(state.pads[pad]))
+        return float(np.max(off)) <= RELEASE_ACROSS + slack
 
     @staticmethod
     def _above(state: PrivilegedState, hover: np.ndarray) -> bool:
