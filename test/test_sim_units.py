@@ -227,7 +227,11 @@ def test_phases_name_the_object_and_follow_the_state():
 
     def phase(**facts):
         values = dict(
-            success=False, grasped=None, tip_to_cube=0.2, cube_over_pad=False, cube_on_pad=False
+            success=False,
+            grasped=None,
+            tip_to_cube=0.2,
+            cube_outside_pad=math.inf,
+            cube_on_pad=False,
         )
         values.update(facts)
         return current_phase(task, SceneFacts(**values))
@@ -241,13 +245,13 @@ def test_phases_name_the_object_and_follow_the_state():
     assert carry.narration == "carrying the red cube to the green pad, far right"
     assert without_place(carry.subtask) == "carry the red cube to the green pad"
     assert phase(grasped="blue", tip_to_cube=0.1).subtask == "reach the red cube"  # wrong cube
-    held_over = phase(grasped="red", tip_to_cube=0.0, cube_over_pad=True)
+    held_over = phase(grasped="red", tip_to_cube=0.0, cube_outside_pad=-0.01)
     assert held_over.subtask == "release the red cube"
     assert phase(success=True).narration == "the red cube is on the green pad"
-    touch = current_phase(Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, False, False))
+    touch = current_phase(Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, math.inf, False))
     assert (touch.subtask, touch.narration) == ("touch the blue cube", "reaching for the blue cube")
     placed = current_phase(
-        Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, False, False, place_words(0.25, 0.1))
+        Task(TOUCH, "blue"), SceneFacts(False, None, 0.2, math.inf, False, place_words(0.25, 0.1))
     )
     assert placed.narration == "reaching for the blue cube, far left"
     assert placed.subtask == "touch the blue cube, far left"
@@ -256,12 +260,12 @@ def test_phases_name_the_object_and_follow_the_state():
 
 def test_a_phase_entered_at_an_edge_lasts_until_a_margin_past_it():
     task = Task(PLACE, "red", "green")
-    reach = SceneFacts(False, None, 0.04, False, False)
+    reach = SceneFacts(False, None, 0.04, math.inf, False)
     assert current_phase(task, reach).key == "reach"  # 4 cm: not yet at the cube
     assert current_phase(task, reach, previous="grasp").key == "grasp"  # dithering back out
     gone = dataclasses.replace(reach, tip_to_cube=0.05)
     assert current_phase(task, gone, previous="grasp").key == "reach"
-    held = SceneFacts(False, "red", 0.0, False, False, cube_outside_pad=0.005)
+    held = SceneFacts(False, "red", 0.0, 0.005, False)
     assert current_phase(task, held).key == "carry"  # 5 mm outside the pad's edge
     assert current_phase(task, held, previous="release").key == "release"
     back = dataclasses.replace(held, cube_outside_pad=0.02)

@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's first import, as oxygen_ros.sim does
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
@@ -115,9 +116,9 @@ def test_random_tasks_draw_two_step_only_when_asked():
 
 def test_the_language_follows_the_current_step():
     task = parse_task(PLACE_THEN_TOUCH)
-    far = SceneFacts(False, None, 0.2, False, False, "near left")
+    far = SceneFacts(False, None, 0.2, math.inf, False, "near left")
     assert current_phase(task, far).subtask == "reach the red cube, near left"
-    second = SceneFacts(False, None, 0.2, False, False, "near left", step=1)
+    second = SceneFacts(False, None, 0.2, math.inf, False, "near left", step=1)
     assert current_phase(task, second).subtask == "touch the blue cube, near left"
     phases = every_phase(task)
     assert set(every_phase(Task(PLACE, "red", "green"))) <= set(phases)

@@ -262,13 +262,12 @@ class Simulation:
         task, world = self.step_task, self.world
         cube = world.cube_position(task.cube)
         tip = world.tip_position()
-        over_pad = on_pad = False
+        on_pad = False
         outside_pad, pad_place = math.inf, ""
         if task.kind == PLACE:
             pad = world.pad_center(task.pad)
             pad_place = place_words(float(pad[0]), float(pad[1]))
             outside_pad = float(np.max(np.abs(cube[:2] - pad))) - PAD_HALF
-            over_pad = outside_pad <= 0.0
             on_pad = cube_on_pad(cube, world.cube_speed(task.cube), pad)
             released = world.grasped is None and world.gripper_opening() < RELEASED_GRIPPER
             success = on_pad and released
@@ -278,12 +277,11 @@ class Simulation:
             success=success,
             grasped=world.grasped,
             tip_to_cube=float(np.linalg.norm(tip - cube)),
-            cube_over_pad=over_pad,
+            cube_outside_pad=outside_pad,
             cube_on_pad=on_pad,
             cube_place=place_words(float(cube[0]), float(cube[1])),
             step=self.step,
             pad_place=pad_place,
-            cube_outside_pad=outside_pad,
         )
 
     def privileged_state(self) -> PrivilegedState:

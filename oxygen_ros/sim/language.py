@@ -66,13 +66,18 @@ class SceneFacts:
     success: bool
     grasped: str | None  # the colour of the grasped cube
     tip_to_cube: float  # metres from the tip to the task's cube
-    cube_over_pad: bool  # the task's cube is within the pad's edges, at any height
-    cube_on_pad: bool  # ... and rests on it
+    # metres from the task's cube's centre out past the pad's nearest edge, at any height
+    # (<= 0: over the pad; inf: no pad, or far)
+    cube_outside_pad: float
+    cube_on_pad: bool  # the task's cube rests on the pad
     cube_place: str = ""  # where the task's cube is (`place_words`); "" leaves it unsaid
     step: int = 0  # a two-step task's current step (0 or 1), which the other facts are about
     pad_place: str = ""  # where the task's pad is (`place_words`); "" leaves it unsaid
-    # metres from the cube's centre out past the pad's nearest edge (<= 0: over the pad)
-    cube_outside_pad: float = math.inf
+
+    @property
+    def cube_over_pad(self) -> bool:
+        """The task's cube is within the pad's edges, at any height."""
+        return self.cube_outside_pad <= 0.0
 
 
 @dataclass(frozen=True)
@@ -123,11 +128,11 @@ def every_phase(task: Task) -> list[Phase]:
     phases: dict[Phase, None] = {}
     for place in ("", *PLACES):
         for facts in (
-            SceneFacts(False, None, math.inf, False, False, place),  # reach
-            SceneFacts(False, None, 0.0, False, False, place),  # grasp
-            SceneFacts(False, task.cube, 0.0, False, False, place, pad_place=place),  # carry
-            SceneFacts(False, task.cube, 0.0, True, False, place),  # release
-            SceneFacts(True, None, 0.0, True, True, place),  # done
+            SceneFacts(False, None, math.inf, math.inf, False, place),  # reach
+            SceneFacts(False, None, 0.0, math.inf, False, place),  # grasp
+            SceneFacts(False, task.cube, 0.0, math.inf, False, place, pad_place=place),  # carry
+            SceneFacts(False, task.cube, 0.0, 0.0, False, place),  # release
+            SceneFacts(True, None, 0.0, 0.0, True, place),  # done
         ):
             phases[current_phase(task, facts)] = None
     return list(phases)

@@ -13,6 +13,7 @@ Pure Python and numpy (no physics, no ROS): training reads it without the simula
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,7 @@ def _with_pad_place(scenes: GroundingScenes, row: int) -> str:
     for step in parse_task(scenes.tasks[row]).steps:
         if step.kind != PLACE:
             continue
-        unplaced = SceneFacts(False, step.cube, 0.0, False, False)
+        unplaced = SceneFacts(False, step.cube, 0.0, math.inf, False)
         if subtask == current_phase(step, unplaced).subtask:
             place = pad_place(scenes, row, PAD_COLORS.index(step.pad))
             return current_phase(step, dataclasses.replace(unplaced, pad_place=place)).subtask

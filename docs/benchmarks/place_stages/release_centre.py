@@ -22,8 +22,10 @@ def release_within(within: float):
 
     def phase(task, facts, previous=None):
         if task.kind == PLACE and facts.grasped == task.cube and previous != "release":
-            inside = facts.cube_outside_pad <= within - PAD_HALF
-            facts = dataclasses.replace(facts, cube_over_pad=inside)
+            if facts.cube_outside_pad > within - PAD_HALF:  # not yet within ``within``
+                facts = dataclasses.replace(
+                    facts, cube_outside_pad=max(facts.cube_outside_pad, 1e-6)
+                )
         return current_phase(task, facts, previous)
 
     return phase

@@ -143,16 +143,16 @@ def task_phases(task: Task) -> dict[str, Phase]:
             for key, phase in task_phases(step).items()
             if key != "done" or index == last
         }
-    far = SceneFacts(False, None, 1.0, False, False)
+    far = SceneFacts(False, None, 1.0, math.inf, False)
     facts = {
         "reach": far,
-        "done": SceneFacts(True, None, 0.0, False, True),
+        "done": SceneFacts(True, None, 0.0, 0.0, True),
     }
     if task.kind == PLACE:
         facts |= {
-            "grasp": SceneFacts(False, None, 0.0, False, False),
-            "carry": SceneFacts(False, task.cube, 0.0, False, False),
-            "release": SceneFacts(False, task.cube, 0.0, True, False),
+            "grasp": SceneFacts(False, None, 0.0, math.inf, False),
+            "carry": SceneFacts(False, task.cube, 0.0, math.inf, False),
+            "release": SceneFacts(False, task.cube, 0.0, 0.0, False),
         }
     return {key: current_phase(task, value) for key, value in facts.items()}
 
