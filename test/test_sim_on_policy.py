@@ -14,9 +14,24 @@ import json
 import numpy as np
 import pytest
 
-from oxygen_ros.sim.episode import ARM_CONTROLLER, GRIPPER_CONTROLLER, SUCCESS, Simulation
-from oxygen_ros.sim.expert import CARRY, DESCEND, HOVER_Z, LIFT, LOWER, OPEN, ScriptedExpert
-from oxygen_ros.sim.headless import drive_expert
+from oxygen_ros.sim.episode import (
+    ARM_CONTROLLER,
+    GRIPPER_CONTROLLER,
+    RUNNING,
+    SUCCESS,
+    Simulation,
+)
+from oxygen_ros.sim.expert import (
+    CARRY,
+    DESCEND,
+    HOVER_Z,
+    LIFT,
+    LOWER,
+    OPEN,
+    RELEASE_ACROSS,
+    ScriptedExpert,
+)
+from oxygen_ros.sim.headless import drive_expert, steps_per_plan
 from oxygen_ros.sim.on_policy import TAKEOVER_WITHIN_S, record_on_policy_episode, takeover_time
 from oxygen_ros.sim.recording import EpisodeSpec, episode_task, expert_label, write_demonstrations
 from oxygen_ros.sim.scene import CUBE_SIZE, HOME, PAD_THICKNESS
@@ -221,6 +236,24 @@ def test_a_corrective_expert_lets_a_cube_go_wherever_it_lands_on_the_pad(sim):
     # the demonstrating expert only lets go at the pad's centre
     demonstrating.target(low)
     assert demonstrating.step != OPEN
+
+
+def test_a_cube_let_go_at_the_corner_of_the_release_zone_lands_on_the_pad(sim):
+    task = episode_task(EpisodeSpec("place", SEED + 5))
+    sim.reset(task, SEED + 5)
+    pad = np.array(sim.privileged_state().pads[task.pad])
+    corner = pad - RELEASE_ACROSS * np.sign(pad)  # towards the base, where the arm reaches
+    expert = ScriptedExpert()  # it lets go where it thinks the pad's centre is: the corner
+    while sim.status == RUNNING and sim.now_s < 12.0:
+        state = sim.privileged_state()
+        planned = expert.plan(dataclasses.replace(state, pads={**state.pads, task.pad: corner}))
+        sim.receive(ARM_CONTROLLER, planned[0])
+        sim.receive(GRIPPER_CONTROLLER, planned[1])
+        for _ in range(steps_per_plan(sim, 10.0)):
+            sim.control_step()
+    assert sim.status == SUCCESS
+    landed = sim.privileged_state().cubes[task.cube][:2]
+    np.testing.assert_allclose(np.abs(landed - pad), RELEASE_ACROSS, atol=0.006)
 
 
 def test_a_corrective_expert_goes_down_to_a_cube_from_a_cone_above_it(sim):
