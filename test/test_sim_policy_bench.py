@@ -32,6 +32,7 @@ from oxygen_ros.tools.benches import sim_policy  # noqa: E402
 from oxygen_ros.tools.benches.closed_loop import round_task  # noqa: E402
 from oxygen_ros.tools.benches.subtask_modes import (  # noqa: E402
     SIDE_AZIMUTH,
+    ConditionedChunk,
     EngineChunks,
     PromptedChunks,
     lying_subtask,
@@ -262,3 +263,43 @@ def test_a_format_without_a_subtask_prompt_is_refused_before_loading(mode, tmp_p
     args.checkpoint = tmp_path / "none"  # never read: the refusal comes first
     with pytest.raises(SystemExit, match=f"--subtask {mode}: .*openpi"):
         sim_policy.run(args)
+
+
+# -- the gripper's planned switches ---------------------------------------------------------------
+
+
+class RecedingGripper:
+    """Holds the arm where it is and plans, every frame, to close the gripper 3 steps ahead."""
+
+    mode = "oracle"
+
+    def start(self, sim, noise_seed: int) -> None:
+        pass
+
+    def chunk(self, sim, observation) -> ConditionedChunk:
+        actions = np.tile(np.append(sim.world.arm_positions(), 0.0), (10, 1))
+        actions[3:, -1] = 1.0
+        return ConditionedChunk(actions, "")
+
+    def published(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_gripper_commit_closes_a_gripper_the_policy_keeps_planning_to_close():
+    from oxygen_ros.sim.episode import Simulation
+
+    args = bench_args("--gripper-commit")
+    sim = Simulation(episode_timeout_s=0.75)  # ends while the switch made holds
+    try:
+        task, seed = round_task(0, HELDOUT_SEED, "place")
+        gripper = {}
+        for name, commitment in (("alone", None), ("kept", sim_policy.gripper_commitment(args))):
+            sim_policy.run_episode(sim, RecedingGripper(), task, seed, 0.1, commitment=commitment)
+            gripper[name] = sim.privileged_state().gripper
+    finally:
+        sim.world.close()
+    assert gripper["alone"] < 0.1  # each chunk's first step says open: it never closes
+    assert gripper["kept"] > 0.9

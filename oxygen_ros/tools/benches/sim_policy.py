@@ -88,6 +88,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.engine.switch_commit import SwitchCommitment
 from oxygen_ros.tools.benches import place_stages
 from oxygen_ros.tools.benches.closed_loop import round_task
 from oxygen_ros.tools.benches.closed_loop_metrics import (
@@ -113,6 +114,7 @@ HELP = "a checkpoint drives the sim directly (no ROS): success over many episode
 CAMERA_PX = 128  # the sim node's default image size
 SLOTS = {"scene": "observation.images.scene", "wrist": "observation.images.wrist"}
 TIMEOUT_S = {"touch": 8.0, "place": 20.0, "two_step": 30.0}  # sim s per episode, by kind
+SIM_GRIPPER_LEVEL = 0.5  # the sim's gripper command between open (0) and closed (1)
 SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
 # the probe's layouts: past the held-out block's first seeds, which training runs' gates read
 PROBE_OFFSET = 100_000
@@ -197,6 +199,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a new observation every this many frames, >= the delay (0: max(1, delay))",
     )
     parser.add_argument("--action-dt", type=float, default=0.1, help="the dataset's 1/fps")
+    parser.add_argument(
+        "--gripper-commit",
+        action="store_true",
+        help="keep the gripper switches a chunk plans ahead to their time (the node's "
+        "gripper_commit; `engine.switch_commit`)",
+    )
     parser.add_argument("--prompt-format", default="openpi_subtask")
     parser.add_argument("--num-steps", type=int, default=10, help="flow-matching steps")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -419,18 +427,22 @@ def run_episode(
     action_dt: float,
     plan: Timing = Timing(),
     noise_seed: int | None = None,
+    commitment: SwitchCommitment | None = None,
 ) -> dict[str, Any]:
     """One episode: its status, the tip's start / closest / final distance to the task's cube,
     the first chunk's heading and the words that conditioned it, the trajectories the controllers
     refused (per controller/reason), the chunk switches' jumps and the arm's jerk, and for
     ``predicted`` how its subtasks compare. Chunks reach the arm as ``plan`` says; the policy's
-    noise is drawn from ``noise_seed`` (default: the layout's ``seed``). Touch: also
+    noise is drawn from ``noise_seed`` (default: the layout's ``seed``); ``commitment`` keeps the
+    gripper's planned switches (`engine.switch_commit`). Touch: also
     the old tip rule's verdict; the policy drives on past the episode's end until it is decided
     (the closest and final distances are over that whole run)."""
     from oxygen_ros.sim.episode import RUNNING
 
     sim.reset(task, seed)
     source.start(sim, seed if noise_seed is None else noise_seed)
+    if commitment is not None:
+        commitment.reset()
     start = sim.facts().tip_to_cube
     steps_per_frame = max(1, round(action_dt / sim.control_dt))
     closest, step, started = np.inf, 0, time.perf_counter()
@@ -453,7 +465,10 @@ def run_episode(
                         conditioning.add(chunk.subtask, truth)
                     if first is None:
                         first = chunk
-                    delivery.start(frame, plan.delay, sim.now_s, chunk.actions)
+                    actions = chunk.actions
+                    if commitment is not None:
+                        actions = commitment.apply(actions, sim.now_s)
+                    delivery.start(frame, plan.delay, sim.now_s, actions)
                     delivery.arrive(sim, source, frame)  # no delay: sent at once
             sim.control_step()
             step += 1
@@ -672,12 +687,22 @@ def run_rounds(
     """``--episodes`` episodes on closed-loop's rounds of ``--seed`` (the same layouts and noise
     for every source), once per ``--noise-offsets`` draw."""
     episodes = []
+    commitment = gripper_commitment(args) if args.gripper_commit else None
     for offset in args.noise_offsets:
         for index in range(args.episodes):
             task, seed = round_task(index, args.seed, args.tasks)
-            record = run_episode(sim, source, task, seed, args.action_dt, plan, seed + offset)
+            record = run_episode(
+                sim, source, task, seed, args.action_dt, plan, seed + offset, commitment
+            )
             episodes.append({**record, "noise_offset": offset})
     return episodes
+
+
+def gripper_commitment(args: argparse.Namespace) -> SwitchCommitment:
+    """The sim arm's gripper (its last action dim) kept to its planned switches."""
+    from oxygen_ros.sim.scene import ARM_JOINTS
+
+    return SwitchCommitment((len(ARM_JOINTS),), SIM_GRIPPER_LEVEL, args.action_dt)
 
 
 def episode_timeout_s(args: argparse.Namespace) -> float:
