@@ -384,3 +384,10 @@ def test_corrupt_checkpoint_fails_configure_and_the_node_stays_alive(tiny_checkp
     finally:
         probe.close()
         assert process.stop(signum=signal.SIGTERM) == 0, process.log()[-3000:]
+
+
+def test_gripper_commit_without_a_gripper_is_refused_and_changes_nothing(probe):
+    result = probe.set("gripper_commit", True)
+    assert not result.successful
+    assert "gripper_commit needs gripper dims" in result.reason
+    assert probe.get_parameter("gripper_commit") is False

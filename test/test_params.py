@@ -108,3 +108,11 @@ def test_a_custom_prompt_format_from_the_params_yaml():
         prompt_format="mine", prompt_format_custom=custom, subtask_conditioning="same_frame"
     )
     assert s.format.name == "mine" and s.format.kind("subtask").max_tokens == 8
+
+
+def test_gripper_commit_needs_gripper_dims():
+    with pytest.raises(SettingsError, match="gripper_commit needs gripper dims"):
+        settings(gripper_commit=True)  # generic robot, no gripper_joint_names
+    joints = ["shoulder", "elbow", "gripper"]
+    s = settings(gripper_commit=True, joint_names=joints, gripper_joint_names=["gripper"])
+    assert s.gripper_commit and s.gripper_dims == (2,) and s.gripper_switch_level == 0.5

@@ -4,10 +4,16 @@ forward, a switch no longer planned is dropped, and a switch made holds."""
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from oxygen_ros.engine.counters import Counters
+from oxygen_ros.engine.faults import NO_FAULTS
 from oxygen_ros.engine.switch_commit import HOLD_S, SwitchCommitment
+from oxygen_ros.engine.types import ActionChunk, Observation
 
 DT = 0.1
 HORIZON = 10
@@ -112,3 +118,73 @@ def test_bad_settings_are_refused(kwargs, message):
 def test_a_chunk_without_the_gripper_dim_is_refused():
     with pytest.raises(ValueError, match="does not hold gripper dims"):
         commitment().apply(np.zeros((HORIZON, ARM)), 0.0)
+
+
+# -- in the node's action path (gripper_commit) ---------------------------------------------------
+
+
+class FakeOutputs:
+    def __init__(self) -> None:
+        self.commands = []
+
+    def publish_command(self, settings, chunk, stamp, command, *args) -> list:
+        self.commands.append(command)
+        return []  # every trajectory sent
+
+
+class RecedingEngine:
+    """An engine whose every chunk plans to open the gripper 3 steps ahead."""
+
+    policy = SimpleNamespace(published_horizon=HORIZON)
+
+    def __init__(self) -> None:
+        self.published: list[np.ndarray | None] = []
+
+    def set_action_dt(self, action_dt: float) -> None:
+        pass
+
+    def act(self, observation: Observation) -> ActionChunk:
+        return ActionChunk(len(self.published), observation.stamp, chunk(3), 1.0, 1.0)
+
+    def chunk_published(self, frame_id: int, actions, delay_s: float) -> None:
+        self.published.append(actions)
+
+
+def test_the_nodes_loop_keeps_the_switch_publishes_it_and_counts_it():
+    from oxygen_ros.ros.observation import NS_PER_S
+    from oxygen_ros.ros.params import PARAMETERS, NodeSettings
+    from oxygen_ros.ros.tick import TickLoop
+
+    counters = Counters()
+    clock = {"ns": 0}
+    loop = TickLoop(
+        counters,
+        lambda key, message: None,
+        logging.getLogger("test"),
+        NO_FAULTS,
+        lambda: clock["ns"],
+        lambda: None,
+        lambda started, period: started + period,
+        10.0,
+    )
+    loop.outputs = FakeOutputs()
+    values = {spec.name: spec.default for spec in PARAMETERS}
+    joints = ["shoulder", "elbow", "gripper"]
+    values.update(joint_names=joints, gripper_joint_names=["gripper"], action_dt=DT)
+    engine = RecedingEngine()
+
+    def gripper_sent(settings: NodeSettings, frames: range) -> list[float]:
+        for frame in frames:
+            clock["ns"] = stamp_ns = frame * NS_PER_S // 10
+            state = np.array([0.3, 0.3, 1.0])
+            assert loop._act(engine, settings, Observation({}, state, "", frame * DT), stamp_ns, 0)
+        return [float(c.actions[0, ARM]) for c in loop.outputs.commands[-len(frames) :]]
+
+    alone = NodeSettings.from_values(values)
+    assert gripper_sent(alone, range(0, 5)) == [1.0] * 5  # planned ahead every tick: never
+    kept = NodeSettings.from_values({**values, "gripper_commit": True})
+    assert gripper_sent(kept, range(5, 10)) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert counters.get("gripper_switches_kept") == 1
+    np.testing.assert_array_equal(engine.published[-1][:, ARM], 0.0)  # RTC follows the switch
+    loop.forget_gripper_switches()  # a fresh run: the hold is gone, the switch planned anew
+    assert gripper_sent(kept, range(10, 11)) == [1.0]

@@ -317,12 +317,13 @@ class OxygenNode(LifecycleNode):
     def _start_fresh_run(self) -> None:
         """Activation starts a new run: while the node was inactive the robot may have moved or
         been reset (a new episode), so the chunk published before deactivate no longer guides the
-        first chunk (RTC) and a new subtask is decoded from the first frame, even for the same
-        task text."""
+        first chunk (RTC), no gripper switch it planned is kept, and a new subtask is decoded from
+        the first frame, even for the same task text."""
         with self._engine_lock:
             continuity = getattr(self._engine, "continuity", None)
             if continuity:
                 continuity.reset()
+            self._loop.forget_gripper_switches()
         self._loop.restart_subtask = True
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:

@@ -500,6 +500,25 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         "controller that owns them all",
         CONFIGURE,
     ),
+    ParamSpec(
+        "gripper_commit",
+        _T.PARAMETER_BOOL,
+        False,
+        "keep the gripper switches a chunk plans ahead to their time: once a chunk plans a gripper "
+        "dim to cross gripper_switch_level k steps ahead, it switches then, even while later "
+        "chunks plan it later (they may bring it sooner; two chunks in a row without it drop it; "
+        "a switch made holds 0.5 s). Re-planning every tick otherwise lets a planned switch "
+        "recede tick after tick (docs/ros_interfaces.md, Gripper switches)",
+        RUNTIME,
+    ),
+    ParamSpec(
+        "gripper_switch_level",
+        _T.PARAMETER_DOUBLE,
+        0.5,
+        "gripper_commit: the gripper value (published units) between open and closed",
+        RUNTIME,
+        (-1e6, 1e6),
+    ),
     # -- fault tolerance and graceful degradation of the loop (runtime) ---------------------------
     ParamSpec(
         "max_consecutive_failures",
@@ -881,6 +900,8 @@ class NodeSettings:
     action_space: str  # as given; see command_space
     gripper_joint_names: tuple[str, ...]
     gripper_trajectory: bool
+    gripper_commit: bool
+    gripper_switch_level: float
     # fault tolerance and graceful degradation
     max_consecutive_failures: int
     max_text_chars: int
@@ -1007,7 +1028,7 @@ class NodeSettings:
         _check_prompt_format(robot, v)
         # Every field named like a parameter takes its validated value; the rest are derived above.
         direct = {field.name: v[field.name] for field in dataclasses.fields(cls) if field.name in v}
-        return cls(
+        settings = cls(
             **{
                 **direct,
                 "cameras": cameras,
@@ -1019,6 +1040,12 @@ class NodeSettings:
                 "narration_marker_position": tuple(v["narration_marker_position"]),
             }
         )
+        if settings.gripper_commit and not settings.gripper_dims:
+            raise SettingsError(
+                f"gripper_commit needs gripper dims: robot {robot.name} has none, so name them in "
+                "gripper_joint_names"
+            )
+        return settings
 
 
 def _check_servers(v: Mapping[str, Any]) -> None:

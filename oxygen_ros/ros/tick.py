@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from builtin_interfaces.msg import Time
 
@@ -28,6 +29,7 @@ from ..engine.faults import FaultInjector
 from ..engine.kv_cache import KVMemoryError
 from ..engine.requests import SamplingParams
 from ..engine.scheduler import OxygenEngine
+from ..engine.switch_commit import SwitchCommitment
 from ..engine.types import ActionChunk, Observation, TextDelta, WarmUpReport
 from .ask_action import AskGoal, Question
 from .commands import build_command, safety_filter
@@ -103,6 +105,8 @@ class TickLoop:
         self._submitted = 0
         self._frame_stamp = Time()
         self._safety: tuple[NodeSettings, SafetyFilter] | None = None
+        # gripper_commit: the switches kept, for the (dims, level, action_dt) they were kept with
+        self._commitment: tuple[tuple, SwitchCommitment] | None = None
         self._shortened: tuple[Any, int] = (None, 0)  # (tokenizer, its tasks_shortened reported)
 
     # -- the tick ---------------------------------------------------------------------------------
@@ -185,10 +189,11 @@ class TickLoop:
         self.action_ms.add(chunk.prefill_ms + chunk.action_ms)
         self.prefill_ms.add(chunk.prefill_ms)
         horizon = settings.action_horizon or engine.policy.published_horizon
+        actions = self._keep_gripper_switches(settings, chunk.actions[:horizon], stamp_ns)
         try:
             command = build_command(
                 settings,
-                chunk.actions[:horizon],
+                actions,
                 observation.state,
                 stamp,
                 self.safety_filter(settings),
@@ -254,6 +259,29 @@ class TickLoop:
             self.counters.add("clipped_values", command.clipped)
         if not deadline_met:
             self.counters.add("deadline_misses")
+
+    def _keep_gripper_switches(
+        self, settings: NodeSettings, actions: np.ndarray, stamp_ns: int
+    ) -> np.ndarray:
+        """``actions`` with the gripper's planned switches kept (``gripper_commit``), else as
+        they are; the switches the commitment made sooner than the chunk planned are counted."""
+        if not settings.gripper_commit:
+            self._commitment = None
+            return actions
+        key = (settings.gripper_dims, settings.gripper_switch_level, settings.action_dt)
+        if self._commitment is None or self._commitment[0] != key:
+            self._commitment = (key, SwitchCommitment(*key))
+        commitment = self._commitment[1]
+        before = commitment.switches
+        kept = commitment.apply(actions, stamp_ns / NS_PER_S)
+        if commitment.switches > before:
+            self.counters.add("gripper_switches_kept", commitment.switches - before)
+        return kept
+
+    def forget_gripper_switches(self) -> None:
+        """A new run: the switches kept for the last one no longer apply."""
+        if self._commitment is not None:
+            self._commitment[1].reset()
 
     def safety_filter(self, settings: NodeSettings) -> SafetyFilter:
         """The limits of ``settings`` (rebuilt only when the settings object changes)."""

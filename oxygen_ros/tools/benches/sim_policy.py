@@ -52,6 +52,10 @@ its layout seed + K: the same layouts under other draws of the policy's own nois
 pools them and adds ``successes_by_noise_offset``). Place's success moves by several episodes in
 60 between draws (docs/benchmarks/place_stages/README.md), so a setting is ranked over draws.
 
+``--gripper-commit`` keeps each gripper switch a chunk plans ahead to the time it was first
+planned for (`engine.switch_commit`, the node's ``gripper_commit``): executing one step of each
+chunk, a switch planned a few steps ahead can otherwise recede frame after frame.
+
 Real-time chunking under delay (``--continuity none | guided | trained``, ``--delay-steps D``,
 ``--execute-steps S``): a chunk reaches the controllers ``D`` frames after its observation (sent
 then, stamped with the observation's time, so the controller takes it up at its step ``D``) and
