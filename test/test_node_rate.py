@@ -100,23 +100,11 @@ def test_an_injected_delay_plans_the_rate_as_a_slower_model_would():
     """The warm-up measured the model without the bench's injected delay; the rate is planned
     with it, so a delayed node starts at a rate that leaves language its quarter of the period
     (not at rate_hz, starving every subtask until a window of late ticks has passed)."""
-    import logging
+    from tick_helpers import tick_loop
 
-    from oxygen_ros.engine.counters import Counters
-    from oxygen_ros.engine.faults import NO_FAULTS
     from oxygen_ros.ros.params import PARAMETERS, NodeSettings
-    from oxygen_ros.ros.tick import TickLoop
 
-    loop = TickLoop(
-        Counters(),
-        lambda key, message: None,
-        logging.getLogger("test"),
-        NO_FAULTS,
-        lambda: 0,
-        lambda: None,
-        lambda started, period: started + period,
-        10.0,
-    )
+    loop = tick_loop(10.0)
     loop.warm_up_cost = _cost(45)  # 45 ms + a 2 ms step + 3 ms margin: 16 Hz holds at 10 Hz
     defaults = {spec.name: spec.default for spec in PARAMETERS}
     values = {**defaults, "rate_hz": 10.0, "overrun_policy": "adapt"}

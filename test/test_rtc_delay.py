@@ -6,19 +6,16 @@ engine. Every clock here is deterministic."""
 from __future__ import annotations
 
 import itertools
-import logging
 
 import numpy as np
 import pytest
+from tick_helpers import KeptOutputs, tick_loop
 
 from oxygen_ros.engine import EngineConfig, OxygenEngine
 from oxygen_ros.engine.continuity import ChunkContinuity, resample_previous
-from oxygen_ros.engine.counters import Counters
-from oxygen_ros.engine.faults import NO_FAULTS
 from oxygen_ros.engine.types import ActionChunk
 from oxygen_ros.ros.observation import NS_PER_S
 from oxygen_ros.ros.params import PARAMETERS, NodeSettings
-from oxygen_ros.ros.tick import TickLoop
 from oxygen_ros.tools.benches.continuity_workload import moving_scene
 from oxygen_ros.tools.make_checkpoint import random_policy
 
@@ -108,31 +105,13 @@ def test_a_chunk_published_at_another_action_dt_is_resampled_at_its_own():
         resample_previous(previous, 2.0, 30, step=0.0)
 
 
-class FakeOutputs:
-    def __init__(self) -> None:
-        self.commands = []
-
-    def publish_command(self, settings, chunk, stamp, command, *args) -> list:
-        self.commands.append(command)
-        return []  # every trajectory sent
-
-
 def test_tick_reports_the_limited_chunk_and_the_stamp_to_publish_delay(policy):
     """One tick through the node's action path with a deterministic node clock: the robot-seen
     delay (observation stamp 1.000 s, published at 1.047 s: 47 ms = 3 steps of 20 ms) and the
     limited chunk reach the engine's RTC; a new action_dt reaches it on the next tick."""
     now = {"ns": 0}
-    loop = TickLoop(
-        Counters(),
-        lambda key, message: None,
-        logging.getLogger("test"),
-        NO_FAULTS,
-        lambda: now["ns"],
-        lambda: None,
-        lambda started, period: started + period,
-        20.0,
-    )
-    loop.outputs = FakeOutputs()
+    loop = tick_loop(20.0, lambda: now["ns"])
+    loop.outputs = KeptOutputs()
     values = {**DEFAULTS, "chunk_continuity": "rtc", "max_joint_velocity": [0.5] * ROBOT_DIM}
     settings = NodeSettings.from_values(values)
     engine = OxygenEngine(policy, EngineConfig(chunk_continuity="rtc", action_dt=0.02))

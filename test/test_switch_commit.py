@@ -4,14 +4,12 @@ forward, a switch no longer planned is dropped, and a switch made holds."""
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from oxygen_ros.engine.counters import Counters
-from oxygen_ros.engine.faults import NO_FAULTS
 from oxygen_ros.engine.switch_commit import HOLD_S, SwitchCommitment
 from oxygen_ros.engine.types import ActionChunk, Observation
 
@@ -123,15 +121,6 @@ def test_a_chunk_without_the_gripper_dim_is_refused():
 # -- in the node's action path (gripper_commit) ---------------------------------------------------
 
 
-class FakeOutputs:
-    def __init__(self) -> None:
-        self.commands = []
-
-    def publish_command(self, settings, chunk, stamp, command, *args) -> list:
-        self.commands.append(command)
-        return []  # every trajectory sent
-
-
 class RecedingEngine:
     """An engine whose every chunk plans to open the gripper 3 steps ahead."""
 
@@ -151,23 +140,15 @@ class RecedingEngine:
 
 
 def test_the_nodes_loop_keeps_the_switch_publishes_it_and_counts_it():
+    from tick_helpers import KeptOutputs, tick_loop
+
     from oxygen_ros.ros.observation import NS_PER_S
     from oxygen_ros.ros.params import PARAMETERS, NodeSettings
-    from oxygen_ros.ros.tick import TickLoop
 
     counters = Counters()
     clock = {"ns": 0}
-    loop = TickLoop(
-        counters,
-        lambda key, message: None,
-        logging.getLogger("test"),
-        NO_FAULTS,
-        lambda: clock["ns"],
-        lambda: None,
-        lambda started, period: started + period,
-        10.0,
-    )
-    loop.outputs = FakeOutputs()
+    loop = tick_loop(10.0, lambda: clock["ns"], counters)
+    loop.outputs = KeptOutputs()
     values = {spec.name: spec.default for spec in PARAMETERS}
     joints = ["shoulder", "elbow", "gripper"]
     values.update(joint_names=joints, gripper_joint_names=["gripper"], action_dt=DT)
