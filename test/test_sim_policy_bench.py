@@ -303,3 +303,25 @@ def test_gripper_commit_closes_a_gripper_the_policy_keeps_planning_to_close():
         sim.world.close()
     assert gripper["alone"] < 0.1  # each chunk's first step says open: it never closes
     assert gripper["kept"] > 0.9
+
+
+def test_the_on_policy_driver_keeps_the_switches_too():
+    from oxygen_ros.sim.episode import Simulation
+
+    sim = Simulation(episode_timeout_s=5.0)
+    try:
+        task, seed = round_task(0, HELDOUT_SEED, "place")
+        gripper = {}
+        commitment = sim_policy.gripper_commitment(bench_args())
+        for name, kept in (("alone", None), ("kept", commitment)):
+            sim.reset(task, seed)
+            driver = sim_policy.PolicyDriver(RecedingGripper(), 0.1, kept)
+            driver.start(sim, seed)
+            for _ in range(6):  # 0.6 s: the switch planned at 0.4 s runs, and holds
+                driver.act(sim, {}, np.zeros(6))
+                for _ in range(round(0.1 / sim.control_dt)):
+                    sim.control_step()
+            gripper[name] = sim.privileged_state().gripper
+    finally:
+        sim.world.close()
+    assert gripper["alone"] < 0.1 and gripper["kept"] > 0.9

@@ -6,7 +6,7 @@
         [--poses 5 --views along dart off_course --workers 2]
     oxygen-sim-dataset on-policy --out data/on_policy --checkpoint models/sim_so101 --place 150 \\
         [--touch 0 --two-step 0 --seed 5000000 --labels takeover] \\
-        [--subtask oracle --continuity guided]
+        [--subtask oracle --continuity guided --gripper-commit]
 
 ``demos``: expert demonstrations straight into a LeRobotDataset, the same features as
 ``oxygen-collect`` + ``oxygen-bag-to-lerobot`` with ``config/sim_dataset.yaml``
@@ -141,6 +141,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "expert's plan (teaches chunked policies to hesitate)",
     )
     on_policy.add_argument("--prompt-format", default="openpi_subtask")
+    on_policy.add_argument(
+        "--gripper-commit",
+        action="store_true",
+        help="the policy drives with its planned gripper switches kept (sim-policy's flag)",
+    )
     on_policy.add_argument("--num-steps", type=positive_int, default=10, help="flow steps")
     on_policy.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
@@ -196,7 +201,12 @@ def write_on_policy(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.episode import SUCCESS, Simulation
     from oxygen_ros.sim.on_policy import record_on_policy_episode
     from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
-    from oxygen_ros.tools.benches.sim_policy import TIMEOUT_S, PolicyDriver, make_source
+    from oxygen_ros.tools.benches.sim_policy import (
+        TIMEOUT_S,
+        PolicyDriver,
+        gripper_commitment,
+        make_source,
+    )
 
     bench_args = argparse.Namespace(
         **vars(args),
@@ -207,7 +217,8 @@ def write_on_policy(args: argparse.Namespace) -> dict:
         execute_steps=0,
         action_dt=1.0 / FPS,
     )
-    driver = PolicyDriver(make_source(bench_args), 1.0 / FPS)
+    commitment = gripper_commitment(bench_args) if args.gripper_commit else None
+    driver = PolicyDriver(make_source(bench_args), 1.0 / FPS, commitment)
     place_seed = args.seed + ON_POLICY_PLACE_OFFSET
     specs = [
         EpisodeSpec(kind, seed0 + i, timeout_s=TIMEOUT_S[kind])  # sim-policy's episodes

@@ -340,20 +340,28 @@ def send(sim, actions: np.ndarray, action_dt: float, stamp_s: float | None = Non
 
 class PolicyDriver:
     """A chunk source driving on-policy recording (`oxygen_ros.sim.on_policy`): each frame's
-    chunk, from the images the recorder rendered, goes to the controllers at once (zero delay)."""
+    chunk, from the images the recorder rendered, goes to the controllers at once (zero delay),
+    with the gripper's planned switches kept when a ``commitment`` is given."""
 
-    def __init__(self, source: ChunkSource, action_dt: float) -> None:
-        self.source, self.action_dt = source, action_dt
+    def __init__(
+        self, source: ChunkSource, action_dt: float, commitment: SwitchCommitment | None = None
+    ) -> None:
+        self.source, self.action_dt, self.commitment = source, action_dt, commitment
 
     def start(self, sim, noise_seed: int) -> None:
         self.source.start(sim, noise_seed)
+        if self.commitment is not None:
+            self.commitment.reset()
 
     def act(self, sim, images: dict[str, np.ndarray], state: np.ndarray) -> None:
         from oxygen_ros.engine.types import Observation
 
         slots = {SLOTS[camera]: image for camera, image in images.items()}
         chunk = self.source.chunk(sim, Observation(slots, state, sim.task.text, sim.now_s))
-        send(sim, chunk.actions, self.action_dt)
+        actions = chunk.actions
+        if self.commitment is not None:
+            actions = self.commitment.apply(actions, sim.now_s)
+        send(sim, actions, self.action_dt)
         self.source.published()
 
     def close(self) -> None:
