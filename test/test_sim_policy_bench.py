@@ -271,7 +271,7 @@ def test_a_format_without_a_subtask_prompt_is_refused_before_loading(mode, tmp_p
 class RecedingGripper:
     """Holds the arm where it is and plans, every frame, to close the gripper 3 steps ahead."""
 
-    mode = "oracle"
+    mode, policy = "oracle", None
 
     def start(self, sim, noise_seed: int) -> None:
         pass
@@ -288,16 +288,33 @@ class RecedingGripper:
         pass
 
 
+def sources() -> dict:
+    """The receding source alone and with the sim's gripper commitment."""
+    from oxygen_ros.engine.switch_commit import SwitchCommitment
+    from oxygen_ros.sim.scene import ARM_JOINTS
+
+    commitment = SwitchCommitment((len(ARM_JOINTS),), sim_policy.SIM_GRIPPER_LEVEL, 0.1)
+    return {
+        "alone": RecedingGripper(),
+        "kept": sim_policy.CommittedChunks(RecedingGripper(), commitment),
+    }
+
+
+def test_gripper_commit_wraps_the_source():
+    source = sim_policy.make_source(bench_args("--subtask", "oracle", "--gripper-commit"))
+    assert isinstance(source, sim_policy.CommittedChunks)
+    assert not isinstance(sim_policy.make_source(bench_args("--subtask", "oracle")), type(source))
+
+
 def test_gripper_commit_closes_a_gripper_the_policy_keeps_planning_to_close():
     from oxygen_ros.sim.episode import Simulation
 
-    args = bench_args("--gripper-commit")
     sim = Simulation(episode_timeout_s=0.75)  # ends while the switch made holds
     try:
         task, seed = round_task(0, HELDOUT_SEED, "place")
         gripper = {}
-        for name, commitment in (("alone", None), ("kept", sim_policy.gripper_commitment(args))):
-            sim_policy.run_episode(sim, RecedingGripper(), task, seed, 0.1, commitment=commitment)
+        for name, source in sources().items():
+            sim_policy.run_episode(sim, source, task, seed, 0.1)
             gripper[name] = sim.privileged_state().gripper
     finally:
         sim.world.close()
@@ -312,10 +329,9 @@ def test_the_on_policy_driver_keeps_the_switches_too():
     try:
         task, seed = round_task(0, HELDOUT_SEED, "place")
         gripper = {}
-        commitment = sim_policy.gripper_commitment(bench_args())
-        for name, kept in (("alone", None), ("kept", commitment)):
+        for name, source in sources().items():
             sim.reset(task, seed)
-            driver = sim_policy.PolicyDriver(RecedingGripper(), 0.1, kept)
+            driver = sim_policy.PolicyDriver(source, 0.1)
             driver.start(sim, seed)
             for _ in range(6):  # 0.6 s: the switch planned at 0.4 s runs, and holds
                 driver.act(sim, {}, np.zeros(6))

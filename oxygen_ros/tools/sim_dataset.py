@@ -201,12 +201,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.episode import SUCCESS, Simulation
     from oxygen_ros.sim.on_policy import record_on_policy_episode
     from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
-    from oxygen_ros.tools.benches.sim_policy import (
-        TIMEOUT_S,
-        PolicyDriver,
-        gripper_commitment,
-        make_source,
-    )
+    from oxygen_ros.tools.benches.sim_policy import TIMEOUT_S, PolicyDriver, make_source
 
     bench_args = argparse.Namespace(
         **vars(args),
@@ -217,8 +212,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
         execute_steps=0,
         action_dt=1.0 / FPS,
     )
-    commitment = gripper_commitment(bench_args) if args.gripper_commit else None
-    driver = PolicyDriver(make_source(bench_args), 1.0 / FPS, commitment)
+    driver = PolicyDriver(make_source(bench_args), 1.0 / FPS)
     place_seed = args.seed + ON_POLICY_PLACE_OFFSET
     specs = [
         EpisodeSpec(kind, seed0 + i, timeout_s=TIMEOUT_S[kind])  # sim-policy's episodes

@@ -108,6 +108,7 @@ from oxygen_ros.tools.benches.subtask_modes import (
     CONTINUITY,
     MODES,
     ChunkSource,
+    ConditionedChunk,
     chunk_source,
     named_azimuth,
     place_of,
@@ -271,7 +272,8 @@ def timing(args: argparse.Namespace) -> Timing:
 
 def make_source(args: argparse.Namespace) -> ChunkSource:
     """Load the checkpoint as the node does and wrap it in the ``--subtask`` mode's source,
-    continuing chunks as ``--continuity`` says."""
+    continuing chunks as ``--continuity`` says and keeping the gripper's planned switches with
+    ``--gripper-commit``."""
     from oxygen_ros.engine.runtime import ModelSpec, load_policy
     from oxygen_ros.policy_io.prompts import PromptFormatError, check_conditioning, resolve_format
 
@@ -292,7 +294,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             f"past the checkpoint's {horizon}-step chunk"
         )
     try:
-        return chunk_source(
+        source = chunk_source(
             args.subtask,
             policy,
             prompt_format,
@@ -308,6 +310,37 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
         raise SystemExit(
             f"oxygen-bench sim-policy: --continuity {args.continuity}: {exc}"
         ) from None
+    if not args.gripper_commit:
+        return source
+    from oxygen_ros.sim.scene import ARM_JOINTS  # the sim's gripper: the last action dim
+
+    return CommittedChunks(
+        source, SwitchCommitment((len(ARM_JOINTS),), SIM_GRIPPER_LEVEL, args.action_dt)
+    )
+
+
+class CommittedChunks:
+    """``--gripper-commit``: a chunk source whose chunks keep the gripper's planned switches
+    (`engine.switch_commit`), forgotten at each episode's start."""
+
+    def __init__(self, source: ChunkSource, commitment: SwitchCommitment) -> None:
+        self.source, self.commitment = source, commitment
+        self.mode, self.policy = source.mode, source.policy
+
+    def start(self, sim, noise_seed: int) -> None:
+        self.source.start(sim, noise_seed)
+        self.commitment.reset()
+
+    def chunk(self, sim, observation) -> ConditionedChunk:
+        chunk = self.source.chunk(sim, observation)
+        actions = self.commitment.apply(chunk.actions, observation.stamp)
+        return dataclasses.replace(chunk, actions=actions)
+
+    def published(self) -> None:
+        self.source.published()
+
+    def close(self) -> None:
+        self.source.close()
 
 
 def observe(sim):
@@ -340,28 +373,20 @@ def send(sim, actions: np.ndarray, action_dt: float, stamp_s: float | None = Non
 
 class PolicyDriver:
     """A chunk source driving on-policy recording (`oxygen_ros.sim.on_policy`): each frame's
-    chunk, from the images the recorder rendered, goes to the controllers at once (zero delay),
-    with the gripper's planned switches kept when a ``commitment`` is given."""
+    chunk, from the images the recorder rendered, goes to the controllers at once (zero delay)."""
 
-    def __init__(
-        self, source: ChunkSource, action_dt: float, commitment: SwitchCommitment | None = None
-    ) -> None:
-        self.source, self.action_dt, self.commitment = source, action_dt, commitment
+    def __init__(self, source: ChunkSource, action_dt: float) -> None:
+        self.source, self.action_dt = source, action_dt
 
     def start(self, sim, noise_seed: int) -> None:
         self.source.start(sim, noise_seed)
-        if self.commitment is not None:
-            self.commitment.reset()
 
     def act(self, sim, images: dict[str, np.ndarray], state: np.ndarray) -> None:
         from oxygen_ros.engine.types import Observation
 
         slots = {SLOTS[camera]: image for camera, image in images.items()}
         chunk = self.source.chunk(sim, Observation(slots, state, sim.task.text, sim.now_s))
-        actions = chunk.actions
-        if self.commitment is not None:
-            actions = self.commitment.apply(actions, sim.now_s)
-        send(sim, actions, self.action_dt)
+        send(sim, chunk.actions, self.action_dt)
         self.source.published()
 
     def close(self) -> None:
@@ -439,22 +464,18 @@ def run_episode(
     action_dt: float,
     plan: Timing = Timing(),
     noise_seed: int | None = None,
-    commitment: SwitchCommitment | None = None,
 ) -> dict[str, Any]:
     """One episode: its status, the tip's start / closest / final distance to the task's cube,
     the first chunk's heading and the words that conditioned it, the trajectories the controllers
     refused (per controller/reason), the chunk switches' jumps and the arm's jerk, and for
     ``predicted`` how its subtasks compare. Chunks reach the arm as ``plan`` says; the policy's
-    noise is drawn from ``noise_seed`` (default: the layout's ``seed``); ``commitment`` keeps the
-    gripper's planned switches (`engine.switch_commit`). Touch: also
+    noise is drawn from ``noise_seed`` (default: the layout's ``seed``). Touch: also
     the old tip rule's verdict; the policy drives on past the episode's end until it is decided
     (the closest and final distances are over that whole run)."""
     from oxygen_ros.sim.episode import RUNNING
 
     sim.reset(task, seed)
     source.start(sim, seed if noise_seed is None else noise_seed)
-    if commitment is not None:
-        commitment.reset()
     start = sim.facts().tip_to_cube
     steps_per_frame = max(1, round(action_dt / sim.control_dt))
     closest, step, started = np.inf, 0, time.perf_counter()
@@ -477,10 +498,7 @@ def run_episode(
                         conditioning.add(chunk.subtask, truth)
                     if first is None:
                         first = chunk
-                    actions = chunk.actions
-                    if commitment is not None:
-                        actions = commitment.apply(actions, sim.now_s)
-                    delivery.start(frame, plan.delay, sim.now_s, actions)
+                    delivery.start(frame, plan.delay, sim.now_s, chunk.actions)
                     delivery.arrive(sim, source, frame)  # no delay: sent at once
             sim.control_step()
             step += 1
@@ -699,22 +717,12 @@ def run_rounds(
     """``--episodes`` episodes on closed-loop's rounds of ``--seed`` (the same layouts and noise
     for every source), once per ``--noise-offsets`` draw."""
     episodes = []
-    commitment = gripper_commitment(args) if args.gripper_commit else None
     for offset in args.noise_offsets:
         for index in range(args.episodes):
             task, seed = round_task(index, args.seed, args.tasks)
-            record = run_episode(
-                sim, source, task, seed, args.action_dt, plan, seed + offset, commitment
-            )
+            record = run_episode(sim, source, task, seed, args.action_dt, plan, seed + offset)
             episodes.append({**record, "noise_offset": offset})
     return episodes
-
-
-def gripper_commitment(args: argparse.Namespace) -> SwitchCommitment:
-    """The sim arm's gripper (its last action dim) kept to its planned switches."""
-    from oxygen_ros.sim.scene import ARM_JOINTS
-
-    return SwitchCommitment((len(ARM_JOINTS),), SIM_GRIPPER_LEVEL, args.action_dt)
 
 
 def episode_timeout_s(args: argparse.Namespace) -> float:
