@@ -45,6 +45,7 @@ from oxygen_ros.training.dataset import (
     TrainingDataError,
     action_chunk,
     concatenate_frames,
+    episodes_with_task,
     held_narrations,
     load_training_frames,
 )
@@ -123,6 +124,7 @@ def trained(dataset, tokenizer_path, tmp_path_factory):
         datasets=(dataset,),
         out=tmp_path_factory.mktemp("ckpt") / "tiny",
         tokenizer=tokenizer_path,
+        task_filters=((dataset, "red|green"),),  # the blue cube's episode left out
         steps=48,
         batch_size=4,
         lr=2e-3,
@@ -366,6 +368,34 @@ def test_datasets_concatenate_with_their_episodes_apart(tmp_path, dataset):
         concatenate_frames([])
 
 
+def test_a_task_filter_keeps_whole_episodes_whose_task_matches(dataset):
+    frames = load_training_frames(dataset)  # episodes 0, 1, 2: red, green, blue cube
+    kept = episodes_with_task(frames, "(red|blue) cube")
+    assert len(kept) == 2 * EPISODE_LENGTH and kept.num_episodes == 2
+    assert set(kept.tasks) == {frames.tasks[0], frames.tasks[2 * EPISODE_LENGTH]}
+    np.testing.assert_array_equal(
+        kept.episode_end, [EPISODE_LENGTH] * EPISODE_LENGTH + [2 * EPISODE_LENGTH] * EPISODE_LENGTH
+    )
+    blue = slice(2 * EPISODE_LENGTH, 3 * EPISODE_LENGTH)
+    np.testing.assert_array_equal(kept.actions[EPISODE_LENGTH:], frames.actions[blue])
+    np.testing.assert_array_equal(kept.states[EPISODE_LENGTH:], frames.states[blue])
+    for camera in frames.cameras:
+        np.testing.assert_array_equal(
+            kept.images[camera][EPISODE_LENGTH:], frames.images[camera][blue]
+        )
+    assert kept.subtasks[EPISODE_LENGTH:] == frames.subtasks[blue]
+    assert kept.narrations[EPISODE_LENGTH:] == frames.narrations[blue]
+    # a chunk at the red episode's last frame stays in it
+    last = EPISODE_LENGTH - 1
+    chunk = action_chunk(kept.actions, last, int(kept.episode_end[last]), 4)
+    np.testing.assert_array_equal(chunk, np.repeat(frames.actions[last : last + 1], 4, axis=0))
+    assert episodes_with_task(frames, "^put ") is frames
+    with pytest.raises(TrainingDataError, match="no episode's task matches 'touch'"):
+        episodes_with_task(frames, "touch")
+    with pytest.raises(TrainingDataError, match="not a regular expression"):
+        episodes_with_task(frames, "(red")
+
+
 def test_augmentation_is_seeded_and_spares_wrist_cameras():
     images = torch.rand(2, 3, 64, 64) * 2 - 1
 
@@ -391,6 +421,8 @@ def test_settings_record_the_command_and_seeds(trained):
     assert record["command"] == settings.command
     assert record["seed"] == 3 and record["data_seed"] == 3
     assert record["prompt_format"] == "openpi_subtask"
+    assert record["task_filters"] == [f"{settings.datasets[0]}=red|green"]
+    assert record["frames"] == 2 * EPISODE_LENGTH and record["episodes"] == 2
     config = json.loads((result.out / "config.json").read_text())
     assert config["rtc_training_max_delay"] == 3
     assert dataclasses.asdict(settings)["steps"] == record["steps_done"]
@@ -452,6 +484,16 @@ def test_train_cli_takes_several_datasets_and_refuses_negative_threads(capsys):
     with pytest.raises(SystemExit):
         _parse_args(["--dataset", "a", "--out", "o", "--threads", "-1"])
     assert "--threads must be >= 0" in capsys.readouterr().err
+    args = _parse_args(
+        ["--dataset", "a", "--dataset", "b", "--out", "o", "--task-filter", "b=^put "]
+    )
+    assert args.task_filter == ((Path("b"), "^put "),)
+    with pytest.raises(SystemExit):
+        _parse_args(["--dataset", "a", "--out", "o", "--task-filter", "c=^put "])
+    assert "not one of the --dataset folders: a" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse_args(["--dataset", "a", "--out", "o", "--task-filter", "a"])
+    assert "a task filter is DATASET=PATTERN" in capsys.readouterr().err
 
 
 def test_relative_actions_round_trip_through_the_lerobot_folder(dataset, tokenizer_path, tmp_path):
@@ -545,7 +587,8 @@ def test_a_run_starts_from_a_checkpoints_weights(trained, dataset, tokenizer_pat
     for name, value in source.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
     # and normalises as it did: the statistics the checkpoint was written with
-    written = dataset_norms(load_training_frames(dataset))
+    ((root, pattern),) = settings.task_filters
+    written = dataset_norms(episodes_with_task(load_training_frames(root), pattern))
     norms = checkpoint_norms(result.out)
     for mine, theirs in ((norms.state, written.state), (norms.action, written.action)):
         for q in ("q01", "q99"):

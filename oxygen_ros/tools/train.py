@@ -35,6 +35,7 @@ from oxygen_ros.training.trainer import (
     TrainSettings,
     parse_gate,
     parse_question_weight,
+    parse_task_filter,
     train,
 )
 
@@ -78,6 +79,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         required=True,
         action="append",
         help="LeRobotDataset v3 folder; repeat it to train on several together",
+    )
+    parser.add_argument(
+        "--task-filter",
+        action="append",
+        default=[],
+        metavar="DATASET=PATTERN",
+        help="train only on DATASET's episodes whose task matches the regular expression "
+        "PATTERN, e.g. the place takeovers of an on-policy set: data/dagger='^put '; repeatable",
     )
     parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -248,6 +257,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     try:
         args.gate = tuple(parse_gate(g) for g in args.gate)
         args.question_weight = tuple(parse_question_weight(w) for w in args.question_weight)
+        args.task_filter = tuple(parse_task_filter(f, args.dataset) for f in args.task_filter)
     except ValueError as exc:
         parser.error(str(exc))
     if args.gate and not (args.grounding_heldout and args.probe_every > 0):
@@ -272,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         settings = TrainSettings(
             datasets=tuple(args.dataset),
+            task_filters=args.task_filter,
             out=args.out,
             tokenizer=tokenizer,
             preset=args.preset,

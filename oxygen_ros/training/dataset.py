@@ -11,6 +11,7 @@ describes the frame's phase, or only the frames where one was said (``event``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -146,6 +147,43 @@ def load_training_frames(root: Path | str, narration: str = "held") -> TrainingF
         narrations=narrations,
         state_names=features[STATE_KEY].get("names"),
         action_names=features[ACTION_KEY].get("names"),
+    )
+
+
+def episodes_with_task(frames: TrainingFrames, pattern: str) -> TrainingFrames:
+    """Only the episodes whose task matches ``pattern`` (a regular expression, searched), e.g.
+    the place episodes of an on-policy set that holds touch ones too.
+
+    Raises:
+        TrainingDataError: a pattern that is not a regular expression, or matches no episode.
+    """
+    try:
+        matcher = re.compile(pattern)
+    except re.error as exc:
+        raise TrainingDataError(
+            f"task pattern {pattern!r} is not a regular expression: {exc}"
+        ) from None
+    keep = np.array([matcher.search(task) is not None for task in frames.tasks], dtype=bool)
+    if not keep.any():
+        raise TrainingDataError(
+            f"{frames.root}: no episode's task matches {pattern!r}; tasks: "
+            f"{sorted(set(frames.tasks))}"
+        )
+    if keep.all():
+        return frames
+    # Whole episodes are kept, so a kept frame's episode ends where the kept frames before its
+    # old end stop.
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    indices = np.flatnonzero(keep)
+    return dataclasses.replace(
+        frames,
+        images={key: images[indices] for key, images in frames.images.items()},
+        states=frames.states[indices],
+        actions=frames.actions[indices],
+        episode_end=kept_before[frames.episode_end[indices]],
+        tasks=[frames.tasks[i] for i in indices],
+        subtasks=[frames.subtasks[i] for i in indices],
+        narrations=[frames.narrations[i] for i in indices],
     )
 
 

@@ -56,7 +56,12 @@ from oxygen_ros.sim.questions import KIND_WEIGHTS, QUESTION_KINDS, GroundingScen
 
 from .batches import BatchMaker
 from .checkpoint_out import write_trained_checkpoint
-from .dataset import TrainingFrames, concatenate_frames, load_training_frames
+from .dataset import (
+    TrainingFrames,
+    concatenate_frames,
+    episodes_with_task,
+    load_training_frames,
+)
 from .grounding import GroundingBatchMaker, probe
 from .normalization import RELATIVE_EXCLUDE, checkpoint_norms, dataset_norms
 from .schedule import learning_rate
@@ -72,6 +77,7 @@ class TrainSettings:
     datasets: tuple[Path, ...]  # LeRobotDataset v3 folders, trained on together
     out: Path
     tokenizer: Path
+    task_filters: tuple[tuple[Path, str], ...] = ()  # (dataset, task pattern): its episodes kept
     preset: str = "tiny"
     steps: int = 1000
     batch_size: int = 8
@@ -161,6 +167,25 @@ def parse_question_weight(text: str) -> tuple[str, float]:
     return kind.strip(), weight
 
 
+def parse_task_filter(text: str, datasets: Sequence[Path]) -> tuple[Path, str]:
+    """``"data/dagger=^put "`` -> ``(Path("data/dagger"), "^put ")``: train only on that
+    dataset's episodes whose task matches the pattern.
+
+    Raises:
+        ValueError: not ``DATASET=PATTERN``, or a folder that is not one of ``datasets``.
+    """
+    folder, sep, pattern = text.partition("=")
+    if not sep or not folder.strip() or not pattern:
+        raise ValueError(f"a task filter is DATASET=PATTERN (data/dagger=^put ), got {text!r}")
+    root = Path(folder.strip())
+    if root not in {Path(d) for d in datasets}:
+        raise ValueError(
+            f"task filter {text!r} names {str(root)!r}, which is not one of the --dataset "
+            f"folders: {', '.join(str(d) for d in datasets)}"
+        )
+    return root, pattern
+
+
 def gates_met(gates: Sequence[tuple[str, float]], accuracy: dict[str, float]) -> bool:
     """Whether every gate's probe figure reaches its minimum (a figure the probe lacks: not met)."""
     return bool(gates) and all(accuracy.get(key, -1.0) >= minimum for key, minimum in gates)
@@ -236,6 +261,14 @@ def _window_mean(history: list[StepLog], name: str, count: int) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def _dataset_frames(root: Path, narration: str, settings: TrainSettings) -> TrainingFrames:
+    frames = load_training_frames(root, narration)
+    for filtered, pattern in settings.task_filters:
+        if Path(filtered) == Path(root):
+            frames = episodes_with_task(frames, pattern)
+    return frames
+
+
 def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainResult:
     """Train from random weights (or ``out/resume.pt`` with ``resume``) on ``settings.datasets``
     (and grounding questions, when given) and write the checkpoint to ``settings.out``.
@@ -253,7 +286,7 @@ def train(settings: TrainSettings, log: Callable[[str], None] = print) -> TrainR
     if settings.threads:
         torch.set_num_threads(settings.threads)
     held = "event" if settings.narration == "none" else settings.narration
-    frames = concatenate_frames([load_training_frames(d, held) for d in settings.datasets])
+    frames = concatenate_frames([_dataset_frames(d, held, settings) for d in settings.datasets])
     config = model_config(settings, frames)
     relative = (
         relative_action_mask(frames.actions.shape[1], frames.action_names, RELATIVE_EXCLUDE)
@@ -551,6 +584,7 @@ def _record(
     fields = {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
     fields["datasets"] = [str(d) for d in settings.datasets]
     fields["grounding"] = [str(g) for g in settings.grounding]
+    fields["task_filters"] = [f"{root}={pattern}" for root, pattern in settings.task_filters]
     fields["gates"] = [f"{key}>={minimum}" for key, minimum in settings.gates]
     return {
         **fields,
