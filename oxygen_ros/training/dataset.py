@@ -19,6 +19,8 @@ import numpy as np
 
 from oxygen_ros.data.lerobot_dataset import read_dataset
 
+from .encoded_images import EncodedImages
+
 IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
@@ -35,7 +37,8 @@ class TrainingDataError(ValueError):
 class TrainingFrames:
     """Every frame of a dataset, in dataset order.
 
-    images: per camera key (``observation.images.<name>``, info.json order) uint8 [N, H, W, 3].
+    images: per camera key (``observation.images.<name>``, info.json order) its N frames, decoded
+        to uint8 [len, H, W, 3] when indexed (`EncodedImages`).
     states, actions: float32 [N, state dim], [N, action dim].
     episode_end: int64 [N], the index one past the last frame of each frame's episode.
     tasks, subtasks, narrations: one string per frame ("" where there is none).
@@ -43,7 +46,7 @@ class TrainingFrames:
 
     root: Path
     fps: int
-    images: dict[str, np.ndarray]
+    images: dict[str, EncodedImages]
     states: np.ndarray
     actions: np.ndarray
     episode_end: np.ndarray
@@ -80,6 +83,20 @@ def held_narrations(narrations: list[str], episode_end: np.ndarray) -> list[str]
     return held
 
 
+def _camera_images(feature: dict, column: list, key: str, root: Path) -> EncodedImages:
+    if feature["dtype"] == "video":
+        raise TrainingDataError(f"{root}: {key!r} is a video feature; training reads images")
+    shape = tuple(feature.get("shape") or ())
+    if feature["dtype"] != "image" or len(shape) != 3 or shape[-1] != 3:
+        raise TrainingDataError(f"{root}: {key!r} is not an (H, W, 3) image feature")
+    images = EncodedImages([cell["bytes"] for cell in column], shape)
+    try:
+        images[:1]  # one frame decoded now: a wrong shape is named here, not mid-training
+    except (ValueError, OSError) as exc:
+        raise TrainingDataError(f"{root}: {key!r}: {exc}") from None
+    return images
+
+
 def _vector(frames: dict, key: str, root: Path) -> np.ndarray:
     if key not in frames:
         raise TrainingDataError(
@@ -112,7 +129,7 @@ def load_training_frames(root: Path | str, narration: str = "held") -> TrainingF
     if narration not in NARRATION_MODES:
         raise TrainingDataError(f"narration must be one of {NARRATION_MODES}, got {narration!r}")
     root = Path(root)
-    content = read_dataset(root)
+    content = read_dataset(root, decode_images=False)
     frames = content.frames
     features = content.info["features"]
     cameras = [k for k, ft in features.items() if k.startswith(IMAGE_PREFIX)]
@@ -120,11 +137,7 @@ def load_training_frames(root: Path | str, narration: str = "held") -> TrainingF
         raise TrainingDataError(
             f"{root}: no camera feature ({IMAGE_PREFIX}<name>); features: {sorted(features)}"
         )
-    for key in cameras:
-        if features[key]["dtype"] not in ("image", "video") or frames[key].ndim != 4:
-            raise TrainingDataError(f"{root}: {key!r} is not an image feature")
-        if features[key]["dtype"] == "video":
-            raise TrainingDataError(f"{root}: {key!r} is a video feature; training reads images")
+    images = {key: _camera_images(features[key], frames[key], key, root) for key in cameras}
     states = _vector(frames, STATE_KEY, root)
     actions = _vector(frames, ACTION_KEY, root)
     count = len(states)
@@ -138,7 +151,7 @@ def load_training_frames(root: Path | str, narration: str = "held") -> TrainingF
     return TrainingFrames(
         root=root,
         fps=content.fps,
-        images={key: frames[key] for key in cameras},
+        images=images,
         states=states,
         actions=actions,
         episode_end=episode_end,
@@ -177,7 +190,7 @@ def episodes_with_task(frames: TrainingFrames, pattern: str) -> TrainingFrames:
     indices = np.flatnonzero(keep)
     return dataclasses.replace(
         frames,
-        images={key: images[indices] for key, images in frames.images.items()},
+        images={key: images.take(indices) for key, images in frames.images.items()},
         states=frames.states[indices],
         actions=frames.actions[indices],
         episode_end=kept_before[frames.episode_end[indices]],
@@ -218,7 +231,9 @@ def concatenate_frames(parts: Sequence[TrainingFrames]) -> TrainingFrames:
     return TrainingFrames(
         root=first.root,
         fps=first.fps,
-        images={k: np.concatenate([part.images[k] for part in parts]) for k in first.cameras},
+        images={
+            k: EncodedImages.concatenate([part.images[k] for part in parts]) for k in first.cameras
+        },
         states=np.concatenate([part.states for part in parts]),
         actions=np.concatenate([part.actions for part in parts]),
         episode_end=np.concatenate(
