@@ -49,7 +49,7 @@ class EncodedImages:
 
     @staticmethod
     def concatenate(parts: Sequence[EncodedImages]) -> EncodedImages:
-        """Several cameras' frames end to end (the same frame shape)."""
+        """One camera's frames from several datasets, end to end (one frame shape)."""
         shapes = {part._frame_shape for part in parts}
         if len(shapes) != 1:
             raise ValueError(f"frames of different shapes cannot be joined: {sorted(shapes)}")
