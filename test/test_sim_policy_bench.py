@@ -106,6 +106,26 @@ def test_subtask_tally_counts_exact_words_and_right_places():
     assert steady.record()["subtask_flips"] == 0
     both = sim_policy.subtask_shares([record, steady.record()])
     assert (both["episodes_with_flips"], both["subtask_flips_per_episode"]) == (1, 0.5)
+    # per phase the sim was in, the share of each decoded phase: 4 + 3 touch frames, 1 grasp
+    assert both["phase_frames"] == {
+        "grasp": {"frames": 1, "grasp": 1.0},
+        "touch": {"frames": 7, "touch": 1.0},
+    }
+
+
+def test_phase_confusion_says_where_the_decoded_phase_differs():
+    tally = sim_policy.SubtaskTally()
+    for decoded, truth in [
+        ("carry the red cube to the green pad, far left", "grasp the red cube"),
+        ("grasp the red cube", "grasp the red cube"),
+        ("reach the red cube, near left", "grasp the red cube"),
+        ("", "carry the red cube to the green pad, far left"),
+    ]:
+        tally.add(decoded, truth)
+    table = sim_policy.subtask_shares([tally.record()])["phase_frames"]
+    assert table["grasp"]["frames"] == 3
+    assert table["grasp"]["carry"] == table["grasp"]["reach"] == pytest.approx(1 / 3, abs=1e-3)
+    assert table["carry"] == {"frames": 1, "": 1.0}  # an empty decode is its own column
 
 
 # -- the four modes end to end -------------------------------------------------------------------

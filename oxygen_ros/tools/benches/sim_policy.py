@@ -83,10 +83,12 @@ episode, and reports the share answered exactly per question kind, also split by
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -393,11 +395,19 @@ class PolicyDriver:
         self.source.close()
 
 
+def phase_verb(subtask: str) -> str:
+    """A subtask's phase, as its first word says it ("carry the red cube ..." -> "carry"; "" for
+    no words)."""
+    words = subtask.split()
+    return words[0] if words else ""
+
+
 class SubtaskTally:
     """predicted: how the subtasks decoded in one episode compare with the sim's."""
 
     def __init__(self) -> None:
         self.frames = self.exact = self.placed = self.place_right = self.flips = 0
+        self.phases: collections.Counter[str] = collections.Counter()  # "truth>decoded" verbs
         self.said: list[str] = []
         self._last: tuple[str, str] | None = None
 
@@ -408,6 +418,7 @@ class SubtaskTally:
         self._last = (words, truth)
         self.frames += 1
         self.exact += same_words(decoded, truth)
+        self.phases[f"{phase_verb(truth)}>{phase_verb(decoded)}"] += 1
         place = place_of(truth)
         if place is not None:
             self.placed += 1
@@ -422,6 +433,7 @@ class SubtaskTally:
             "placed_frames": self.placed,
             "place_right_frames": self.place_right,
             "subtask_flips": self.flips,
+            "phase_frames": dict(sorted(self.phases.items())),
             "said": self.said,
         }
 
@@ -613,10 +625,11 @@ def heading_follows_words(episodes: list[dict[str, Any]]) -> float:
     )
 
 
-def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str, float]:
+def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
     """predicted: ``subtask_exact`` and ``subtask_place_right`` over all episodes' frames, the
-    flips per episode; of the decoded subtasks, or with ``prefix`` "conditioning_" of those that
-    conditioned the chunks (after the holding rule)."""
+    flips per episode and the phase confusion (`phase_confusion`); of the decoded subtasks, or
+    with ``prefix`` "conditioning_" of those that conditioned the chunks (after the holding
+    rule)."""
 
     def total(key: str) -> int:
         return sum(e[prefix + key] for e in episodes)
@@ -632,7 +645,24 @@ def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str
             [e[prefix + "subtask_flips"] for e in episodes]
         ),
         prefix + "episodes_with_flips": sum(e[prefix + "subtask_flips"] > 0 for e in episodes),
+        prefix + "phase_frames": phase_confusion(e[prefix + "phase_frames"] for e in episodes),
     }
+
+
+def phase_confusion(per_episode: Iterable[dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Per phase the sim was in, the share of frames each decoded phase took ("carry" ->
+    {"carry": 0.7, "grasp": 0.3}) and its frame count under "frames": where the subtask errs."""
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for episode in per_episode:
+        for pair, n in episode.items():
+            truth, decoded = pair.split(">")
+            counts[truth][decoded] += n
+    table = {}
+    for truth, decoded in sorted(counts.items()):
+        total = sum(decoded.values())
+        row = {verb: round(n / total, 3) for verb, n in decoded.most_common()}
+        table[truth] = {"frames": total, **row}
+    return table
 
 
 def switch_summary(episodes: list[dict[str, Any]]) -> dict[str, float]:
