@@ -19,7 +19,7 @@ from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVPool
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
 from oxygen_ros.engine.static_paths import StaticRunner
-from oxygen_ros.engine.subtasks import SubtaskLoop
+from oxygen_ros.engine.subtasks import HeldGate, SubtaskLoop
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.mot import KVContext
 from oxygen_ros.model.pi05 import Prefix
@@ -457,3 +457,51 @@ def test_a_changed_subtask_conditions_the_chunks_only_once_decoded_k_times_in_a_
     assert eager.conditioning().text == grasp and eager.changes_held == 0
     with pytest.raises(ValueError, match="confirmations"):
         SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=0)
+
+
+def test_a_held_objects_subtask_waits_for_the_gripper_to_hold(policy):
+    gate = HeldGate(r"^(carry|release) ", dims=(5,), low=0.25, high=0.8)
+    loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=2, held_gate=gate)
+    loop.observe_task("put the red cube on the green pad")
+    ids = itertools.count(1)
+    open_hand, holding = np.zeros(6), np.array([0, 0, 0, 0, 0, 0.5])
+    closed_on_nothing = np.array([0, 0, 0, 0, 0, 1.0])
+
+    def decode(text: str, now: float, state: np.ndarray) -> str:
+        loop.observe_state(state)
+        request = finished_request(policy, next(ids), text)
+        loop.submitted(request, now - 0.1)
+        loop.finished([request.finish("eos")], now)
+        return loop.conditioning().text
+
+    reach, carry = "reach the red cube, far left", "carry the red cube to the green pad, far right"
+    assert decode(reach, 1.0, open_hand) == reach
+    assert decode(carry, 2.0, open_hand) == reach  # once: not confirmed
+    assert decode(carry, 3.0, open_hand) == reach  # confirmed, but nothing is held yet
+    assert decode(carry, 3.5, closed_on_nothing) == reach  # the fingers met: nothing between
+    assert (loop.changes_held, loop.changes_gated) == (1, 2)
+    assert loop.stats(3.5)["subtask_changes_gated"] == 2
+    assert decode(carry, 4.0, holding) == carry  # the confirmation kept: adopted once it holds
+    # the current subtask decoded again stays, whatever the gripper does (the release opens it)
+    assert decode(carry, 5.0, open_hand) == carry
+    assert decode(reach, 6.0, open_hand) == carry  # a change to reach is not gated, only confirmed
+    assert decode(reach, 7.0, open_hand) == reach
+
+
+def test_a_held_object_gate_reads_every_gripper_dim_and_refuses_bad_settings():
+    gate = HeldGate("^carry", dims=(1, 3), low=0.25)
+    assert gate.allows("reach the red cube", np.zeros(4))
+    assert gate.allows("carry the red cube", np.array([0, 0.5, 0, 1.0]))  # no high: any closed
+    assert not gate.allows("carry the red cube", np.array([0, 0.5, 0, 0.1]))  # one still open
+    assert not gate.allows("carry the red cube", np.array([0, 0.5]))  # no such dim: not holding
+    assert not HeldGate("^carry", (1,), 0.25, 0.8).allows("carry it", np.array([0, 1.0]))
+    for pattern, dims, low, high, match in (
+        ("", (5,), 0.25, 0.8, "needs a pattern"),
+        ("(carry", (5,), 0.25, 0.8, "pattern"),
+        ("^carry", (), 0.25, 0.8, "dims"),
+        ("^carry", (-1,), 0.25, 0.8, "dims"),
+        ("^carry", (5,), float("nan"), 0.8, "finite"),
+        ("^carry", (5,), 0.25, 0.25, "above"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            HeldGate(pattern, dims, low, high)

@@ -123,7 +123,12 @@ class OxygenEngine(EngineBase):
         if not policy.robot.discrete_state_input:
             fmt.template(self.config.hierarchy, has_state=False)  # raises when it needs state bins
         self.subtasks = (
-            SubtaskLoop(fmt, self.config.subtask_period_s, self.config.subtask_confirmations)
+            SubtaskLoop(
+                fmt,
+                self.config.subtask_period_s,
+                self.config.subtask_confirmations,
+                self.config.subtask_held_gate,
+            )
             if self.config.hierarchy
             else None
         )
@@ -292,6 +297,7 @@ class OxygenEngine(EngineBase):
         if self.subtasks is None:
             return self.policy.frame_prompt(observation.state, observation.prompt, cfg.format)
         self._last_prompt = (observation.state, observation.prompt)
+        self.subtasks.observe_state(observation.state)
         for request in self.subtasks.observe_task(observation.prompt):
             delta = self.cancel(request.request_id)
             if delta is not None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ..model.rtc import CONTINUITY_MODES, GUIDANCE, RTC_MODES, SCHEDULES
 from ..policy_io.prompts import KindFormat, PromptFormat, check_conditioning, preset
+from .subtasks import HeldGate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,8 @@ class EngineConfig:
     subtask_max_tokens: int = 0  # 0: the format's limit for its subtask kind
     # a changed subtask conditions the chunks once decoded this many times in a row (1: at once)
     subtask_confirmations: int = 1
+    # subtasks that presuppose a held object, adopted only while the gripper holds (None: off)
+    subtask_held_gate: HeldGate | None = None
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
     # capture those steps in CUDA graphs; implies static_shapes, CUDA only

@@ -15,6 +15,11 @@
   a row decoded it (1: at once), so a decode that flickers for one refresh (a cube near a place
   word's edge, a guess ahead of the scene) never reaches the actions; the task's first subtask is
   adopted at once (there is nothing to hold);
+* with a `HeldGate`, a change to a subtask that presupposes a held object ("carry ...",
+  "release ...") is adopted only while the newest frame's gripper state says it holds something
+  (closed, short of closed on nothing): a decoder that guesses ahead of the scene ("carry" while
+  the fingers are open, or closed on nothing) is not a scene that changed, and the arm would head
+  for the pad with nothing in its hand;
 * with formats that keep a memory (PI052), a changed subtask asks for a memory note chained with
   the previous one.
 
@@ -25,6 +30,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
 
 from ..policy_io.prompts import PromptFormat, SubtaskText
 from .requests import LanguageRequest
@@ -44,17 +54,66 @@ class Subtask:
     decode_ms: float  # from its submission to its final token
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldGate:
+    """Subtasks that presuppose a held object, adopted only while the gripper holds one.
+
+    ``pattern`` is searched in a subtask's text (e.g. ``^(carry|release) ``); ``dims`` are the
+    gripper's indices in the observation state. A gripper holds an object while its state lies
+    between ``low`` (past open) and ``high`` (short of closed on nothing: the fingers stopped on
+    something), every dim; ``high`` inf: any gripper closed past ``low``.
+
+    Raises (constructor):
+        ValueError: an empty or invalid pattern, no dims, a negative dim, a ``low`` that is not a
+            finite number or a ``high`` not above it.
+    """
+
+    pattern: str
+    dims: tuple[int, ...]
+    low: float
+    high: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not self.pattern:
+            raise ValueError("a held-object gate needs a pattern (a regular expression)")
+        try:
+            object.__setattr__(self, "_regex", re.compile(self.pattern))
+        except re.error as exc:
+            raise ValueError(f"held-object gate pattern {self.pattern!r}: {exc}") from None
+        if not self.dims or min(self.dims) < 0:
+            raise ValueError(f"a held-object gate needs gripper state dims >= 0, got {self.dims}")
+        if not math.isfinite(self.low) or not self.high > self.low:
+            raise ValueError(
+                f"a held-object gate needs a finite low and a high above it, got low {self.low}, "
+                f"high {self.high}"
+            )
+
+    def allows(self, text: str, state: Sequence[float] | np.ndarray) -> bool:
+        """Whether ``text`` may be adopted with the gripper in ``state``: it presupposes nothing
+        held, or every gripper dim holds (a state too short for the dims: not holding)."""
+        if not self._regex.search(text):
+            return True
+        if len(state) <= max(self.dims):
+            return False
+        return all(self.low < state[d] < self.high for d in self.dims)
+
+
 class SubtaskLoop:
     """The subtask kind's schedule and the current subtask of an engine (one thread)."""
 
     def __init__(
-        self, prompt_format: PromptFormat, period_s: float, confirmations: int = 1
+        self,
+        prompt_format: PromptFormat,
+        period_s: float,
+        confirmations: int = 1,
+        held_gate: HeldGate | None = None,
     ) -> None:
         if confirmations < 1:
             raise ValueError(f"subtask confirmations must be >= 1, got {confirmations}")
         self.format = prompt_format
         self.period_s = period_s
         self.confirmations = confirmations
+        self.held_gate = held_gate
         self.reset()
 
     def reset(self) -> None:
@@ -64,6 +123,8 @@ class SubtaskLoop:
         self.task: str | None = None
         self.refreshes = 0  # subtasks that finished
         self.changes_held = 0  # decoded changes not (yet) confirmed: the current one kept
+        self.changes_gated = 0  # confirmed changes the held-object gate kept out
+        self._state: np.ndarray = np.zeros(0)  # the newest frame's observation state
         self._candidate: tuple[tuple[int, ...], int] | None = None  # a change's ids, its count
         self.empty_subtasks = 0  # finished with no words (only spaces or control text)
         self.chunks_by_subtask: collections.Counter[int] = collections.Counter()
@@ -91,6 +152,7 @@ class SubtaskLoop:
             "subtask_decode_ms": current.decode_ms if current else 0.0,
             "subtask_refreshes": self.refreshes,
             "subtask_changes_held": self.changes_held,
+            "subtask_changes_gated": self.changes_gated,
             "subtasks_empty": self.empty_subtasks,
             "subtask_in_flight": self._request is not None,
             "chunks_unconditioned": self.unconditioned_chunks,
@@ -109,6 +171,10 @@ class SubtaskLoop:
         self.latest = self._candidate = None
         self._due_s, self.memory_note = None, ""
         return stale
+
+    def observe_state(self, state: np.ndarray) -> None:
+        """The next frame's observation state (what the held-object gate reads)."""
+        self._state = state
 
     def conditioning(self) -> SubtaskText | None:
         """The subtask the next frame's prompt carries (None before the task's first)."""
@@ -175,6 +241,14 @@ class SubtaskLoop:
         if not self._confirmed(ids, same, previous is None):
             self.changes_held += 1
             return None
+        if (
+            not same
+            and self.held_gate
+            and not self.held_gate.allows(decoded.text.text, self._state)
+        ):
+            self.changes_gated += 1  # confirmed but not yet true: adopted once the gripper holds
+            return None
+        self._candidate = None
         if not same:
             text = dataclasses.replace(decoded.text, subtask_id=self._next_id)
             decoded = dataclasses.replace(decoded, text=text)
@@ -198,10 +272,7 @@ class SubtaskLoop:
             return True
         count = self._candidate[1] + 1 if self._candidate and self._candidate[0] == ids else 1
         self._candidate = (ids, count)
-        if count < self.confirmations:
-            return False
-        self._candidate = None
-        return True
+        return count >= self.confirmations
 
     def memory_submitted(self, request: LanguageRequest) -> None:
         self._memory = request

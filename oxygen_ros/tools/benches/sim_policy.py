@@ -94,6 +94,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.engine.subtasks import HeldGate
 from oxygen_ros.engine.switch_commit import SwitchCommitment
 from oxygen_ros.tools.benches import place_stages
 from oxygen_ros.tools.benches.closed_loop import round_task
@@ -122,6 +123,7 @@ CAMERA_PX = 128  # the sim node's default image size
 SLOTS = {"scene": "observation.images.scene", "wrist": "observation.images.wrist"}
 TIMEOUT_S = {"touch": 8.0, "place": 20.0, "two_step": 30.0}  # sim s per episode, by kind
 SIM_GRIPPER_LEVEL = 0.5  # the sim's gripper command between open (0) and closed (1)
+SIM_HELD_RANGE = (0.25, 0.8)  # the sim's gripper state holding a cube: ~0.5 (1: closed on nothing)
 SAID_KEPT = 5  # distinct decoded subtasks kept per episode record
 # the probe's layouts: past the held-out block's first seeds, which training runs' gates read
 PROBE_OFFSET = 100_000
@@ -172,6 +174,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="predicted: a changed subtask conditions the chunks once decoded this many times "
         "in a row (the node's subtask_confirmations)",
+    )
+    parser.add_argument(
+        "--subtask-held-pattern",
+        default="",
+        help="predicted: a changed subtask matching this regular expression (e.g. "
+        "'^(carry|release) ') is adopted only while the gripper holds (the node's "
+        "subtask_held_pattern; '': no gate)",
+    )
+    parser.add_argument(
+        "--subtask-held-range",
+        type=float,
+        nargs=2,
+        default=SIM_HELD_RANGE,
+        metavar=("LOW", "HIGH"),
+        help="predicted: the sim's gripper state between which it holds a cube (0 open, ~0.5 on a "
+        "cube, 1 closed on nothing)",
     )
     parser.add_argument(
         "--timeout-s",
@@ -287,6 +305,10 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             )
         except PromptFormatError as exc:
             raise SystemExit(f"oxygen-bench sim-policy: --subtask {args.subtask}: {exc}") from None
+    try:
+        gate = held_gate(args)
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench sim-policy: --subtask-held-pattern: {exc}") from None
     policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
     plan = timing(args)
     horizon = policy.config.action_horizon
@@ -307,6 +329,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             plan.delay * args.action_dt,
             args.subtask_confirmations,
             args.rtc_guidance_weight,
+            gate,
         )
     except ValueError as exc:
         raise SystemExit(
@@ -319,6 +342,15 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
     return CommittedChunks(
         source, SwitchCommitment((len(ARM_JOINTS),), SIM_GRIPPER_LEVEL, args.action_dt)
     )
+
+
+def held_gate(args: argparse.Namespace) -> HeldGate | None:
+    """``--subtask-held-pattern``'s gate on the sim's gripper state (None without a pattern)."""
+    from oxygen_ros.sim.scene import ARM_JOINTS  # the sim's gripper: the state's last dim
+
+    if not args.subtask_held_pattern:
+        return None
+    return HeldGate(args.subtask_held_pattern, (len(ARM_JOINTS),), *args.subtask_held_range)
 
 
 class CommittedChunks:

@@ -36,6 +36,7 @@ from oxygen_ros.engine.frames import frame_noise
 from oxygen_ros.engine.runtime import build_engine
 from oxygen_ros.engine.scheduler import OxygenEngine
 from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.engine.subtasks import HeldGate
 from oxygen_ros.engine.types import ActionChunk, Observation
 from oxygen_ros.policy_io.policy import Pi05Policy
 from oxygen_ros.policy_io.prompts import FramePrompt, PromptFormat, SubtaskText
@@ -254,6 +255,7 @@ class EngineChunks:
         delay_s: float = 0.0,
         confirmations: int = 1,
         guidance_weight: float = 5.0,
+        held_gate: HeldGate | None = None,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
@@ -262,6 +264,7 @@ class EngineChunks:
         self.subtask_every, self.action_dt = subtask_every, action_dt
         self.continuity, self.delay_s = continuity, delay_s
         self.confirmations, self.guidance_weight = confirmations, guidance_weight
+        self.held_gate = held_gate
         self.engine: OxygenEngine | None = None
         self._primed = False
         self._newest: tuple[int, np.ndarray] | None = None  # frame id, robot units
@@ -277,6 +280,7 @@ class EngineChunks:
             subtask_conditioning="same_frame",
             subtask_period_s=period_s,
             subtask_confirmations=self.confirmations,
+            subtask_held_gate=self.held_gate,
             action_dt=self.action_dt,
             **continuity_settings(self.continuity, self.guidance_weight),
         )
@@ -333,15 +337,17 @@ def chunk_source(
     delay_s: float = 0.0,
     confirmations: int = 1,
     guidance_weight: float = 5.0,
+    held_gate: HeldGate | None = None,
 ) -> PromptedChunks | EngineChunks:
     """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
     ``continuity`` says (`CONTINUITY`; guided clipped at ``guidance_weight``), the chunks reaching
     the arm ``delay_s`` after their observation; predicted: a changed subtask adopted after
-    ``confirmations`` decodes in a row."""
+    ``confirmations`` decodes in a row (and, with ``held_gate``, a held object's subtask only
+    while the gripper holds)."""
     if mode == "predicted":
         return EngineChunks(
             policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s,
-            confirmations, guidance_weight,
+            confirmations, guidance_weight, held_gate,
         )  # fmt: skip
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
