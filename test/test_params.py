@@ -116,3 +116,27 @@ def test_gripper_commit_needs_gripper_dims():
     joints = ["shoulder", "elbow", "gripper"]
     s = settings(gripper_commit=True, joint_names=joints, gripper_joint_names=["gripper"])
     assert s.gripper_commit and s.gripper_dims == (2,) and s.gripper_switch_level == 0.5
+
+
+def test_the_held_object_gate_reads_the_gripper_joints_state_and_is_checked():
+    assert settings().held_gate is None  # no pattern: no gate
+    joints = ["shoulder", "gripper", "elbow"]
+    s = settings(
+        joint_names=joints,
+        action_joint_names=["shoulder", "elbow", "gripper"],  # the gripper: action dim 2, state 1
+        gripper_joint_names=["gripper"],
+        subtask_held_pattern="^(carry|release) ",
+        subtask_held_range=[0.25, 0.8],
+    )
+    gate = s.held_gate
+    assert (gate.dims, gate.low, gate.high) == ((1,), 0.25, 0.8)
+    held = dict(joint_names=joints, gripper_joint_names=["gripper"])
+    for changes, message in (
+        (dict(subtask_held_pattern="^carry"), "needs subtask_held_range"),
+        (dict(subtask_held_pattern="^carry", subtask_held_range=[0.2], **held), "low, high"),
+        (dict(subtask_held_pattern="^carry", subtask_held_range=[0.2, 0.8]), "gripper dims"),
+        (dict(subtask_held_pattern="(carry", subtask_held_range=[0.2, 0.8], **held), "pattern"),
+        (dict(subtask_held_pattern="^carry", subtask_held_range=[0.8, 0.2], **held), "above"),
+    ):
+        with pytest.raises(SettingsError, match=message):
+            settings(**changes)

@@ -64,6 +64,7 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         subtask_period_s=settings.subtask_period_s,
         subtask_max_tokens=settings.subtask_max_tokens,
         subtask_confirmations=settings.subtask_confirmations,
+        subtask_held_gate=settings.held_gate,
         rtc_mode=settings.rtc_mode,
         rtc_guidance=settings.rtc_guidance,
     )

@@ -28,6 +28,7 @@ from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
+from ..engine.subtasks import HeldGate
 from ..model.config import IMAGE_SLOTS
 from ..policy_io.prompts import (
     DEFAULT_FORMAT,
@@ -607,6 +608,24 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         (1, 100),
     ),
     ParamSpec(
+        "subtask_held_pattern",
+        _T.PARAMETER_STRING,
+        "",
+        "a regular expression for the subtasks that presuppose a held object (e.g. "
+        "'^(carry|release) '): a change to one conditions the chunks only while every gripper "
+        "joint (gripper_joint_names, else the robot's) lies within subtask_held_range, so a "
+        "decoder guessing ahead of the scene cannot send an empty hand to the goal; '': no gate",
+        CONFIGURE,
+    ),
+    ParamSpec(
+        "subtask_held_range",
+        _T.PARAMETER_DOUBLE_ARRAY,
+        [],
+        "low, high: the gripper joint's state (joint_states units) between which it holds an "
+        "object (past open, short of closed on nothing); needed by subtask_held_pattern",
+        CONFIGURE,
+    ),
+    ParamSpec(
         "subtask_max_tokens",
         _T.PARAMETER_INTEGER,
         0,
@@ -914,6 +933,8 @@ class NodeSettings:
     subtask_period_s: float
     subtask_max_tokens: int
     subtask_confirmations: int
+    subtask_held_pattern: str
+    subtask_held_range: tuple[float, ...]
     # text in rviz
     narration_marker: bool
     narration_marker_frame: str
@@ -960,6 +981,15 @@ class NodeSettings:
         if self.gripper_joint_names:
             return tuple(self.action_joint_names.index(name) for name in self.gripper_joint_names)
         return robot_adapter(self.robot).gripper_dims
+
+    @property
+    def held_gate(self) -> HeldGate | None:
+        """The subtask loop's held-object gate (``subtask_held_pattern``; None: no gate), on the
+        gripper joints' indices in the state."""
+        if not self.subtask_held_pattern:
+            return None
+        state_dims = tuple(self.action_joint_indices[d] for d in self.gripper_dims)
+        return HeldGate(self.subtask_held_pattern, state_dims, *self.subtask_held_range)
 
     @property
     def arm_joint_dims(self) -> tuple[int, ...]:
@@ -1038,6 +1068,7 @@ class NodeSettings:
                 "gripper_joint_names": tuple(v["gripper_joint_names"]),
                 "server_uris": tuple(uri.strip() for uri in v["server_uris"]),
                 "narration_marker_position": tuple(v["narration_marker_position"]),
+                "subtask_held_range": tuple(v["subtask_held_range"]),
             }
         )
         if settings.gripper_commit and not settings.gripper_dims:
@@ -1045,7 +1076,29 @@ class NodeSettings:
                 f"gripper_commit needs gripper dims: robot {robot.name} has none, so name them in "
                 "gripper_joint_names"
             )
+        _check_held_gate(settings, robot.name)
         return settings
+
+
+def _check_held_gate(settings: NodeSettings, robot: str) -> None:
+    """subtask_held_pattern: a valid regular expression, two numbers in subtask_held_range and
+    gripper joints to read."""
+    if not settings.subtask_held_pattern:
+        return
+    if len(settings.subtask_held_range) != 2:
+        raise SettingsError(
+            "subtask_held_pattern needs subtask_held_range: [low, high], the gripper state "
+            f"between which it holds an object, got {list(settings.subtask_held_range)}"
+        )
+    if not settings.gripper_dims:
+        raise SettingsError(
+            f"subtask_held_pattern needs gripper dims: robot {robot} has none, so name them in "
+            "gripper_joint_names"
+        )
+    try:
+        settings.held_gate  # noqa: B018 (building the gate runs its checks)
+    except ValueError as exc:
+        raise SettingsError(f"subtask_held_pattern / subtask_held_range: {exc}") from None
 
 
 def _check_servers(v: Mapping[str, Any]) -> None:
