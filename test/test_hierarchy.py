@@ -505,3 +505,21 @@ def test_a_held_object_gate_reads_every_gripper_dim_and_refuses_bad_settings():
     ):
         with pytest.raises(ValueError, match=match):
             HeldGate(pattern, dims, low, high)
+
+
+@pytest.mark.parametrize("gripper, adopted", [(0.0, False), (0.5, True)])
+def test_the_engine_gates_a_subtask_on_its_frames_gripper_state(policy, gripper, adopted):
+    gate = HeldGate("(?s).*", dims=(6,), low=0.25, high=0.8)  # every subtask needs a held object
+    engine = hierarchy_engine(policy, subtask_held_gate=gate)
+    try:
+        results = []
+        for f in range(6):
+            frame = observation(f)
+            frame.state[6] = gripper
+            results.append(engine.step(frame))
+        assert engine.subtasks.refreshes >= 1  # subtasks finished either way
+        conditioned = [r.action.subtask_id for r in results if r.action.subtask_id]
+        assert bool(conditioned) == adopted
+        assert (engine.subtasks.changes_gated > 0) != adopted
+    finally:
+        engine.close()
