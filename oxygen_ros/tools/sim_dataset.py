@@ -207,6 +207,7 @@ def write_on_policy(args: argparse.Namespace) -> dict:
         **vars(args),
         subtask_every=1,
         subtask_confirmations=1,
+        subtask_held_pattern="",  # predicted: every decoded change at once, no gate
         rtc_guidance_weight=5.0,
         delay_steps=0,
         execute_steps=0,
