@@ -20,4 +20,4 @@ exec .venv/bin/oxygen-train --dataset $D/r5/demos_clean --dataset $D/r5/demos_da
   --flat-fraction 0.1 --no-augment --no-knowledge-insulation --start-share 0.2 --start-frames 3 \
   --threads 1 --log-every 50 --resume-every-min 5 --stage dagger_restart4 --question-weight where_pad=0.25 \
   --grounding $D/r5/grounding_start.npz --grounding $D/r5/grounding_moved.npz --grounding-batch-size 24 \
-  --batch-size 12 --steps 6000 --lr 3e-4 --warmup-steps 100 --time-budget-min 30
+  --batch-size 12 --steps 5000 --lr 3e-4 --warmup-steps 100 --time-budget-min 26
