@@ -72,6 +72,7 @@ class HeldGate:
     dims: tuple[int, ...]
     low: float
     high: float = math.inf
+    _regex: re.Pattern[str] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.pattern:
