@@ -1071,13 +1071,19 @@ class NodeSettings:
                 "subtask_held_range": tuple(v["subtask_held_range"]),
             }
         )
-        if settings.gripper_commit and not settings.gripper_dims:
-            raise SettingsError(
-                f"gripper_commit needs gripper dims: robot {robot.name} has none, so name them in "
-                "gripper_joint_names"
-            )
+        if settings.gripper_commit:
+            _check_gripper_dims(settings, robot.name, "gripper_commit")
         _check_held_gate(settings, robot.name)
         return settings
+
+
+def _check_gripper_dims(settings: NodeSettings, robot: str, parameter: str) -> None:
+    """``parameter`` reads the gripper: the robot or gripper_joint_names must name its dims."""
+    if not settings.gripper_dims:
+        raise SettingsError(
+            f"{parameter} needs gripper dims: robot {robot} has none, so name them in "
+            "gripper_joint_names"
+        )
 
 
 def _check_held_gate(settings: NodeSettings, robot: str) -> None:
@@ -1090,11 +1096,7 @@ def _check_held_gate(settings: NodeSettings, robot: str) -> None:
             "subtask_held_pattern needs subtask_held_range: [low, high], the gripper state "
             f"between which it holds an object, got {list(settings.subtask_held_range)}"
         )
-    if not settings.gripper_dims:
-        raise SettingsError(
-            f"subtask_held_pattern needs gripper dims: robot {robot} has none, so name them in "
-            "gripper_joint_names"
-        )
+    _check_gripper_dims(settings, robot, "subtask_held_pattern")
     try:
         settings.held_gate  # noqa: B018 (building the gate runs its checks)
     except ValueError as exc:

@@ -201,13 +201,17 @@ def write_on_policy(args: argparse.Namespace) -> dict:
     from oxygen_ros.sim.episode import SUCCESS, Simulation
     from oxygen_ros.sim.on_policy import record_on_policy_episode
     from oxygen_ros.sim.recording import FPS, EpisodeSpec, write_demonstrations
-    from oxygen_ros.tools.benches.sim_policy import TIMEOUT_S, PolicyDriver, make_source
+    from oxygen_ros.tools.benches.sim_policy import (
+        TIMEOUT_S,
+        PolicyDriver,
+        bench_arguments,
+        make_source,
+    )
 
-    bench_args = argparse.Namespace(
+    bench_args = bench_arguments(
         **vars(args),
         subtask_every=1,
         subtask_confirmations=1,
-        subtask_held_pattern="",  # predicted: every decoded change at once, no gate
         rtc_guidance_weight=5.0,
         delay_steps=0,
         execute_steps=0,

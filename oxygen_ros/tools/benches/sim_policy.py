@@ -260,6 +260,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write every episode and the summary here")
 
 
+def bench_arguments(**values: Any) -> argparse.Namespace:
+    """sim-policy's arguments for a caller outside its command line: every flag's default, with
+    ``values`` in their place (a flag added later needs no change there)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return argparse.Namespace(**{**vars(parser.parse_args([])), **values})
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse arguments no bench can run, naming the flag."""
     problems = [
