@@ -19,7 +19,7 @@ from oxygen_ros.engine.frames import act_on_frame, frame_noise, prefill_frame
 from oxygen_ros.engine.kv_cache import KVPool
 from oxygen_ros.engine.requests import LanguageRequest, SamplingParams
 from oxygen_ros.engine.static_paths import StaticRunner
-from oxygen_ros.engine.subtasks import HeldGate, SubtaskLoop
+from oxygen_ros.engine.subtasks import HeldGate, PhaseOrder, SubtaskLoop
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.model.mot import KVContext
 from oxygen_ros.model.pi05 import Prefix
@@ -505,6 +505,35 @@ def test_a_held_object_gate_reads_every_gripper_dim_and_refuses_bad_settings():
     ):
         with pytest.raises(ValueError, match=match):
             HeldGate(pattern, dims, low, high)
+
+
+def test_a_later_phase_is_adopted_at_once_and_a_step_back_waits_for_confirmations(policy):
+    order = PhaseOrder(("^reach ", "^grasp ", "^carry "))
+    loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=3, phase_order=order)
+    loop.observe_task("put the red cube on the green pad")
+    ids = itertools.count(1)
+
+    def decode(text: str, now: float) -> str:
+        request = finished_request(policy, next(ids), text)
+        loop.submitted(request, now - 0.1)
+        loop.finished([request.finish("eos")], now)
+        return loop.conditioning().text
+
+    reach, other = "reach the red cube, far left", "reach the blue cube, far right"
+    grasp, carry = "grasp the red cube", "carry the red cube to the green pad"
+    assert decode(reach, 1.0) == reach
+    assert decode(other, 2.0) == reach  # the same phase, another cube: held back
+    assert decode(grasp, 3.0) == grasp  # the next phase: at once
+    assert decode(reach, 4.0) == grasp  # back a phase: held back ...
+    assert decode(reach, 5.0) == grasp
+    assert decode(carry, 6.0) == carry  # ... and a later phase at once, skipping none it knows
+    assert decode("wave at the camera", 7.0) == carry  # no phase: confirmations, as without order
+    assert loop.changes_held == 4 and loop.current.text.subtask_id == 3
+    assert not order.advances("wave", "carry it") and not order.advances("carry it", "grasp it")
+    for patterns, match in ((("^reach ",), "two phases"), (("^reach ", ""), "empty"),
+                            (("^reach ", "(grasp"), "grasp")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            PhaseOrder(patterns)
 
 
 @pytest.mark.parametrize("gripper, adopted", [(0.0, False), (0.5, True)])

@@ -140,3 +140,13 @@ def test_the_held_object_gate_reads_the_gripper_joints_state_and_is_checked():
     ):
         with pytest.raises(SettingsError, match=message):
             settings(**changes)
+
+
+def test_the_phase_order_is_built_from_its_patterns_and_checked():
+    assert settings().phase_order is None  # none given: every change waits for confirmations
+    phases = ["^reach ", "^grasp ", "^carry ", "^release "]
+    order = settings(subtask_phase_order=phases).phase_order
+    assert order.patterns == tuple(phases) and order.advances("reach a", "carry a to b")
+    for phases, message in ((["^reach "], "two phases"), (["^reach ", "(grasp"], "grasp")):
+        with pytest.raises(SettingsError, match=f"subtask_phase_order: .*{message}"):
+            settings(subtask_phase_order=phases)

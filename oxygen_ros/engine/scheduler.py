@@ -128,6 +128,7 @@ class OxygenEngine(EngineBase):
                 self.config.subtask_period_s,
                 self.config.subtask_confirmations,
                 self.config.subtask_held_gate,
+                self.config.subtask_phase_order,
             )
             if self.config.hierarchy
             else None

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ..model.rtc import CONTINUITY_MODES, GUIDANCE, RTC_MODES, SCHEDULES
 from ..policy_io.prompts import KindFormat, PromptFormat, check_conditioning, preset
-from .subtasks import HeldGate
+from .subtasks import HeldGate, PhaseOrder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,8 @@ class EngineConfig:
     subtask_confirmations: int = 1
     # subtasks that presuppose a held object, adopted only while the gripper holds (None: off)
     subtask_held_gate: HeldGate | None = None
+    # the task's phases in order: a change to a later one is adopted at once (None: off)
+    subtask_phase_order: PhaseOrder | None = None
     # GPU fast path (engine/static_paths.py). Off: the eager, data-sized paths (CPU default).
     static_shapes: bool = False  # fixed-shape prefill / action / text steps (eager on CPU)
     # capture those steps in CUDA graphs; implies static_shapes, CUDA only

@@ -15,6 +15,10 @@
   a row decoded it (1: at once), so a decode that flickers for one refresh (a cube near a place
   word's edge, a guess ahead of the scene) never reaches the actions; the task's first subtask is
   adopted at once (there is nothing to hold);
+* with a `PhaseOrder` (the task's phases in the order they are carried out), a change to a later
+  phase is adopted at once and only a change back, or within a phase (another cube), waits for
+  ``confirmations``: progress is the scene changing as planned, so holding it back only lags the
+  short phases (a grasp), while going back is what a flickering decoder does;
 * with a `HeldGate`, a change to a subtask that presupposes a held object ("carry ...",
   "release ...") is adopted only while the newest frame's gripper state says it holds something
   (closed, short of closed on nothing): a decoder that guesses ahead of the scene ("carry" while
@@ -99,6 +103,44 @@ class HeldGate:
         return all(self.low < state[d] < self.high for d in self.dims)
 
 
+@dataclasses.dataclass(frozen=True)
+class PhaseOrder:
+    """A task's phases in the order they are carried out, each a regular expression searched in a
+    subtask's text (e.g. ``^reach ``, ``^grasp ``, ``^carry ``, ``^release ``); a subtask's phase
+    is the first pattern it matches.
+
+    Raises (constructor):
+        ValueError: fewer than two patterns, an empty or invalid one.
+    """
+
+    patterns: tuple[str, ...]
+    _regexes: tuple[re.Pattern[str], ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if len(self.patterns) < 2:
+            raise ValueError(f"a phase order needs two phases or more, got {list(self.patterns)}")
+        regexes = []
+        for pattern in self.patterns:
+            if not pattern:
+                raise ValueError("a phase order's patterns must not be empty")
+            try:
+                regexes.append(re.compile(pattern))
+            except re.error as exc:
+                raise ValueError(f"phase pattern {pattern!r}: {exc}") from None
+        object.__setattr__(self, "_regexes", tuple(regexes))
+
+    def phase(self, text: str) -> int | None:
+        """The index of ``text``'s phase (None: it matches no pattern)."""
+        return next((i for i, r in enumerate(self._regexes) if r.search(text)), None)
+
+    def advances(self, current: str, new: str) -> bool:
+        """Whether ``new`` is in a later phase than ``current`` (both in a known phase)."""
+        before, after = self.phase(current), self.phase(new)
+        return before is not None and after is not None and after > before
+
+
 class SubtaskLoop:
     """The subtask kind's schedule and the current subtask of an engine (one thread)."""
 
@@ -108,6 +150,7 @@ class SubtaskLoop:
         period_s: float,
         confirmations: int = 1,
         held_gate: HeldGate | None = None,
+        phase_order: PhaseOrder | None = None,
     ) -> None:
         if confirmations < 1:
             raise ValueError(f"subtask confirmations must be >= 1, got {confirmations}")
@@ -115,6 +158,7 @@ class SubtaskLoop:
         self.period_s = period_s
         self.confirmations = confirmations
         self.held_gate = held_gate
+        self.phase_order = phase_order
         self.reset()
 
     def reset(self) -> None:
@@ -239,7 +283,7 @@ class SubtaskLoop:
             (now_s - self._submitted_s) * 1e3,
         )
         self.latest = decoded
-        if not self._confirmed(ids, same, previous is None):
+        if not self._confirmed(ids, same, previous is None or self._advances(previous, decoded)):
             self.changes_held += 1
             return None
         if (
@@ -265,10 +309,16 @@ class SubtaskLoop:
             return None
         return {"task": self.task or "", "memory": self.memory_note, "previous": previous.text.text}
 
-    def _confirmed(self, ids: tuple[int, ...], same: bool, first: bool) -> bool:
+    def _advances(self, current: Subtask, decoded: Subtask) -> bool:
+        """Whether ``decoded`` is a later phase of the task than ``current`` (no order: never)."""
+        order = self.phase_order
+        return order is not None and order.advances(current.text.text, decoded.text.text)
+
+    def _confirmed(self, ids: tuple[int, ...], same: bool, at_once: bool) -> bool:
         """Whether a decoded subtask (token ids) conditions the chunks from now on: the current
-        one again, the task's first, or a change decoded ``confirmations`` times in a row."""
-        if same or first:
+        one again, one adopted at once (the task's first, a later phase) or a change decoded
+        ``confirmations`` times in a row."""
+        if same or at_once:
             self._candidate = None
             return True
         count = self._candidate[1] + 1 if self._candidate and self._candidate[0] == ids else 1

@@ -65,6 +65,7 @@ def engine_config(settings: NodeSettings) -> EngineConfig:
         subtask_max_tokens=settings.subtask_max_tokens,
         subtask_confirmations=settings.subtask_confirmations,
         subtask_held_gate=settings.held_gate,
+        subtask_phase_order=settings.phase_order,
         rtc_mode=settings.rtc_mode,
         rtc_guidance=settings.rtc_guidance,
     )

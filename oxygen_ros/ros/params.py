@@ -28,7 +28,7 @@ from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 
-from ..engine.subtasks import HeldGate
+from ..engine.subtasks import HeldGate, PhaseOrder
 from ..model.config import IMAGE_SLOTS
 from ..policy_io.prompts import (
     DEFAULT_FORMAT,
@@ -626,6 +626,16 @@ PARAMETERS: tuple[ParamSpec, ...] = (
         CONFIGURE,
     ),
     ParamSpec(
+        "subtask_phase_order",
+        _T.PARAMETER_STRING_ARRAY,
+        [],
+        "the task's phases in the order they are carried out, each a regular expression (e.g. "
+        "['^reach ', '^grasp ', '^carry ', '^release ']): a change to a later phase conditions "
+        "the chunks at once, a change back or within a phase after subtask_confirmations; []: "
+        "every change waits for subtask_confirmations",
+        CONFIGURE,
+    ),
+    ParamSpec(
         "subtask_max_tokens",
         _T.PARAMETER_INTEGER,
         0,
@@ -935,6 +945,7 @@ class NodeSettings:
     subtask_confirmations: int
     subtask_held_pattern: str
     subtask_held_range: tuple[float, ...]
+    subtask_phase_order: tuple[str, ...]
     # text in rviz
     narration_marker: bool
     narration_marker_frame: str
@@ -990,6 +1001,11 @@ class NodeSettings:
             return None
         state_dims = tuple(self.action_joint_indices[d] for d in self.gripper_dims)
         return HeldGate(self.subtask_held_pattern, state_dims, *self.subtask_held_range)
+
+    @property
+    def phase_order(self) -> PhaseOrder | None:
+        """The subtask loop's phase order (``subtask_phase_order``; None: none given)."""
+        return PhaseOrder(self.subtask_phase_order) if self.subtask_phase_order else None
 
     @property
     def arm_joint_dims(self) -> tuple[int, ...]:
@@ -1069,11 +1085,13 @@ class NodeSettings:
                 "server_uris": tuple(uri.strip() for uri in v["server_uris"]),
                 "narration_marker_position": tuple(v["narration_marker_position"]),
                 "subtask_held_range": tuple(v["subtask_held_range"]),
+                "subtask_phase_order": tuple(v["subtask_phase_order"]),
             }
         )
         if settings.gripper_commit:
             _check_gripper_dims(settings, robot.name, "gripper_commit")
         _check_held_gate(settings, robot.name)
+        _check_phase_order(settings)
         return settings
 
 
@@ -1101,6 +1119,14 @@ def _check_held_gate(settings: NodeSettings, robot: str) -> None:
         settings.held_gate  # noqa: B018 (building the gate runs its checks)
     except ValueError as exc:
         raise SettingsError(f"subtask_held_pattern / subtask_held_range: {exc}") from None
+
+
+def _check_phase_order(settings: NodeSettings) -> None:
+    """subtask_phase_order: two valid regular expressions or more (or none)."""
+    try:
+        settings.phase_order  # noqa: B018 (building the order runs its checks)
+    except ValueError as exc:
+        raise SettingsError(f"subtask_phase_order: {exc}") from None
 
 
 def _check_servers(v: Mapping[str, Any]) -> None:

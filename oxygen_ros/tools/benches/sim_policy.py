@@ -94,7 +94,7 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_ros.engine.subtasks import HeldGate
+from oxygen_ros.engine.subtasks import HeldGate, PhaseOrder
 from oxygen_ros.engine.switch_commit import SwitchCommitment
 from oxygen_ros.tools.benches import place_stages
 from oxygen_ros.tools.benches.closed_loop import round_task
@@ -190,6 +190,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=("LOW", "HIGH"),
         help="predicted: the sim's gripper state between which it holds a cube (0 open, ~0.5 on a "
         "cube, 1 closed on nothing)",
+    )
+    parser.add_argument(
+        "--subtask-phase-order",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="predicted: the task's phases in order, each a regular expression (e.g. '^reach ' "
+        "'^grasp ' '^carry ' '^release '): a change to a later phase is adopted at once, one back "
+        "or within a phase after --subtask-confirmations (the node's subtask_phase_order)",
     )
     parser.add_argument(
         "--timeout-s",
@@ -317,6 +326,10 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
         gate = held_gate(args)
     except ValueError as exc:
         raise SystemExit(f"oxygen-bench sim-policy: --subtask-held-pattern: {exc}") from None
+    try:
+        order = PhaseOrder(tuple(args.subtask_phase_order)) if args.subtask_phase_order else None
+    except ValueError as exc:
+        raise SystemExit(f"oxygen-bench sim-policy: --subtask-phase-order: {exc}") from None
     policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
     plan = timing(args)
     horizon = policy.config.action_horizon
@@ -338,6 +351,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             args.subtask_confirmations,
             args.rtc_guidance_weight,
             gate,
+            order,
         )
     except ValueError as exc:
         raise SystemExit(

@@ -36,7 +36,7 @@ from oxygen_ros.engine.frames import frame_noise
 from oxygen_ros.engine.runtime import build_engine
 from oxygen_ros.engine.scheduler import OxygenEngine
 from oxygen_ros.engine.settings import EngineConfig
-from oxygen_ros.engine.subtasks import HeldGate
+from oxygen_ros.engine.subtasks import HeldGate, PhaseOrder
 from oxygen_ros.engine.types import ActionChunk, Observation
 from oxygen_ros.policy_io.policy import Pi05Policy
 from oxygen_ros.policy_io.prompts import FramePrompt, PromptFormat, SubtaskText
@@ -256,6 +256,7 @@ class EngineChunks:
         confirmations: int = 1,
         guidance_weight: float = 5.0,
         held_gate: HeldGate | None = None,
+        phase_order: PhaseOrder | None = None,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
@@ -264,7 +265,7 @@ class EngineChunks:
         self.subtask_every, self.action_dt = subtask_every, action_dt
         self.continuity, self.delay_s = continuity, delay_s
         self.confirmations, self.guidance_weight = confirmations, guidance_weight
-        self.held_gate = held_gate
+        self.held_gate, self.phase_order = held_gate, phase_order
         self.engine: OxygenEngine | None = None
         self._primed = False
         self._newest: tuple[int, np.ndarray] | None = None  # frame id, robot units
@@ -281,6 +282,7 @@ class EngineChunks:
             subtask_period_s=period_s,
             subtask_confirmations=self.confirmations,
             subtask_held_gate=self.held_gate,
+            subtask_phase_order=self.phase_order,
             action_dt=self.action_dt,
             **continuity_settings(self.continuity, self.guidance_weight),
         )
@@ -338,16 +340,17 @@ def chunk_source(
     confirmations: int = 1,
     guidance_weight: float = 5.0,
     held_gate: HeldGate | None = None,
+    phase_order: PhaseOrder | None = None,
 ) -> PromptedChunks | EngineChunks:
     """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
     ``continuity`` says (`CONTINUITY`; guided clipped at ``guidance_weight``), the chunks reaching
     the arm ``delay_s`` after their observation; predicted: a changed subtask adopted after
     ``confirmations`` decodes in a row (and, with ``held_gate``, a held object's subtask only
-    while the gripper holds)."""
+    while the gripper holds; with ``phase_order``, a later phase at once)."""
     if mode == "predicted":
         return EngineChunks(
             policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s,
-            confirmations, guidance_weight, held_gate,
+            confirmations, guidance_weight, held_gate, phase_order,
         )  # fmt: skip
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
