@@ -100,12 +100,19 @@ def test_subtask_tally_counts_exact_words_and_right_places():
     # one flip: the third frame's words changed while the sim's stayed (spacing is no change, and
     # a change of the sim's own subtask is none)
     assert record["subtask_flips"] == 1
+    # two wrong changes: to the blue cube, and to words not the sim's new ones
+    assert record["subtask_wrong_changes"] == 2
+    late = sim_policy.SubtaskTally()  # follows the sim's change a frame late: a flip, not wrong
+    for decoded, truth in (("reach a", "reach a"), ("reach a", "grasp a"), ("grasp a", "grasp a")):
+        late.add(decoded, truth)
+    assert (late.record()["subtask_flips"], late.record()["subtask_wrong_changes"]) == (1, 0)
     steady = sim_policy.SubtaskTally()
     for _ in range(3):
         steady.add("touch the red cube, far left", "touch the red cube, far left")
     assert steady.record()["subtask_flips"] == 0
     both = sim_policy.subtask_shares([record, steady.record()])
     assert (both["episodes_with_flips"], both["subtask_flips_per_episode"]) == (1, 0.5)
+    assert both["subtask_wrong_changes_per_episode"] == 1.0
     # per phase the sim was in, the share of each decoded phase: 4 + 3 touch frames, 1 grasp
     assert both["phase_frames"] == {
         "grasp": {"frames": 1, "grasp": 1.0},

@@ -45,7 +45,9 @@ Measured (summary keys of ``--json``):
   are the sim's;
   ``subtask_flips_per_episode`` and ``episodes_with_flips``: how often the decoded subtask changed
   from one decoded frame to the next while the sim's stayed the same (a subtask flipping
-  mid-reach, which the expert follows).
+  mid-reach, which the expert follows; a change that follows the sim's a frame late counts too);
+  ``subtask_wrong_changes_per_episode``: how often it changed to a subtask that is not the sim's
+  at that frame (a flicker or a guess ahead, not a lag).
 
 ``--noise-offsets K [K ...]`` runs the layouts once per K, every episode's flow noise drawn from
 its layout seed + K: the same layouts under other draws of the policy's own noise (the summary
@@ -461,6 +463,7 @@ class SubtaskTally:
 
     def __init__(self) -> None:
         self.frames = self.exact = self.placed = self.place_right = self.flips = 0
+        self.wrong_changes = 0
         self.phases: collections.Counter[str] = collections.Counter()  # "truth>decoded" verbs
         self.said: list[str] = []
         self._last: tuple[str, str] | None = None
@@ -469,6 +472,8 @@ class SubtaskTally:
         words = " ".join(decoded.split())
         if self._last is not None and self._last[1] == truth and self._last[0] != words:
             self.flips += 1  # the decoded subtask changed while the sim's did not
+        if self._last is not None and self._last[0] != words and not same_words(decoded, truth):
+            self.wrong_changes += 1  # changed to words that are not the sim's
         self._last = (words, truth)
         self.frames += 1
         self.exact += same_words(decoded, truth)
@@ -487,6 +492,7 @@ class SubtaskTally:
             "placed_frames": self.placed,
             "place_right_frames": self.place_right,
             "subtask_flips": self.flips,
+            "subtask_wrong_changes": self.wrong_changes,
             "phase_frames": dict(sorted(self.phases.items())),
             "said": self.said,
         }
@@ -699,6 +705,9 @@ def subtask_shares(episodes: list[dict[str, Any]], prefix: str = "") -> dict[str
             [e[prefix + "subtask_flips"] for e in episodes]
         ),
         prefix + "episodes_with_flips": sum(e[prefix + "subtask_flips"] > 0 for e in episodes),
+        prefix + "subtask_wrong_changes_per_episode": mean_or_nan(
+            [e[prefix + "subtask_wrong_changes"] for e in episodes]
+        ),
         prefix + "phase_frames": phase_confusion(e[prefix + "phase_frames"] for e in episodes),
     }
 
@@ -890,6 +899,8 @@ def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         row["place right"] = f"{summary['subtask_place_right']:.2f}"
         row["flipped episodes"] = str(summary["episodes_with_flips"])
         row["conditioning flips/ep"] = f"{summary['conditioning_subtask_flips_per_episode']:.2f}"
+        wrong = summary["conditioning_subtask_wrong_changes_per_episode"]
+        row["conditioning wrong changes/ep"] = f"{wrong:.2f}"
         row["conditioning exact"] = f"{summary['conditioning_subtask_exact']:.2f}"
     if "probe" in summary:
         row["probe"] = f"{summary['probe']['all']:.3f}"
