@@ -28,6 +28,7 @@ from pathlib import Path
 
 from oxygen_ros.engine.runtime import ModelSpec, load_policy
 from oxygen_ros.engine.settings import EngineConfig
+from oxygen_ros.engine.subtasks import HeldGate, PhaseOrder
 from oxygen_ros.policy_io.robots import ROBOTS
 from oxygen_ros.serving.batching import BatchSettings
 from oxygen_ros.serving.idle import DEFAULT_IDLE_GRACE_S
@@ -55,8 +56,46 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--chunk-continuity", default="none", choices=("none", "rtc"), help="per session"
     )
     model.add_argument("--action-dt", type=float, default=0.02, help="controller step (RTC)")
-    model.add_argument(
+    subtasks = parser.add_argument_group("subtasks (with --subtask-conditioning; per session)")
+    subtasks.add_argument(
         "--subtask-conditioning", default="none", choices=("none", "prompt", "same_frame")
+    )
+    subtasks.add_argument(
+        "--subtask-period-s", type=float, default=1.0, help="0: one subtask per task"
+    )
+    subtasks.add_argument(
+        "--subtask-confirmations",
+        type=int,
+        default=1,
+        help="a changed subtask conditions the actions once decoded this many times in a row",
+    )
+    subtasks.add_argument(
+        "--subtask-phase-order",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="the task's phases in order (regular expressions): a later phase at once",
+    )
+    subtasks.add_argument(
+        "--subtask-held-pattern",
+        default="",
+        help="regex of subtasks adopted only while the gripper holds (e.g. '^(carry|release) ')",
+    )
+    subtasks.add_argument(
+        "--subtask-held-dims",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="DIM",
+        help="the gripper's indices in the observation state (needed with the pattern)",
+    )
+    subtasks.add_argument(
+        "--subtask-held-range",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LOW", "HIGH"),
+        help="the gripper state between which it holds an object (needed with the pattern)",
     )
     net = parser.add_argument_group("network and limits")
     net.add_argument("--host", default="127.0.0.1", help="default: this machine only")
@@ -126,7 +165,42 @@ def read_api_key(path: Path | None) -> str:
     return key
 
 
+def subtask_rules(args: argparse.Namespace) -> tuple[HeldGate | None, PhaseOrder | None]:
+    """The subtask loop's held-object gate and phase order from their flags (None: not given).
+
+    Raises:
+        ValueError: a pattern without its dims or range, or what `HeldGate` / `PhaseOrder` refuse.
+    """
+    order = PhaseOrder(tuple(args.subtask_phase_order)) if args.subtask_phase_order else None
+    if not args.subtask_held_pattern:
+        return None, order
+    if not args.subtask_held_dims or args.subtask_held_range is None:
+        raise ValueError(
+            "--subtask-held-pattern needs --subtask-held-dims (the gripper's indices in the "
+            "observation state) and --subtask-held-range LOW HIGH"
+        )
+    gate = HeldGate(
+        args.subtask_held_pattern, tuple(args.subtask_held_dims), *args.subtask_held_range
+    )
+    return gate, order
+
+
 def build_server(args: argparse.Namespace) -> PolicyServer:
+    held_gate, phase_order = subtask_rules(args)
+    engine_config = EngineConfig(
+        num_steps=args.num_steps,
+        seed=args.seed,
+        prompt_format=args.prompt_format,
+        chunk_continuity=args.chunk_continuity,
+        action_dt=args.action_dt,
+        subtask_conditioning=args.subtask_conditioning,
+        subtask_period_s=args.subtask_period_s,
+        subtask_confirmations=args.subtask_confirmations,
+        subtask_held_gate=held_gate,
+        subtask_phase_order=phase_order,
+        max_active_requests=args.max_requests_per_session,
+        default_max_tokens=args.max_tokens,
+    )
     spec = ModelSpec(
         checkpoint_dir=args.checkpoint,
         tokenizer_path=args.tokenizer,
@@ -136,16 +210,6 @@ def build_server(args: argparse.Namespace) -> PolicyServer:
         torch_threads=args.torch_threads,
     )
     policy = load_policy(spec)
-    engine_config = EngineConfig(
-        num_steps=args.num_steps,
-        seed=args.seed,
-        prompt_format=args.prompt_format,
-        chunk_continuity=args.chunk_continuity,
-        action_dt=args.action_dt,
-        subtask_conditioning=args.subtask_conditioning,
-        max_active_requests=args.max_requests_per_session,
-        default_max_tokens=args.max_tokens,
-    )
     settings = ServerSettings(
         host=args.host,
         port=args.port,
