@@ -311,6 +311,22 @@ def finished_request(policy, request_id: int, text: str) -> LanguageRequest:
     return request
 
 
+def subtask_decoder(policy, loop: SubtaskLoop):
+    """A function that finishes one subtask request with ``text`` at ``now`` (and the gripper in
+    ``state``, when given) and returns the subtask conditioning the next frame."""
+    ids = itertools.count(1)
+
+    def decode(text: str, now: float, state: np.ndarray | None = None) -> str:
+        if state is not None:
+            loop.observe_state(state)
+        request = finished_request(policy, next(ids), text)
+        loop.submitted(request, now - 0.1)
+        loop.finished([request.finish("eos")], now)
+        return loop.conditioning().text
+
+    return decode
+
+
 def test_pi052_memory_note_when_the_subtask_changes_chained_with_the_previous(policy):
     loop = SubtaskLoop(preset("pi052"), period_s=1.0)
     loop.observe_task("tidy up")
@@ -430,13 +446,7 @@ def test_the_static_paths_run_the_subtask_loop_as_the_eager_ones(policy):
 def test_a_changed_subtask_conditions_the_chunks_only_once_decoded_k_times_in_a_row(policy):
     loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=2)
     loop.observe_task("put the red cube on the green pad")
-    ids = itertools.count(1)
-
-    def decode(text: str, now: float) -> str:
-        request = finished_request(policy, next(ids), text)
-        loop.submitted(request, now - 0.1)
-        loop.finished([request.finish("eos")], now)
-        return loop.conditioning().text
+    decode = subtask_decoder(policy, loop)
 
     reach, grasp = "reach the red cube, far left", "grasp the red cube"
     assert decode(reach, 1.0) == reach  # the task's first: at once
@@ -450,11 +460,9 @@ def test_a_changed_subtask_conditions_the_chunks_only_once_decoded_k_times_in_a_
     # one confirmation: every decoded change at once, as before
     eager = SubtaskLoop(preset("openpi_subtask"), period_s=1.0)
     eager.observe_task("put the red cube on the green pad")
-    for text, now in ((reach, 1.0), (grasp, 2.0)):
-        request = finished_request(policy, next(ids), text)
-        eager.submitted(request, now)
-        eager.finished([request.finish("eos")], now)
-    assert eager.conditioning().text == grasp and eager.changes_held == 0
+    eager_decode = subtask_decoder(policy, eager)
+    assert eager_decode(reach, 1.0) == reach and eager_decode(grasp, 2.0) == grasp
+    assert eager.changes_held == 0
     with pytest.raises(ValueError, match="confirmations"):
         SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=0)
 
@@ -463,16 +471,9 @@ def test_a_held_objects_subtask_waits_for_the_gripper_to_hold(policy):
     gate = HeldGate(r"^(carry|release) ", dims=(5,), low=0.25, high=0.8)
     loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=2, held_gate=gate)
     loop.observe_task("put the red cube on the green pad")
-    ids = itertools.count(1)
+    decode = subtask_decoder(policy, loop)
     open_hand, holding = np.zeros(6), np.array([0, 0, 0, 0, 0, 0.5])
     closed_on_nothing = np.array([0, 0, 0, 0, 0, 1.0])
-
-    def decode(text: str, now: float, state: np.ndarray) -> str:
-        loop.observe_state(state)
-        request = finished_request(policy, next(ids), text)
-        loop.submitted(request, now - 0.1)
-        loop.finished([request.finish("eos")], now)
-        return loop.conditioning().text
 
     reach, carry = "reach the red cube, far left", "carry the red cube to the green pad, far right"
     assert decode(reach, 1.0, open_hand) == reach
@@ -511,13 +512,7 @@ def test_a_later_phase_is_adopted_at_once_and_a_step_back_waits_for_confirmation
     order = PhaseOrder(("^reach ", "^grasp ", "^carry "))
     loop = SubtaskLoop(preset("openpi_subtask"), period_s=1.0, confirmations=3, phase_order=order)
     loop.observe_task("put the red cube on the green pad")
-    ids = itertools.count(1)
-
-    def decode(text: str, now: float) -> str:
-        request = finished_request(policy, next(ids), text)
-        loop.submitted(request, now - 0.1)
-        loop.finished([request.finish("eos")], now)
-        return loop.conditioning().text
+    decode = subtask_decoder(policy, loop)
 
     reach, other = "reach the red cube, far left", "reach the blue cube, far right"
     grasp, carry = "grasp the red cube", "carry the red cube to the green pad"

@@ -85,8 +85,18 @@ def test_the_subtask_rules_reach_every_sessions_engine(tiny_checkpoint):
     "flags, message",
     [
         (["--subtask-held-pattern", "^carry "], "needs --subtask-held-dims"),
-        (["--subtask-held-pattern", "(carry", "--subtask-held-dims", "6",
-          "--subtask-held-range", "0.2", "0.8"], "pattern"),  # fmt: skip
+        (
+            [
+                "--subtask-held-pattern",
+                "(carry",
+                "--subtask-held-dims",
+                "6",
+                "--subtask-held-range",
+                "0.2",
+                "0.8",
+            ],
+            "pattern",
+        ),  # fmt: skip
         (["--subtask-phase-order", "^reach "], "two phases"),
         (["--subtask-confirmations", "0"], "subtask_confirmations must be >= 1"),
     ],

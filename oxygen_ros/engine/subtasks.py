@@ -114,9 +114,7 @@ class PhaseOrder:
     """
 
     patterns: tuple[str, ...]
-    _regexes: tuple[re.Pattern[str], ...] = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
+    _regexes: tuple[re.Pattern[str], ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.patterns) < 2:
