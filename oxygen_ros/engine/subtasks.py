@@ -58,6 +58,14 @@ class Subtask:
     decode_ms: float  # from its submission to its final token
 
 
+def _compiled(pattern: str, what: str) -> re.Pattern[str]:
+    """``pattern`` compiled, or a ValueError naming ``what`` it is and why it does not compile."""
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{what} {pattern!r}: {exc}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class HeldGate:
     """Subtasks that presuppose a held object, adopted only while the gripper holds one.
@@ -81,10 +89,7 @@ class HeldGate:
     def __post_init__(self) -> None:
         if not self.pattern:
             raise ValueError("a held-object gate needs a pattern (a regular expression)")
-        try:
-            object.__setattr__(self, "_regex", re.compile(self.pattern))
-        except re.error as exc:
-            raise ValueError(f"held-object gate pattern {self.pattern!r}: {exc}") from None
+        object.__setattr__(self, "_regex", _compiled(self.pattern, "held-object gate pattern"))
         if not self.dims or min(self.dims) < 0:
             raise ValueError(f"a held-object gate needs gripper state dims >= 0, got {self.dims}")
         if not math.isfinite(self.low) or not self.high > self.low:
@@ -116,18 +121,18 @@ class PhaseOrder:
     patterns: tuple[str, ...]
     _regexes: tuple[re.Pattern[str], ...] = dataclasses.field(init=False, repr=False, compare=False)
 
+    @classmethod
+    def of(cls, patterns: Sequence[str]) -> PhaseOrder | None:
+        """The order of ``patterns`` (None for none: no order)."""
+        return cls(tuple(patterns)) if patterns else None
+
     def __post_init__(self) -> None:
         if len(self.patterns) < 2:
             raise ValueError(f"a phase order needs two phases or more, got {list(self.patterns)}")
-        regexes = []
-        for pattern in self.patterns:
-            if not pattern:
-                raise ValueError("a phase order's patterns must not be empty")
-            try:
-                regexes.append(re.compile(pattern))
-            except re.error as exc:
-                raise ValueError(f"phase pattern {pattern!r}: {exc}") from None
-        object.__setattr__(self, "_regexes", tuple(regexes))
+        if not all(self.patterns):
+            raise ValueError("a phase order's patterns must not be empty")
+        regexes = tuple(_compiled(p, "phase pattern") for p in self.patterns)
+        object.__setattr__(self, "_regexes", regexes)
 
     def phase(self, text: str) -> int | None:
         """The index of ``text``'s phase (None: it matches no pattern)."""

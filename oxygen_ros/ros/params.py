@@ -1005,7 +1005,7 @@ class NodeSettings:
     @property
     def phase_order(self) -> PhaseOrder | None:
         """The subtask loop's phase order (``subtask_phase_order``; None: none given)."""
-        return PhaseOrder(self.subtask_phase_order) if self.subtask_phase_order else None
+        return PhaseOrder.of(self.subtask_phase_order)
 
     @property
     def arm_joint_dims(self) -> tuple[int, ...]:

@@ -171,7 +171,7 @@ def subtask_rules(args: argparse.Namespace) -> tuple[HeldGate | None, PhaseOrder
     Raises:
         ValueError: a pattern without its dims or range, or what `HeldGate` / `PhaseOrder` refuse.
     """
-    order = PhaseOrder(tuple(args.subtask_phase_order)) if args.subtask_phase_order else None
+    order = PhaseOrder.of(args.subtask_phase_order)
     if not args.subtask_held_pattern:
         return None, order
     if not args.subtask_held_dims or args.subtask_held_range is None:

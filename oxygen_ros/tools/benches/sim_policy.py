@@ -329,7 +329,7 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
     except ValueError as exc:
         raise SystemExit(f"oxygen-bench sim-policy: --subtask-held-pattern: {exc}") from None
     try:
-        order = PhaseOrder(tuple(args.subtask_phase_order)) if args.subtask_phase_order else None
+        order = PhaseOrder.of(args.subtask_phase_order)
     except ValueError as exc:
         raise SystemExit(f"oxygen-bench sim-policy: --subtask-phase-order: {exc}") from None
     policy = load_policy(ModelSpec(checkpoint_dir=str(args.checkpoint), torch_threads=args.threads))
@@ -470,9 +470,10 @@ class SubtaskTally:
 
     def add(self, decoded: str, truth: str) -> None:
         words = " ".join(decoded.split())
-        if self._last is not None and self._last[1] == truth and self._last[0] != words:
+        changed = self._last is not None and self._last[0] != words
+        if changed and self._last[1] == truth:
             self.flips += 1  # the decoded subtask changed while the sim's did not
-        if self._last is not None and self._last[0] != words and not same_words(decoded, truth):
+        if changed and not same_words(decoded, truth):
             self.wrong_changes += 1  # changed to words that are not the sim's
         self._last = (words, truth)
         self.frames += 1
