@@ -26,7 +26,7 @@ from sim_policy_helpers import (  # noqa: E402
 from oxygen_ros.engine.runtime import ModelSpec, load_policy  # noqa: E402
 from oxygen_ros.tools.benches import sim_policy  # noqa: E402
 from oxygen_ros.tools.benches.closed_loop import round_task  # noqa: E402
-from oxygen_ros.tools.benches.subtask_modes import PromptedChunks  # noqa: E402
+from oxygen_ros.tools.benches.subtask_modes import Continuity, PromptedChunks  # noqa: E402
 
 DT = 0.1
 
@@ -97,7 +97,9 @@ def test_rtc_freezes_the_steps_the_delay_runs_of_the_executed_chunk(policy, sim)
     frozen = 2
     chunks = {}
     for continuity in ("trained", "none"):
-        source = PromptedChunks(policy, FORMAT, "oracle", 10, continuity, DT, frozen * DT)
+        source = PromptedChunks(
+            policy, FORMAT, "oracle", 10, Continuity(continuity), DT, frozen * DT
+        )
         sim.reset(task, seed)
         source.start(sim, seed)
         first = source.chunk(sim, sim_policy.observe(sim))
@@ -120,11 +122,35 @@ def test_rtc_freezes_the_steps_the_delay_runs_of_the_executed_chunk(policy, sim)
 
 
 def test_guided_rtc_runs_on_a_checkpoint_trained_for_rtc(policy, sim):
-    source = PromptedChunks(policy, FORMAT, "oracle", 10, "guided", DT, DT)
+    source = PromptedChunks(policy, FORMAT, "oracle", 10, Continuity("guided"), DT, DT)
     task, seed = round_task(2, HELDOUT_SEED, "touch")
     sim.reset(task, seed)
     source.start(sim, seed)
     assert policy.rtc_training_max_delay > 0 and source.continuity.mode == "identity"
+    assert source.continuity.execution_horizon == 0  # the whole overlap
+
+
+def test_the_rtc_flags_reach_the_engines_continuity(policy, sim):
+    """--rtc-guidance-weight and --rtc-execution-horizon set the guided continuity the chunk
+    source builds (the node's rtc_max_guidance_weight and rtc_execution_horizon)."""
+    args = bench_args(
+        "--continuity", "guided", "--rtc-guidance-weight", "2.5", "--rtc-execution-horizon", "3"
+    )
+    continuity = sim_policy.continuity_of(args)
+    assert continuity == Continuity("guided", 2.5, 3)
+    source = PromptedChunks(policy, FORMAT, "oracle", 10, continuity, DT, DT)
+    sim.reset(*round_task(3, HELDOUT_SEED, "touch"))
+    source.start(sim, 0)
+    assert source.continuity.execution_horizon == 3
+    assert source.continuity.max_guidance_weight == 2.5
+    assert Continuity("none").engine_fields() == {"chunk_continuity": "none"}
+    with pytest.raises(ValueError, match="continuity must be one of"):
+        Continuity("smooth")
+    with pytest.raises(ValueError, match="execution horizon must be >= 0"):
+        Continuity("guided", execution_horizon=-1)
+    bad = bench_args("--rtc-execution-horizon", "-1")
+    with pytest.raises(SystemExit, match="--rtc-execution-horizon must be >= 0"):
+        sim_policy.check_arguments(bad)
 
 
 def test_the_delay_mode_runs_episodes_and_reports_the_switches():

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 source = chunk_source(
                     args.subtask, policy, resolve_format(args.prompt_format), args.num_steps,
-                    args.subtask_every, args.action_dt, mode, delay * args.action_dt,
+                    args.subtask_every, args.action_dt, sim_policy.continuity_of(point),
+                    delay * args.action_dt,
                 )  # fmt: skip
             except ValueError as exc:
                 raise SystemExit(f"oxygen-bench rtc-curve: --modes {mode}: {exc}") from None

@@ -114,6 +114,7 @@ from oxygen_ros.tools.benches.subtask_modes import (
     MODES,
     ChunkSource,
     ConditionedChunk,
+    Continuity,
     chunk_source,
     named_azimuth,
     place_of,
@@ -223,6 +224,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="guided: the guidance weight's clip (the node's rtc_max_guidance_weight, beta)",
     )
     parser.add_argument(
+        "--rtc-execution-horizon",
+        type=int,
+        default=0,
+        help="guided: at most this many steps of each new chunk are guided (the node's "
+        "rtc_execution_horizon; default 0: the whole overlap)",
+    )
+    parser.add_argument(
         "--delay-steps",
         type=int,
         default=0,
@@ -292,6 +300,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             ("noise_layouts", ">= 0", args.noise_layouts >= 0),
             ("noise_draws", "at least 2", args.noise_layouts == 0 or args.noise_draws >= 2),
             ("delay_steps", ">= 0", args.delay_steps >= 0),
+            ("rtc_execution_horizon", ">= 0", args.rtc_execution_horizon >= 0),
             (
                 "execute_steps",
                 "0 or >= max(1, --delay-steps)",
@@ -348,10 +357,9 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
             args.num_steps,
             args.subtask_every,
             args.action_dt,
-            args.continuity,
+            continuity_of(args),
             plan.delay * args.action_dt,
             args.subtask_confirmations,
-            args.rtc_guidance_weight,
             gate,
             order,
         )
@@ -366,6 +374,12 @@ def make_source(args: argparse.Namespace) -> ChunkSource:
     return CommittedChunks(
         source, SwitchCommitment((len(ARM_JOINTS),), SIM_GRIPPER_LEVEL, args.action_dt)
     )
+
+
+def continuity_of(args: argparse.Namespace) -> Continuity:
+    """``--continuity`` with its guided-RTC knobs (``--rtc-guidance-weight``,
+    ``--rtc-execution-horizon``)."""
+    return Continuity(args.continuity, args.rtc_guidance_weight, args.rtc_execution_horizon)
 
 
 def held_gate(args: argparse.Namespace) -> HeldGate | None:

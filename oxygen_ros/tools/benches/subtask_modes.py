@@ -71,19 +71,41 @@ def joint_targets(policy: Pi05Policy, actions: np.ndarray, state: np.ndarray) ->
     return np.where(relative, actions + state[: actions.shape[1]], actions).astype(np.float32)
 
 
-def continuity_settings(continuity: str, guidance_weight: float = 5.0) -> dict[str, object]:
-    """The `EngineConfig` fields of a `CONTINUITY` mode (guided: clipped at ``guidance_weight``,
-    the engine's ``rtc_max_guidance_weight``)."""
-    if continuity not in CONTINUITY:
-        raise ValueError(f"continuity must be one of {', '.join(CONTINUITY)}, got {continuity!r}")
-    if continuity == "none":
-        return {"chunk_continuity": "none"}
-    return {
-        "chunk_continuity": "rtc",
-        "rtc_mode": continuity,
-        "rtc_guidance": "identity",
-        "rtc_max_guidance_weight": guidance_weight,
-    }
+@dataclasses.dataclass(frozen=True)
+class Continuity:
+    """How each chunk continues the executed one: a `CONTINUITY` mode and, for guided RTC, the
+    guidance weight's clip (the engine's ``rtc_max_guidance_weight``) and how many steps of a new
+    chunk it guides at most (``rtc_execution_horizon``; 0: the whole overlap).
+
+    Raises:
+        ValueError: an unknown mode, a negative execution horizon.
+    """
+
+    mode: str = "none"
+    guidance_weight: float = 5.0
+    execution_horizon: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONTINUITY:
+            raise ValueError(
+                f"continuity must be one of {', '.join(CONTINUITY)}, got {self.mode!r}"
+            )
+        if self.execution_horizon < 0:
+            raise ValueError(
+                f"the RTC execution horizon must be >= 0 steps, got {self.execution_horizon}"
+            )
+
+    def engine_fields(self) -> dict[str, object]:
+        """The `EngineConfig` fields that make the engine continue its chunks this way."""
+        if self.mode == "none":
+            return {"chunk_continuity": "none"}
+        return {
+            "chunk_continuity": "rtc",
+            "rtc_mode": self.mode,
+            "rtc_guidance": "identity",
+            "rtc_max_guidance_weight": self.guidance_weight,
+            "rtc_execution_horizon": self.execution_horizon,
+        }
 
 
 def check_continuity(policy: Pi05Policy, continuity: str) -> None:
@@ -161,19 +183,18 @@ class PromptedChunks:
         prompt_format: PromptFormat,
         mode: str,
         num_steps: int,
-        continuity: str = "none",
+        continuity: Continuity = Continuity(),
         action_dt: float = 0.1,
         delay_s: float = 0.0,
-        guidance_weight: float = 5.0,
     ) -> None:
         if mode not in ("flat", "oracle", "lying"):
             raise ValueError(f"PromptedChunks serves flat, oracle and lying, not {mode!r}")
-        check_continuity(policy, continuity)
+        check_continuity(policy, continuity.mode)
         self.policy, self.format, self.mode, self.num_steps = policy, prompt_format, mode, num_steps
         self.config = EngineConfig(
             action_dt=action_dt,
             rtc_training_max_delay=policy.rtc_training_max_delay,
-            **continuity_settings(continuity, guidance_weight),
+            **continuity.engine_fields(),
         )
         self.delay_s = delay_s
         self.noise_seed, self.frames = 0, 0
@@ -251,20 +272,19 @@ class EngineChunks:
         num_steps: int,
         subtask_every: int,
         action_dt: float,
-        continuity: str = "none",
+        continuity: Continuity = Continuity(),
         delay_s: float = 0.0,
         confirmations: int = 1,
-        guidance_weight: float = 5.0,
         held_gate: HeldGate | None = None,
         phase_order: PhaseOrder | None = None,
     ) -> None:
         if subtask_every < 0:
             raise ValueError(f"subtask_every must be >= 0 frames, got {subtask_every}")
-        check_continuity(policy, continuity)
+        check_continuity(policy, continuity.mode)
         self.policy, self.format, self.num_steps = policy, prompt_format, num_steps
         self.subtask_every, self.action_dt = subtask_every, action_dt
         self.continuity, self.delay_s = continuity, delay_s
-        self.confirmations, self.guidance_weight = confirmations, guidance_weight
+        self.confirmations = confirmations
         self.held_gate, self.phase_order = held_gate, phase_order
         self.engine: OxygenEngine | None = None
         self._primed = False
@@ -284,7 +304,7 @@ class EngineChunks:
             subtask_held_gate=self.held_gate,
             subtask_phase_order=self.phase_order,
             action_dt=self.action_dt,
-            **continuity_settings(self.continuity, self.guidance_weight),
+            **self.continuity.engine_fields(),
         )
         self.engine = build_engine(self.policy, config, clock=lambda: sim.now_s)
         self._primed = False
@@ -335,25 +355,22 @@ def chunk_source(
     num_steps: int,
     subtask_every: int,
     action_dt: float,
-    continuity: str = "none",
+    continuity: Continuity = Continuity(),
     delay_s: float = 0.0,
     confirmations: int = 1,
-    guidance_weight: float = 5.0,
     held_gate: HeldGate | None = None,
     phase_order: PhaseOrder | None = None,
 ) -> PromptedChunks | EngineChunks:
     """The chunk source of ``--subtask`` ``mode``, each chunk continuing the executed one as
-    ``continuity`` says (`CONTINUITY`; guided clipped at ``guidance_weight``), the chunks reaching
+    ``continuity`` says, the chunks reaching
     the arm ``delay_s`` after their observation; predicted: a changed subtask adopted after
     ``confirmations`` decodes in a row (and, with ``held_gate``, a held object's subtask only
     while the gripper holds; with ``phase_order``, a later phase at once)."""
     if mode == "predicted":
         return EngineChunks(
             policy, prompt_format, num_steps, subtask_every, action_dt, continuity, delay_s,
-            confirmations, guidance_weight, held_gate, phase_order,
+            confirmations, held_gate, phase_order,
         )  # fmt: skip
     if mode not in MODES:
         raise ValueError(f"unknown subtask mode {mode!r}; choose from {', '.join(MODES)}")
-    return PromptedChunks(
-        policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s, guidance_weight
-    )
+    return PromptedChunks(policy, prompt_format, mode, num_steps, continuity, action_dt, delay_s)
