@@ -1,6 +1,7 @@
 """Place, stage by stage (`oxygen_ros.tools.benches.place_stages`), on the real sim: the scripted
 expert's place goes through every phase with one close that holds the cube on both fingers and
-one release over the pad; a gripper closed high above the cube holds nothing."""
+one release over the pad; a gripper closed high above the cube holds nothing; a chunk over the pad
+is followed to where it would take the cube; each episode ends at one stage."""
 
 from __future__ import annotations
 
@@ -70,3 +71,51 @@ def test_a_gripper_closed_above_the_cube_holds_nothing(sim):
     summary = place_stages.summarise([record])
     assert summary["reached_phase"]["reach"] == 1 and summary["reached_phase"]["grasp"] == 0
     assert summary["closes"] == 1 and summary["closes_held"] == 0
+
+
+def test_a_chunk_over_the_pad_is_followed_to_where_it_takes_the_cube(sim):
+    sim.reset(TASK, 3)
+    stages = PlaceStages(TASK)
+    turned = 0
+    for _ in drive_expert(sim):
+        arm = sim.world.arm_positions()
+        # the physics step's own kinematics, a fraction of a millimetre behind its state
+        assert np.allclose(sim.world.tip_for(arm), sim.world.tip_position(), atol=1e-3)
+        stay = np.tile(np.append(arm, 1.0), (10, 1))  # a chunk holding the arm where it is
+        stages.plan(sim, stay)
+        if sim.phase.key == "release" and sim.facts().grasped == TASK.cube and not turned:
+            away = stay.copy()
+            away[:, 0] += 1.0  # the base turned a radian: the cube swung far off the pad
+            stages.plan(sim, away)
+            turned = len(stages.release_aims)
+    assert sim.status == "success" and turned
+    aims = stages.record()["release_aims"]
+    assert aims  # planned only while the cube was held over the pad
+    swung = aims.pop(turned - 1)
+    assert swung["planned_off_pad"]
+    assert swung["planned_from_centre_m"] > swung["from_centre_m"] + 0.05
+    for aim in aims:  # holding still: the cube stays where it is, over the pad
+        assert aim["planned_from_centre_m"] == pytest.approx(aim["from_centre_m"], abs=1e-4)
+        assert not aim["planned_off_pad"]
+    record = stages.record()
+    summary = place_stages.summarise([record])
+    assert summary["release_plans"] == len(aims) + 1 and summary["release_plans_off_pad"] == 1
+
+
+def test_each_episode_ends_at_the_stage_it_got_furthest_to():
+    def episode(furthest, releases=0, over_pad=0):
+        return {"furthest_phase": furthest, "releases": releases, "releases_over_pad": over_pad}
+
+    endings = [
+        place_stages.ended_at(e)
+        for e in (
+            episode("reach"),
+            episode("grasp", releases=2),
+            episode("carry", releases=1),
+            episode("release", releases=2),
+            episode("release"),
+            episode("release", releases=2, over_pad=1),
+            episode("done", releases=1, over_pad=1),
+        )
+    ]
+    assert endings == list(place_stages.ENDINGS)

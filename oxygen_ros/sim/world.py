@@ -70,6 +70,7 @@ class World:
         self._weld = {c: self.model.equality(f"grasp_{c}").id for c in CUBE_COLORS}
         self._hand = self.model.body("hand").id
         self._tip = self.model.site("tip").id
+        self._kinematics = mujoco.MjData(self.model)  # scratch state for `tip_for`
         self._gripper_reference = 0.0
         self.grasped: str | None = None
         self._renderer: mujoco.Renderer | None = None
@@ -137,6 +138,15 @@ class World:
     # -- privileged state (scoring and the expert only) -------------------------------------------
     def tip_position(self) -> np.ndarray:
         return self.data.site_xpos[self._tip].copy()
+
+    def tip_for(self, arm: np.ndarray) -> np.ndarray:
+        """Where the tip would be with the arm's joints at ``arm`` and everything else as it is
+        (forward kinematics on a scratch copy of the state; the simulation is untouched)."""
+        scratch = self._kinematics
+        scratch.qpos[:] = self.data.qpos
+        scratch.qpos[self._arm_qpos] = arm
+        mujoco.mj_kinematics(self.model, scratch)
+        return scratch.site_xpos[self._tip].copy()
 
     def cube_position(self, color: str) -> np.ndarray:
         adr = self._cube_qpos[color]

@@ -15,7 +15,16 @@ one episode from the sim's privileged state after every control step and records
 * while the cube is held over the pad: for how long, and how low its bottom came above the pad's
   top (the expert lowers it to rest there, 0 m, and holds over the pad ~1.5 s);
 * every release of the held cube: whether it was over the pad then, its centre's distance from
-  the pad's centre and its bottom's height above the pad's top.
+  the pad's centre and its bottom's height above the pad's top;
+* every chunk computed while the cube is held over the pad (the sim's ``release`` phase), given to
+  :meth:`PlaceStages.plan`: where its last step would put the cube (forward kinematics of the
+  planned arm, the cube kept at its offset from the tip) against where it is. The expert's plan
+  from there ends over the pad's centre; a plan that carries the cube on past the pad's edge is
+  an aim the actions lack, whatever the gripper does.
+
+Over episodes (:func:`summarise`), ``ended_at`` puts each episode at the stage it got furthest
+to: never at the cube, at it but never holding it, held but never over the pad, over the pad and
+let go off it, never let go, let go over the pad but not placed, placed.
 """
 
 from __future__ import annotations
@@ -26,10 +35,20 @@ from typing import Any
 import numpy as np
 
 from oxygen_ros.sim.expert import off_faces_rad
-from oxygen_ros.sim.scene import CUBE_SIZE, PAD_THICKNESS
+from oxygen_ros.sim.scene import ARM_JOINTS, CUBE_SIZE, PAD_HALF, PAD_THICKNESS
 from oxygen_ros.sim.tasks import Task
 
 PHASES = ("reach", "grasp", "carry", "release", "done")
+# where a place episode can end, stage by stage (`ended_at`)
+ENDINGS = (
+    "never at the cube",
+    "never held",
+    "never over the pad",
+    "let go off the pad",
+    "never let go",
+    "let go over the pad, not placed",
+    "placed",
+)
 CLOSE_WINDOW_S = 1.0  # a close's outcome: the fingers and the hold within this long after it
 
 
@@ -72,6 +91,24 @@ class Release:
         }
 
 
+@dataclasses.dataclass
+class ReleaseAim:
+    """Where one chunk, computed while the cube is held over the pad, would take it."""
+
+    from_centre_m: float  # the cube's centre from the pad's, on the table, now
+    planned_from_centre_m: float  # ... at the chunk's last step
+    planned_above_pad_m: float  # the cube's bottom above the pad's top at the chunk's last step
+    planned_off_pad: bool  # the chunk's last step has the cube's centre past the pad's edge
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "from_centre_m": round(self.from_centre_m, 4),
+            "planned_from_centre_m": round(self.planned_from_centre_m, 4),
+            "planned_above_pad_m": round(self.planned_above_pad_m, 4),
+            "planned_off_pad": self.planned_off_pad,
+        }
+
+
 class PlaceStages:
     """One place episode's stages; call :meth:`observe` after every control step."""
 
@@ -80,6 +117,7 @@ class PlaceStages:
         self.furthest = 0
         self.closes: list[Close] = []
         self.releases: list[Release] = []
+        self.release_aims: list[ReleaseAim] = []
         self.held_over_pad_s = 0.0
         self.lowest_over_pad_m: float | None = None  # the cube's bottom above the pad's top
         self._closing = self._holding = False
@@ -118,6 +156,26 @@ class PlaceStages:
                 )
                 close.held |= held
 
+    def plan(self, sim, actions: np.ndarray) -> None:
+        """Take in a chunk of joint targets computed now (``actions[step, joint]``, the arm's
+        joints first): while the task's cube is held over the pad, where its last step takes it."""
+        if sim.phase.key != "release" or sim.facts().grasped != self.task.cube:
+            return
+        world = sim.world
+        # both tips by the same kinematics of the current state (`tip_position` is the last
+        # physics step's, a tenth of a millimetre behind)
+        tip, cube = world.tip_for(world.arm_positions()), world.cube_position(self.task.cube)
+        planned = world.tip_for(actions[-1, : len(ARM_JOINTS)]) + (cube - tip)
+        pad = np.asarray(world.pad_center(self.task.pad), dtype=float)
+        self.release_aims.append(
+            ReleaseAim(
+                float(np.linalg.norm(cube[:2] - pad)),
+                float(np.linalg.norm(planned[:2] - pad)),
+                float(planned[2]) - CUBE_SIZE / 2 - PAD_THICKNESS,
+                bool(np.max(np.abs(planned[:2] - pad)) > PAD_HALF),
+            )
+        )
+
     def record(self) -> dict[str, Any]:
         return {
             "furthest_phase": PHASES[self.furthest],
@@ -130,15 +188,33 @@ class PlaceStages:
             else round(self.lowest_over_pad_m, 4),
             "closes": [close.record() for close in self.closes],
             "release_events": [release.record() for release in self.releases],
+            "release_aims": [aim.record() for aim in self.release_aims],
         }
+
+
+def ended_at(episode: dict[str, Any]) -> str:
+    """The stage one episode's :meth:`PlaceStages.record` got furthest to (`ENDINGS`)."""
+    furthest = episode["furthest_phase"]
+    if furthest != "release":
+        return {
+            "reach": "never at the cube",
+            "grasp": "never held",
+            "carry": "never over the pad",
+        }.get(furthest, "placed")
+    if episode["releases_over_pad"]:
+        return "let go over the pad, not placed"
+    return "let go off the pad" if episode["releases"] else "never let go"
 
 
 def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
     """Over episodes' :meth:`PlaceStages.record`: how many reached at least each phase, how many
     held the cube, held it over the pad for a second and let go over the pad, how low the held
-    cube came there, and the closes' and releases' outcomes."""
+    cube came there, the closes' and releases' outcomes, where the episodes ended (`ENDINGS`) and
+    where the chunks over the pad aimed (how much farther from the pad's centre they would take
+    the cube, median; how many would take it off the pad)."""
     closes = [close for episode in stages for close in episode["closes"]]
     releases = [r for episode in stages for r in episode["release_events"]]
+    aims = [aim for episode in stages for aim in episode["release_aims"]]
     lowest = [e["lowest_over_pad_m"] for e in stages if e["lowest_over_pad_m"] is not None]
 
     def median(values: list[float]) -> float:
@@ -164,4 +240,10 @@ def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
         "releases": len(releases),
         "release_from_pad_centre_m_p50": median([r["from_pad_centre_m"] for r in releases]),
         "release_above_pad_m_p50": median([r["above_pad_m"] for r in releases]),
+        "ended_at": {ending: sum(ended_at(e) == ending for e in stages) for ending in ENDINGS},
+        "release_plans": len(aims),
+        "release_plan_outward_m_p50": median(
+            [a["planned_from_centre_m"] - a["from_centre_m"] for a in aims]
+        ),
+        "release_plans_off_pad": sum(a["planned_off_pad"] for a in aims),
     }

@@ -580,6 +580,8 @@ def run_episode(
                 if frame % plan.every == 0:
                     truth = sim.phase.subtask
                     chunk = source.chunk(sim, observe(sim))
+                    if stages is not None:
+                        stages.plan(sim, chunk.actions)
                     if chunk.decoded is not None and sim.status == RUNNING:
                         tally.add(chunk.decoded, truth)
                         conditioning.add(chunk.subtask, truth)
@@ -884,6 +886,14 @@ def print_place_stages(stages: dict[str, Any]) -> None:
         f"{stages['close_tip_speed_m_s_p50']:.3f} m/s, fingers "
         f"{stages['close_off_faces_rad_p50']:.2f} rad off the cube's faces (medians)"
     )
+    ended = ", ".join(f"{ending} {n}" for ending, n in stages["ended_at"].items())
+    print(f"place episodes ended: {ended}")
+    if stages["release_plans"]:
+        print(
+            f"chunks over the pad: {stages['release_plans']}, taking the cube "
+            f"{stages['release_plan_outward_m_p50']:+.3f} m farther from its centre (median), "
+            f"{stages['release_plans_off_pad']} off the pad"
+        )
 
 
 def print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
