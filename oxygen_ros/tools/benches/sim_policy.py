@@ -73,7 +73,9 @@ last second: a stalled arm's is near 0).
 Place, stage by stage (`place_stages`; per episode ``stages``, summed in ``place_stages``): the
 furthest phase reached, every close of the gripper (the tip's height above the cube's centre,
 its distance beside it and its speed at the close; the most fingers on the cube and whether it
-was held within a second), and whether the held cube was let go over the pad.
+was held within a second), whether the held cube was let go over the pad, where each chunk
+computed over the pad would take it (``release_aims``), and the stage each episode ended at
+(``ended_at``).
 
 ``--probe-layouts N`` also asks the checkpoint the grounding questions
 (`oxygen_ros.sim.grounding`) about N held-out layouts (seeds from 9,100,000, never trained on nor
