@@ -29,6 +29,7 @@ let go off it, never let go, let go over the pad but not placed, placed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -49,6 +50,13 @@ ENDINGS = (
     "let go over the pad, not placed",
     "placed",
 )
+# the ending of an episode whose furthest phase says it alone (a release's depends on its let-gos)
+ENDING_OF_PHASE = {
+    "reach": "never at the cube",
+    "grasp": "never held",
+    "carry": "never over the pad",
+    "done": "placed",
+}
 CLOSE_WINDOW_S = 1.0  # a close's outcome: the fingers and the hold within this long after it
 
 
@@ -196,11 +204,7 @@ def ended_at(episode: dict[str, Any]) -> str:
     """The stage one episode's :meth:`PlaceStages.record` got furthest to (`ENDINGS`)."""
     furthest = episode["furthest_phase"]
     if furthest != "release":
-        return {
-            "reach": "never at the cube",
-            "grasp": "never held",
-            "carry": "never over the pad",
-        }.get(furthest, "placed")
+        return ENDING_OF_PHASE[furthest]
     if episode["releases_over_pad"]:
         return "let go over the pad, not placed"
     return "let go off the pad" if episode["releases"] else "never let go"
@@ -215,6 +219,7 @@ def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
     closes = [close for episode in stages for close in episode["closes"]]
     releases = [r for episode in stages for r in episode["release_events"]]
     aims = [aim for episode in stages for aim in episode["release_aims"]]
+    endings = collections.Counter(ended_at(episode) for episode in stages)
     lowest = [e["lowest_over_pad_m"] for e in stages if e["lowest_over_pad_m"] is not None]
 
     def median(values: list[float]) -> float:
@@ -240,7 +245,7 @@ def summarise(stages: list[dict[str, Any]]) -> dict[str, Any]:
         "releases": len(releases),
         "release_from_pad_centre_m_p50": median([r["from_pad_centre_m"] for r in releases]),
         "release_above_pad_m_p50": median([r["above_pad_m"] for r in releases]),
-        "ended_at": {ending: sum(ended_at(e) == ending for e in stages) for ending in ENDINGS},
+        "ended_at": {ending: endings[ending] for ending in ENDINGS},
         "release_plans": len(aims),
         "release_plan_outward_m_p50": median(
             [a["planned_from_centre_m"] - a["from_centre_m"] for a in aims]
